@@ -1,0 +1,100 @@
+"""Causal multi-head self-attention as small pure NumPy functions (float32 or float64)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from shared import checks
+from shared.trace import record
+
+
+def linear(x, weight, bias=None):
+    """x (..., in) @ weight (out, in)^T + bias (out,) -> (..., out): PyTorch layout."""
+    out = x @ weight.T  # (..., out)
+    return out if bias is None else out + bias
+
+
+def causal_mask(T: int) -> np.ndarray:
+    """(T, T) bool, True on and below the diagonal: query i may attend to keys 0..i."""
+    return np.tril(np.ones((T, T), dtype=bool))
+
+
+def split_heads(x: np.ndarray, n_heads: int) -> np.ndarray:
+    """(B, T, D) -> (B, H, T, d_head)."""
+    B, T, D = x.shape
+    return x.reshape(B, T, n_heads, D // n_heads).transpose(0, 2, 1, 3)  # (B, H, T, d_head)
+
+
+def merge_heads(x: np.ndarray) -> np.ndarray:
+    """(B, H, T, d_head) -> (B, T, D), the inverse of split_heads."""
+    B, H, T, d_head = x.shape
+    return x.transpose(0, 2, 1, 3).reshape(B, T, H * d_head)  # (B, T, D)
+
+
+def softmax(scores: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis; a row that is all -inf (no allowed key) gives zeros, not NaN."""
+    row_max = scores.max(axis=-1, keepdims=True)
+    row_max = np.where(np.isneginf(row_max), 0, row_max)  # subtract the max for stability
+    exp = np.exp(scores - row_max)
+    total = exp.sum(axis=-1, keepdims=True)
+    return exp / np.where(total == 0, 1, total)
+
+
+def attention(x, params, n_heads, mask=None, return_weights=False, trace=None):
+    """Causal self-attention of x (B, T, D) with the `attn.*` arrays of the exchange dict.
+
+    mask: optional bool, True = may attend, broadcastable to (B, H, T, T), ANDed with the
+    causal mask. Returns out (B, T, D), or (out, weights (B, H, T, T)).
+    """
+    qkv_weight = params["attn.qkv_proj.weight"]
+    D = qkv_weight.shape[1]
+    checks.check_input(x.shape, x.dtype.name, D, max_len=None)  # pure function: no context limit
+    B, T, _ = x.shape
+    d_head = D // n_heads
+    if mask is not None:
+        mask = np.asarray(mask)
+        checks.check_mask(mask.shape, mask.dtype.name, (B, n_heads, T, T))
+
+    # project: one matmul makes Q, K and V
+    qkv = linear(x, qkv_weight, params.get("attn.qkv_proj.bias"))  # (B, T, 3D)
+    record(trace, "qkv", qkv)
+
+    # split
+    q, k, v = np.split(qkv, 3, axis=-1)  # 3 x (B, T, D)
+
+    # reshape into heads
+    q = split_heads(q, n_heads)  # (B, H, T, d_head)
+    k = split_heads(k, n_heads)  # (B, H, T, d_head)
+    v = split_heads(v, n_heads)  # (B, H, T, d_head)
+    record(trace, "q", q)
+    record(trace, "k", k)
+    record(trace, "v", v)
+
+    # score and scale: keeps the score variance independent of d_head
+    scores = (q @ k.swapaxes(-2, -1)) * (1.0 / math.sqrt(d_head))  # (B, H, T, T)
+    record(trace, "scores", scores)
+
+    # mask: no query may see a later key
+    allowed = causal_mask(T)  # (T, T)
+    if mask is not None:
+        allowed = allowed & mask  # (B, H, T, T) or broadcastable
+    scores = np.where(allowed, scores, -np.inf)
+
+    # softmax over keys
+    weights = softmax(scores)  # (B, H, T, T)
+    record(trace, "weights", weights)
+
+    # weight the values
+    context = weights @ v  # (B, H, T, d_head)
+    record(trace, "context", context)
+
+    # merge heads
+    merged = merge_heads(context)  # (B, T, D)
+    record(trace, "merged", merged)
+
+    # project out: mixes the heads
+    out = linear(merged, params["attn.out_proj.weight"], params.get("attn.out_proj.bias"))  # (B, T, D)
+    record(trace, "attn_out", out)
+    return (out, weights) if return_weights else out

@@ -1,0 +1,1 @@
+"""Framework-neutral parts: config, copy-task data, weight exchange, checks, reporting, the `mhsa` CLI."""

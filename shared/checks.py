@@ -1,0 +1,64 @@
+"""Input checks shared by every backend, over shapes and dtype names, so that the same bad
+input raises the same exception with the same message in NumPy, PyTorch and JAX."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def dtype_kind(name: str) -> str:
+    """'float', 'int', 'bool' or 'other' for a dtype name such as 'float32' or 'torch.int64'."""
+    name = name.removeprefix("torch.")
+    if name == "bool":
+        return "bool"
+    if name.startswith(("float", "bfloat")):
+        return "float"
+    if name.startswith(("int", "uint")):
+        return "int"
+    return "other"
+
+
+def check_input(shape: tuple, dtype_name: str, d_model: int, max_len: int | None) -> None:
+    """x must be a float (B, T, D) with D == d_model and 1 <= T <= max_len (no limit if None)."""
+    if dtype_kind(dtype_name) != "float":
+        raise TypeError(f"attention input must be a floating-point array (B, T, D), got dtype {dtype_name}")
+    if len(shape) != 3:
+        raise ValueError(f"attention input must have rank 3 (B, T, D), got rank {len(shape)} with shape {tuple(shape)}")
+    _, T, D = shape
+    if D != d_model:
+        raise ValueError(f"attention input width D={D} does not match d_model={d_model} (input shape {tuple(shape)})")
+    check_length(T, max_len)
+
+
+def check_tokens(shape: tuple, dtype_name: str, vocab_size: int, max_len: int, low=None, high=None) -> None:
+    """tokens must be integer (B, T) with 1 <= T <= max_len and every id in [0, vocab_size).
+
+    `low` and `high` are the smallest and largest id when they are known (None while tracing).
+    """
+    if dtype_kind(dtype_name) != "int":
+        raise TypeError(f"tokens must be an integer array (B, T), got dtype {dtype_name}")
+    if len(shape) != 2:
+        raise ValueError(f"tokens must have rank 2 (B, T), got rank {len(shape)} with shape {tuple(shape)}")
+    check_length(shape[1], max_len)
+    if low is not None and (low < 0 or high >= vocab_size):
+        bad = low if low < 0 else high
+        raise ValueError(f"token id {bad} is out of range: ids must lie in [0, {vocab_size}) for vocab_size={vocab_size}")
+
+
+def check_length(T: int, max_len: int | None) -> None:
+    if T < 1:
+        raise ValueError(f"sequence length T={T} must be at least 1")
+    if max_len is not None and T > max_len:
+        raise ValueError(f"sequence length T={T} is longer than max_len={max_len}")
+
+
+def check_mask(mask_shape: tuple, dtype_name: str, target: tuple) -> None:
+    """A mask (True = may attend) must be boolean and broadcast to `target` = (B, H, T, T)."""
+    if dtype_kind(dtype_name) != "bool":
+        raise TypeError(f"mask must be a boolean array (True = may attend), got dtype {dtype_name}")
+    try:
+        broadcast = np.broadcast_shapes(tuple(mask_shape), tuple(target))
+    except ValueError:
+        broadcast = None
+    if broadcast != tuple(target):
+        raise ValueError(f"mask of shape {tuple(mask_shape)} does not broadcast to (B, H, T, T) = {tuple(target)}")

@@ -1,0 +1,45 @@
+"""The `mhsa` command: one subcommand per thing a user does. Each lives in its own module,
+imported only when used, so `mhsa --help` starts fast and never loads a framework."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module with add_arguments(parser) and run(args) -> exit code, one-line help)
+COMMANDS = {
+    "demo": ("shared.demo", "train the default copy task with every backend and show a head"),
+    "train": ("shared.train_cli", "train the copy-task model with one backend (--backend torch|jax)"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mhsa",
+        description="Causal multi-head self-attention in PyTorch and JAX/Flax NNX, with a NumPy reference.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, help_text) in COMMANDS.items():
+        subparser = subparsers.add_parser(name, help=help_text, description=help_text)
+        subparser.set_defaults(module_name=module_name)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    # parse the subcommand name first, then let its module add its own flags
+    known, _ = parser.parse_known_args(argv[:1] if argv and not argv[0].startswith("-") else argv)
+    if known.command is None:
+        parser.print_help()
+        return 0 if not argv else 2
+    module = importlib.import_module(COMMANDS[known.command][0])
+    subparser = parser._subparsers._group_actions[0].choices[known.command]
+    module.add_arguments(subparser)
+    args = parser.parse_args(argv)
+    return module.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
