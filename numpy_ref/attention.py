@@ -57,14 +57,14 @@ def attention(x, params, n_heads, mask=None, return_weights=False, trace=None):
         mask = np.asarray(mask)
         checks.check_mask(mask.shape, mask.dtype.name, (B, n_heads, T, T))
 
-    # project: one matmul makes Q, K and V
+    # 1. project: one matmul makes Q, K and V
     qkv = linear(x, qkv_weight, params.get("attn.qkv_proj.bias"))  # (B, T, 3D)
     record(trace, "qkv", qkv)
 
-    # split
+    # 2. split
     q, k, v = np.split(qkv, 3, axis=-1)  # 3 x (B, T, D)
 
-    # reshape into heads
+    # 3. reshape into heads
     q = split_heads(q, n_heads)  # (B, H, T, d_head)
     k = split_heads(k, n_heads)  # (B, H, T, d_head)
     v = split_heads(v, n_heads)  # (B, H, T, d_head)
@@ -72,29 +72,29 @@ def attention(x, params, n_heads, mask=None, return_weights=False, trace=None):
     record(trace, "k", k)
     record(trace, "v", v)
 
-    # score and scale: keeps the score variance independent of d_head
+    # 4. score and scale: keeps the score variance independent of d_head
     scores = (q @ k.swapaxes(-2, -1)) * (1.0 / math.sqrt(d_head))  # (B, H, T, T)
     record(trace, "scores", scores)
 
-    # mask: no query may see a later key
+    # 5. mask: no query may see a later key
     allowed = causal_mask(T)  # (T, T)
     if mask is not None:
         allowed = allowed & mask  # (B, H, T, T) or broadcastable
     scores = np.where(allowed, scores, -np.inf)
 
-    # softmax over keys
+    # 6. softmax over keys
     weights = softmax(scores)  # (B, H, T, T)
     record(trace, "weights", weights)
 
-    # weight the values
+    # 7. weight the values
     context = weights @ v  # (B, H, T, d_head)
     record(trace, "context", context)
 
-    # merge heads
+    # 8. merge heads
     merged = merge_heads(context)  # (B, T, D)
     record(trace, "merged", merged)
 
-    # project out: mixes the heads
+    # 9. project out: mixes the heads
     out = linear(merged, params["attn.out_proj.weight"], params.get("attn.out_proj.bias"))  # (B, T, D)
     record(trace, "attn_out", out)
     return (out, weights) if return_weights else out

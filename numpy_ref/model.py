@@ -19,14 +19,14 @@ def forward(tokens, params, config: ModelConfig, mask=None, return_weights=False
     )
     T = tokens.shape[1]
 
-    # embed: token identity plus learned position
+    # 1. embed: token identity plus learned position
     x = params["tok_emb.weight"][tokens] + params["pos_emb.weight"][:T]  # (B, T, D)
     record(trace, "embed", x)
 
-    # attend
+    # 2. attend
     x, weights = attention(x, params, config.n_heads, mask=mask, return_weights=True, trace=trace)  # (B, T, D)
 
-    # read out the next token
+    # 3. read out the next token
     logits = linear(x, params["lm_head.weight"], params.get("lm_head.bias"))  # (B, T, V)
     record(trace, "logits", logits)
     return (logits, weights) if return_weights else logits
