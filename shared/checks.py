@@ -6,6 +6,20 @@ from __future__ import annotations
 import numpy as np
 
 
+def check_block(d_model, n_heads, max_len) -> None:
+    """Sizes of one attention block: positive integers with d_model % n_heads == 0."""
+    for name, value in (("d_model", d_model), ("n_heads", n_heads), ("max_len", max_len)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+        if value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value}")
+    if d_model % n_heads != 0:
+        raise ValueError(
+            f"d_model={d_model} is not divisible by n_heads={n_heads}; "
+            f"d_model must be a multiple of n_heads (d_head = d_model // n_heads)"
+        )
+
+
 def dtype_kind(name: str) -> str:
     """'float', 'int', 'bool' or 'other' for a dtype name such as 'float32' or 'torch.int64'."""
     name = name.removeprefix("torch.")

@@ -6,6 +6,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from shared import checks
+
 DTYPES = ("float32", "float64")
 ATTN_IMPLS = ("explicit", "fused")
 
@@ -44,13 +46,8 @@ class ModelConfig:
     attn_impl: str = "explicit"  # "fused" calls the framework's attention kernel when weights are not requested
 
     def __post_init__(self):
-        for name in ("vocab_size", "d_model", "n_heads", "max_len"):
-            _check_positive_int("ModelConfig", name, getattr(self, name))
-        if self.d_model % self.n_heads != 0:
-            raise ValueError(
-                f"ModelConfig: d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
-                f"d_model must be a multiple of n_heads (d_head = d_model // n_heads)"
-            )
+        _check_positive_int("ModelConfig", "vocab_size", self.vocab_size)
+        checks.check_block(self.d_model, self.n_heads, self.max_len)
         if not isinstance(self.bias, bool):
             raise TypeError(f"ModelConfig.bias must be a bool, got {self.bias!r}")
         _check_choice("ModelConfig", "attn_impl", self.attn_impl, ATTN_IMPLS)

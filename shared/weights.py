@@ -7,15 +7,14 @@ Nothing here imports a framework, and nothing is ever unpickled.
 from __future__ import annotations
 
 import json
-import os
 import struct
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import safetensors.numpy
 
 from shared.config import DTYPES, ModelConfig
+from shared.files import write_atomically
 
 FORMAT = "mhsa-exchange"
 FORMAT_VERSION = "1"
@@ -101,17 +100,7 @@ def save(path, arrays: dict, config: ModelConfig) -> None:
     path = Path(path)
     metadata = {"format": FORMAT, "format_version": FORMAT_VERSION, "config": json.dumps(config.to_dict())}
     payload = safetensors.numpy.save({name: np.ascontiguousarray(value) for name, value in arrays.items()}, metadata)
-    handle, temporary = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as file:
-            file.write(payload)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
+    write_atomically(path, payload)
 
 
 def load(path, expect: ModelConfig | None = None) -> tuple[dict[str, np.ndarray], ModelConfig]:

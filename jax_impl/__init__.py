@@ -1,0 +1,1 @@
+"""JAX with Flax NNX and optax: the attention block, TinyLM and the copy-task trainer."""

@@ -1,0 +1,103 @@
+"""TinyLM in JAX/Flax NNX (embeddings -> attention -> LM head) and its one exchange-format converter."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jax_impl.attention import MultiHeadSelfAttention
+from shared import checks, weights
+from shared.config import ModelConfig
+from shared.trace import record
+
+DTYPES = {"float32": jnp.float32, "float64": jnp.float64}
+
+
+class TinyLM(nnx.Module):
+    """int tokens (B, T) -> logits (B, T, V). Its parameters map one to one onto the exchange names."""
+
+    def __init__(self, config: ModelConfig, *, dtype="float32", rngs: nnx.Rngs):
+        self.config = config
+        dtype = DTYPES[dtype]
+        self.tok_emb = nnx.Embed(config.vocab_size, config.d_model, dtype=dtype, param_dtype=dtype, rngs=rngs)
+        self.pos_emb = nnx.Embed(config.max_len, config.d_model, dtype=dtype, param_dtype=dtype, rngs=rngs)
+        self.attn = MultiHeadSelfAttention(config.d_model, config.n_heads, config.max_len, config.bias, dtype=dtype, rngs=rngs)
+        self.lm_head = nnx.Linear(config.d_model, config.vocab_size, use_bias=config.bias, dtype=dtype, param_dtype=dtype, rngs=rngs)
+
+    def __call__(self, tokens, mask=None, return_weights=False, trace=None):
+        """tokens int (B, T) -> logits (B, T, V), or (logits, weights (B, H, T, T))."""
+        checks.check_tokens(
+            tuple(tokens.shape), str(tokens.dtype), self.config.vocab_size, self.config.max_len,
+            *_id_range(tokens),
+        )
+        T = tokens.shape[1]
+
+        # 1. embed: token identity plus learned position
+        positions = jnp.arange(T)  # (T,)
+        x = self.tok_emb(tokens) + self.pos_emb(positions)  # (B, T, D)
+        record(trace, "embed", x)
+
+        # 2. attend
+        attended = self.attn(x, mask=mask, return_weights=return_weights, trace=trace)
+        x, weights = attended if return_weights else (attended, None)  # (B, T, D)
+
+        # 3. read out the next token
+        logits = self.lm_head(x)  # (B, T, V)
+        record(trace, "logits", logits)
+        return (logits, weights) if return_weights else logits
+
+
+def _id_range(tokens):
+    # the smallest and largest id, so that a bad id is named instead of being clamped or
+    # turned into NaN silently; inside jit the ids are not known (the trainer checks its data)
+    if tokens.size == 0 or isinstance(tokens, jax.core.Tracer) or checks.dtype_kind(str(tokens.dtype)) != "int":
+        return None, None
+    return int(tokens.min()), int(tokens.max())
+
+
+# exchange name -> (path of the nnx variable, whether the array is transposed on the way)
+# torch Linear weights are (out, in); nnx.Linear kernels are (in, out)
+LAYOUT = {
+    "tok_emb.weight": (("tok_emb", "embedding"), False),
+    "pos_emb.weight": (("pos_emb", "embedding"), False),
+    "attn.qkv_proj.weight": (("attn", "qkv_proj", "kernel"), True),
+    "attn.qkv_proj.bias": (("attn", "qkv_proj", "bias"), False),
+    "attn.out_proj.weight": (("attn", "out_proj", "kernel"), True),
+    "attn.out_proj.bias": (("attn", "out_proj", "bias"), False),
+    "lm_head.weight": (("lm_head", "kernel"), True),
+    "lm_head.bias": (("lm_head", "bias"), False),
+}
+
+
+def _variable(model, path):
+    for name in path:
+        model = getattr(model, name)
+    return model
+
+
+def from_exchange(arrays: dict, config: ModelConfig) -> TinyLM:
+    """A TinyLM holding the exchange arrays, in their dtype. Everything is checked before
+    anything is assigned (nnx.update checks no shapes); linear weights are transposed here."""
+    dtype = weights.validate(arrays, config)
+    model = TinyLM(config, dtype=dtype, rngs=nnx.Rngs(0))
+    for name, value in arrays.items():
+        path, transposed = LAYOUT[name]
+        variable = _variable(model, path)
+        value = value.T if transposed else value
+        if variable[...].shape != value.shape:  # `[...] =` would broadcast a compatible shape
+            raise ValueError(f"weights['{name}'] becomes {value.shape} in Flax, expected {variable[...].shape}")
+        variable[...] = jnp.asarray(value)
+    return model
+
+
+def to_exchange(model: TinyLM) -> dict[str, np.ndarray]:
+    """The model's parameters as exchange arrays (copies, in the model's dtype, PyTorch layout)."""
+    arrays = {}
+    for name, (path, transposed) in LAYOUT.items():
+        if name.endswith(".bias") and not model.config.bias:
+            continue
+        value = np.array(_variable(model, path)[...])
+        arrays[name] = value.T.copy() if transposed else value
+    return arrays

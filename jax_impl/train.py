@@ -1,0 +1,99 @@
+"""Train TinyLM on the copy task with JAX, Flax NNX and optax: loss_fn, train_step, train_epoch, train.
+
+Run it: `python -m jax_impl.train --help`.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from jax_impl.model import TinyLM, from_exchange
+from shared import training, train_cli
+from shared.config import ModelConfig, TrainConfig
+from shared.history import History
+
+
+def loss_fn(model, x, y):
+    """Mean cross-entropy of the next-token logits: x, y int (B, T) -> scalar."""
+    logits = model(x)  # (B, T, V)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()  # (B, T) -> ()
+
+
+def train_step(graphdef, state, x, y):
+    """One Adam step on split state; returns (new state, the loss before the update).
+
+    Pure, so jax.jit compiles it and jax.lax.scan repeats it; merge and split cost
+    nothing at run time, they happen once while tracing.
+    """
+    model, optimizer = nnx.merge(graphdef, state)
+    loss, grads = nnx.value_and_grad(loss_fn)(model, x, y)  # grads of nnx.Param only
+    optimizer.update(model, grads)
+    return nnx.state((model, optimizer)), loss
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=1)
+def scan_steps(graphdef, state, xs, ys):
+    """train_step over stacked batches xs, ys (steps, B, T) in one compiled loop."""
+    return jax.lax.scan(lambda state, batch: train_step(graphdef, state, *batch), state, (xs, ys))
+
+
+def train_epoch(graphdef, state, batches):
+    """Every step of one epoch, compiled; returns (new state, per-step losses as NumPy).
+
+    Full batches run under one jax.lax.scan; a smaller last batch (when batch_size does
+    not divide n_sequences) runs as one more scanned step of its own shape.
+    """
+    size = len(batches[0][0])
+    full = [batch for batch in batches if len(batch[0]) == size]
+    xs, ys = np.stack([x for x, _ in full]), np.stack([y for _, y in full])  # (steps, B, T)
+    state, losses = scan_steps(graphdef, state, xs, ys)
+    for x, y in batches[len(full):]:
+        state, loss = scan_steps(graphdef, state, x[None], y[None])
+        losses = jnp.concatenate([losses, loss])
+    return state, np.asarray(losses)
+
+
+def train(model_config: ModelConfig, train_config: TrainConfig, init="shared", on_step=None) -> History:
+    """Train from `init` ("shared", "native" or a weights file); returns the History with the model.
+
+    on_step(step, loss) is called for every step once its epoch has finished.
+    Raises training.NonFiniteLossError naming the first step whose loss was NaN or infinite.
+    """
+    started = time.perf_counter()
+    if train_config.dtype == "float64":
+        jax.config.update("jax_enable_x64", True)  # off by default: float64 would silently become float32
+
+    # 1. model: identical shared weights unless asked for Flax's own init
+    rngs = nnx.Rngs(train_config.seed)
+    arrays = training.initial_weights(init, model_config, train_config)
+    model = TinyLM(model_config, dtype=train_config.dtype, rngs=rngs) if arrays is None else from_exchange(arrays, model_config)
+
+    # 2. optimizer: optax holds no parameters; nnx.Optimizer keeps the state for nnx.Param only
+    optimizer = nnx.Optimizer(model, optax.adam(train_config.lr, *train_config.betas, eps=train_config.eps), wrt=nnx.Param)
+    graphdef, state = nnx.split((model, optimizer))
+
+    # 3. epochs: the same batches as every other backend
+    losses = []
+    for batches in training.epochs(model_config, train_config):
+        state, epoch_losses = train_epoch(graphdef, state, batches)
+        training.finish_epoch(losses, epoch_losses, train_config.steps_per_epoch, on_step)
+    model, optimizer = nnx.merge(graphdef, state)
+    return training.history("jax", model_config, train_config, losses, started, model)
+
+
+def predict(model, tokens: np.ndarray):
+    """NumPy in, NumPy out: tokens (B, T) -> (logits (B, T, V), weights (B, H, T, T))."""
+    logits, weights = model(jnp.asarray(tokens), return_weights=True)
+    return np.asarray(logits), np.asarray(weights)
+
+
+if __name__ == "__main__":
+    sys.exit(train_cli.main("jax"))

@@ -1,0 +1,194 @@
+"""The train command line, shared by `python -m torch_impl.train`, `python -m jax_impl.train`
+and `mhsa train --backend ...`: identical flags, output lines, heatmap and history file."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from shared import weights
+from shared.config import DTYPES, ModelConfig, TrainConfig
+from shared.heatmap import ascii_heatmap
+from shared.training import INITS, NonFiniteLossError
+
+BACKENDS = ("torch", "jax")
+MODEL_FLAGS = {"vocab_size": "--vocab-size", "d_model": "--d-model", "n_heads": "--n-heads", "max_len": "--seq-len"}
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser, backend: str | None = None) -> None:
+    defaults_model, defaults_train = ModelConfig(), TrainConfig()
+    if backend is None:
+        parser.add_argument("--backend", choices=BACKENDS, required=True, help="which implementation trains")
+    model = parser.add_argument_group("model (defaults: the lesson's H=4, D=32, T=12, V=64)")
+    model.add_argument("--n-heads", type=positive_int, help=f"attention heads H (default {defaults_model.n_heads})")
+    model.add_argument("--d-model", type=positive_int, help=f"model width D (default {defaults_model.d_model})")
+    model.add_argument("--seq-len", type=positive_int, help=f"context length T = max_len (default {defaults_model.max_len})")
+    model.add_argument("--vocab-size", type=positive_int, help=f"vocabulary size V (default {defaults_model.vocab_size})")
+    run = parser.add_argument_group("training")
+    run.add_argument("--epochs", type=positive_int, default=defaults_train.epochs)
+    run.add_argument("--batch-size", type=positive_int, default=defaults_train.batch_size)
+    run.add_argument("--n-sequences", type=positive_int, default=defaults_train.n_sequences)
+    run.add_argument("--lr", type=positive_float, default=defaults_train.lr)
+    run.add_argument("--seed", type=non_negative_int, default=defaults_train.seed)
+    run.add_argument("--dtype", choices=DTYPES, default=defaults_train.dtype)
+    run.add_argument("--init", choices=INITS, default="shared",
+                     help="shared: NumPy init identical for every backend (default); native: the framework's own")
+    files = parser.add_argument_group("files")
+    files.add_argument("--load", metavar="FILE", type=Path, help="start from a saved .safetensors weights file")
+    files.add_argument("--save", metavar="FILE", type=Path, help="write the trained weights (exchange format)")
+    files.add_argument("--history", metavar="FILE.json", type=Path, help="write every step's loss as JSON")
+    show = parser.add_argument_group("output")
+    show.add_argument("--heatmap-head", type=non_negative_int, default=0, help="which head's weights to draw (default 0)")
+    show.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(parser=parser)
+
+
+def configs(args) -> tuple[ModelConfig, TrainConfig, object]:
+    """Build the configs from the flags; with --load the file's config is used and any model
+    flag given must agree with it. Raises ValueError with a message for the user."""
+    given = {field: getattr(args, flag[2:].replace("-", "_")) for field, flag in MODEL_FLAGS.items()}
+    given = {field: value for field, value in given.items() if value is not None}
+    if args.load is not None:
+        if args.init != "shared":
+            raise ValueError(f"--load and --init {args.init} both choose the initial weights; give one")
+        _, saved = weights.load(args.load)
+        disagree = [f"{MODEL_FLAGS[field]} {value} (file has {getattr(saved, field)})"
+                    for field, value in given.items() if getattr(saved, field) != value]
+        if disagree:
+            raise ValueError(f"weights file {str(args.load)!r} disagrees with {', '.join(disagree)}")
+        model_config, init = saved, args.load
+    else:
+        model_config, init = ModelConfig(**given), args.init
+    train_config = TrainConfig(
+        epochs=args.epochs, batch_size=args.batch_size, n_sequences=args.n_sequences,
+        lr=args.lr, seed=args.seed, dtype=args.dtype,
+    )
+    if args.heatmap_head >= model_config.n_heads:
+        raise ValueError(f"--heatmap-head {args.heatmap_head} is out of range: the model has {model_config.n_heads} heads (0..{model_config.n_heads - 1})")
+    return model_config, train_config, init
+
+
+def describe(model_config: ModelConfig, train_config: TrainConfig, init) -> str:
+    m, t = model_config, train_config
+    return (
+        f"model  vocab_size={m.vocab_size} d_model={m.d_model} n_heads={m.n_heads} (d_head={m.d_head}) "
+        f"max_len={m.max_len} bias={m.bias}\n"
+        f"train  epochs={t.epochs} batch_size={t.batch_size} n_sequences={t.n_sequences} "
+        f"({t.steps_per_epoch} steps/epoch) lr={t.lr:g} betas=({t.betas[0]:g}, {t.betas[1]:g}) eps={t.eps:g} "
+        f"seed={t.seed} dtype={t.dtype} init={init}"
+    )
+
+
+def heatmap_tokens(model_config: ModelConfig) -> np.ndarray:
+    """A short copy-task row to draw the heads on: one id repeated over the context (up to 12)."""
+    return np.full((1, min(model_config.max_len, 12)), 7 % model_config.vocab_size, dtype=np.int64)
+
+
+def run(args) -> int:
+    parser = args.parser
+    try:
+        model_config, train_config, init = configs(args)
+    except (ValueError, TypeError) as error:
+        parser.error(str(error))
+    trainer = importlib.import_module(f"{args.backend}_impl.train")
+    exchange = importlib.import_module(f"{args.backend}_impl.model")
+    print(f"backend {args.backend}")
+    print(describe(model_config, train_config, init), flush=True)
+
+    total = train_config.epochs * train_config.steps_per_epoch
+    bar = tqdm(total=total, desc="train", unit="step", file=sys.stderr, leave=False,
+               disable=args.quiet or not sys.stderr.isatty())
+    epoch_sum = [0.0]
+
+    def on_step(step: int, loss: float) -> None:
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+        epoch_sum[0] += loss
+        end_of_epoch = (step + 1) % train_config.steps_per_epoch == 0 or step + 1 == total
+        if end_of_epoch:
+            epoch = step // train_config.steps_per_epoch + 1
+            steps = step % train_config.steps_per_epoch + 1
+            bar.write(f"epoch {epoch}/{train_config.epochs}  mean loss {epoch_sum[0] / steps:.6f}", file=sys.stdout)
+            epoch_sum[0] = 0.0
+
+    try:
+        history = trainer.train(model_config, train_config, init=init, on_step=on_step)
+    except NonFiniteLossError as error:
+        bar.close()
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    except (ValueError, TypeError, FileNotFoundError) as error:
+        bar.close()
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    bar.close()
+    print(f"final loss {history.final_loss:.6f} (step {len(history.losses) - 1}) · "
+          f"{len(history.losses)} steps in {history.seconds:.2f} s ({len(history.losses) / history.seconds:,.0f} steps/s)")
+
+    tokens = heatmap_tokens(model_config)
+    _, attention = trainer.predict(history.model, tokens)
+    head = args.heatmap_head
+    print()
+    print(ascii_heatmap(attention[0, head], tokens=tokens[0].tolist(),
+                        title=f"{args.backend} · head {head} of {model_config.n_heads} · attention weights on a copy-task row"))
+
+    if args.save is not None:
+        weights.save(args.save, exchange.to_exchange(history.model), model_config)
+        print(f"saved weights to {args.save}")
+    if args.history is not None:
+        history.save(args.history)
+        print(f"saved history to {args.history}")
+    return 0
+
+
+def main(backend: str, argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {backend}_impl.train",
+        description=f"Train TinyLM on the copy task with the {backend} backend.",
+    )
+    add_arguments(parser, backend)
+    args = parser.parse_args(argv)
+    args.backend = backend
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the reader went away (`| head`): not an error of ours
+        sys.stdout = None
+        return 0

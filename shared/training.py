@@ -1,0 +1,69 @@
+"""The parts of training no framework changes: initial weights, the batch stream, the
+finite-loss check and the history. Each backend's train.py supplies only the steps."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator
+from itertools import islice
+from pathlib import Path
+
+import numpy as np
+
+from shared import weights
+from shared.config import ModelConfig, TrainConfig
+from shared.data import batches, copy_task
+from shared.history import History
+
+INITS = ("shared", "native")
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss became NaN or infinite; names the first such step (counted from 0)."""
+
+    def __init__(self, step: int, loss: float, steps_per_epoch: int):
+        self.step, self.loss = step, loss
+        super().__init__(
+            f"loss became non-finite at step {step} (epoch {step // steps_per_epoch + 1}): {loss}; "
+            f"training stopped (try a smaller --lr)"
+        )
+
+
+def initial_weights(init, model_config: ModelConfig, train_config: TrainConfig) -> dict | None:
+    """Exchange arrays to start from: "shared" = init_weights(config, seed), identical for every
+    backend; "native" = None (the framework's own initializers); a path = a saved weights file."""
+    if init == "shared":
+        return weights.init_weights(model_config, train_config.seed, train_config.dtype)
+    if init == "native":
+        return None
+    if isinstance(init, (str, Path)) and init and (Path(init).exists() or Path(init).suffix):
+        arrays, _ = weights.load(init, expect=model_config)
+        weights.validate(arrays, model_config, dtype=train_config.dtype)
+        return arrays
+    raise ValueError(f"init must be one of {', '.join(INITS)} or a weights file path, got {init!r}")
+
+
+def epochs(model_config: ModelConfig, train_config: TrainConfig) -> Iterator[list[tuple[np.ndarray, np.ndarray]]]:
+    """One list of (x, y) int64 batches (batch, T) per epoch, T = max_len; the same for every backend."""
+    rows = copy_task(train_config.n_sequences, model_config.max_len, model_config.vocab_size, train_config.seed)
+    stream = batches(rows, train_config.batch_size, train_config.epochs, train_config.seed + 1)
+    for _ in range(train_config.epochs):
+        yield list(islice(stream, train_config.steps_per_epoch))
+
+
+def finish_epoch(losses: list[float], epoch_losses, steps_per_epoch: int, on_step: Callable | None = None) -> None:
+    """Append one epoch's per-step losses; stop at the first non-finite one, naming its step."""
+    for loss in np.asarray(epoch_losses, dtype=np.float64):
+        if not math.isfinite(loss):
+            raise NonFiniteLossError(len(losses), float(loss), steps_per_epoch)
+        losses.append(float(loss))
+        if on_step is not None:
+            on_step(len(losses) - 1, float(loss))
+
+
+def history(backend: str, model_config, train_config, losses: list[float], started: float, model) -> History:
+    """Bundle a finished run; epoch means over each epoch's steps."""
+    size = train_config.steps_per_epoch
+    epoch_losses = [float(np.mean(losses[start : start + size])) for start in range(0, len(losses), size)]
+    return History(backend, model_config, train_config, losses, epoch_losses, time.perf_counter() - started, model)

@@ -1,0 +1,1 @@
+"""PyTorch: the attention block, TinyLM and the copy-task trainer."""

@@ -1,0 +1,87 @@
+"""Causal multi-head self-attention with one fused QKV projection, in PyTorch."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from shared import checks
+from shared.trace import record
+
+
+class MultiHeadSelfAttention(nn.Module):
+    """(B, T, D) -> (B, T, D) with H heads of d_head = D // H; position t sees only 0..t.
+
+    The only parameters are qkv_proj (D -> 3D) and out_proj (D -> D). The causal mask is a
+    boolean buffer built once for max_len: not a parameter, not saved, sliced to (T, T).
+    """
+
+    def __init__(self, d_model, n_heads, max_len, bias=True, *, dtype=torch.float32):
+        super().__init__()
+        checks.check_block(d_model, n_heads, max_len)
+        self.d_model = d_model
+        self.n_heads = n_heads
+        self.d_head = d_model // n_heads
+        self.max_len = max_len
+        self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=bias, dtype=dtype)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias, dtype=dtype)
+        # True = may attend: on and below the diagonal
+        self.register_buffer("causal_mask", torch.tril(torch.ones(max_len, max_len, dtype=torch.bool)), persistent=False)
+
+    def forward(self, x, mask=None, return_weights=False, trace=None):
+        """x (B, T, D); mask optional bool, True = may attend, broadcastable to (B, H, T, T).
+
+        Returns out (B, T, D), or (out, weights (B, H, T, T)) with return_weights=True.
+        A query row that no key may attend gets all-zero weights.
+        """
+        checks.check_input(tuple(x.shape), str(x.dtype), self.d_model, self.max_len)
+        B, T, D = x.shape
+        if mask is not None:
+            checks.check_mask(tuple(mask.shape), str(mask.dtype), (B, self.n_heads, T, T))
+
+        # 1. project: one matmul makes Q, K and V
+        qkv = self.qkv_proj(x)  # (B, T, 3D)
+        record(trace, "qkv", qkv)
+
+        # 2. split
+        q, k, v = qkv.split(D, dim=-1)  # 3 x (B, T, D)
+
+        # 3. reshape into heads
+        q = q.reshape(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, d_head)
+        k = k.reshape(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, d_head)
+        v = v.reshape(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, d_head)
+        record(trace, "q", q)
+        record(trace, "k", k)
+        record(trace, "v", v)
+
+        # 4. score and scale: keeps the score variance independent of d_head
+        scores = q @ k.transpose(-2, -1) * (1.0 / math.sqrt(self.d_head))  # (B, H, T, T)
+        record(trace, "scores", scores)
+
+        # 5. mask: no query may see a later key
+        allowed = self.causal_mask[:T, :T]  # (T, T)
+        if mask is not None:
+            allowed = allowed & mask  # (B, H, T, T) or broadcastable
+        scores = scores.masked_fill(~allowed, float("-inf"))
+
+        # 6. softmax over keys
+        weights = torch.softmax(scores, dim=-1)  # (B, H, T, T)
+        if mask is not None:
+            # a row with no allowed key is all -inf, which softmax turns into NaN: make it 0
+            weights = weights.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
+        record(trace, "weights", weights)
+
+        # 7. weight the values
+        context = weights @ v  # (B, H, T, d_head)
+        record(trace, "context", context)
+
+        # 8. merge heads
+        merged = context.transpose(1, 2).reshape(B, T, D)  # (B, T, D)
+        record(trace, "merged", merged)
+
+        # 9. project out: mixes the heads
+        out = self.out_proj(merged)  # (B, T, D)
+        record(trace, "attn_out", out)
+        return (out, weights) if return_weights else out

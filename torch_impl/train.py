@@ -1,0 +1,74 @@
+"""Train TinyLM on the copy task with PyTorch: loss_fn, train_step, train_epoch, train.
+
+Run it: `python -m torch_impl.train --help`.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from shared import training, train_cli
+from shared.config import ModelConfig, TrainConfig
+from shared.history import History
+from torch_impl.model import TinyLM, from_exchange
+
+
+def loss_fn(model, x, y):
+    """Mean cross-entropy of the next-token logits: x, y int (B, T) -> scalar."""
+    logits = model(x)  # (B, T, V)
+    return F.cross_entropy(logits.flatten(0, 1), y.flatten())  # (B * T, V) against (B * T,)
+
+
+def train_step(model, optimizer, x, y):
+    """One Adam step; returns the loss before the update (a 0-d tensor, no host sync)."""
+    optimizer.zero_grad(set_to_none=True)
+    loss = loss_fn(model, x, y)
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
+
+
+def train_epoch(model, optimizer, batches):
+    """Every step of one epoch, eagerly; returns the per-step losses as a NumPy array."""
+    losses = [train_step(model, optimizer, torch.from_numpy(x), torch.from_numpy(y)) for x, y in batches]
+    return torch.stack(losses).numpy()
+
+
+def train(model_config: ModelConfig, train_config: TrainConfig, init="shared", on_step=None) -> History:
+    """Train from `init` ("shared", "native" or a weights file); returns the History with the model.
+
+    on_step(step, loss) is called for every step once its epoch has finished.
+    Raises training.NonFiniteLossError naming the first step whose loss was NaN or infinite.
+    """
+    started = time.perf_counter()
+
+    # 1. model: identical shared weights unless asked for torch's own init
+    torch.manual_seed(train_config.seed)
+    arrays = training.initial_weights(init, model_config, train_config)
+    model = TinyLM(model_config, dtype=train_config.dtype) if arrays is None else from_exchange(arrays, model_config)
+
+    # 2. optimizer: the model's parameters are handed over, the optimizer keeps the state
+    optimizer = torch.optim.Adam(model.parameters(), lr=train_config.lr, betas=train_config.betas, eps=train_config.eps)
+
+    # 3. epochs: the same batches as every other backend
+    losses = []
+    for batches in training.epochs(model_config, train_config):
+        epoch_losses = train_epoch(model, optimizer, batches)
+        training.finish_epoch(losses, epoch_losses, train_config.steps_per_epoch, on_step)
+    return training.history("torch", model_config, train_config, losses, started, model)
+
+
+def predict(model, tokens: np.ndarray):
+    """NumPy in, NumPy out: tokens (B, T) -> (logits (B, T, V), weights (B, H, T, T))."""
+    with torch.no_grad():
+        logits, weights = model(torch.from_numpy(np.asarray(tokens)), return_weights=True)
+    return logits.numpy(), weights.numpy()
+
+
+if __name__ == "__main__":
+    sys.exit(train_cli.main("torch"))
