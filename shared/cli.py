@@ -11,6 +11,7 @@ import sys
 COMMANDS = {
     "demo": ("shared.demo", "train the default copy task with every backend and show a head"),
     "train": ("shared.train_cli", "train the copy-task model with one backend (--backend torch|jax)"),
+    "diff": ("shared.side_by_side", "show torch_impl and jax_impl side by side, aligned step by step"),
 }
 
 
