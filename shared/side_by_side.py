@@ -797,10 +797,14 @@ def run(args) -> int:
             print(f"mhsa diff: cannot write {target}: folder {target.parent} does not exist", file=sys.stderr)
             return 1
         page = render_html(left_lines, right_lines, *names, title=f"mhsa diff {args.name}")
-        write_atomically(target, page.encode("utf-8"))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(target, 0o666 & ~umask)  # a page to open and share, not a private temp file
+        try:
+            write_atomically(target, page.encode("utf-8"))
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(target, 0o666 & ~umask)  # a page to open and share, not a private temp file
+        except OSError as error:
+            print(f"mhsa diff: cannot write {target}: {error.strerror or error}", file=sys.stderr)
+            return 1
         print(f"wrote {target}: {summary(side_by_side(left_lines, right_lines))}")
         return 0
 

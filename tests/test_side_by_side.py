@@ -427,3 +427,13 @@ def test_the_real_files_render(name, capsys):
     page = side_by_side.render_html(side_by_side.read_lines(root / "torch_impl" / f"{name}.py"),
                                     side_by_side.read_lines(root / "jax_impl" / f"{name}.py"), "a", "b")
     assert "https://" not in page and "src=" not in page
+
+
+def test_html_that_cannot_be_written_is_a_clear_error(repo, tmp_path, capsys):
+    folder = tmp_path / "pages"
+    folder.mkdir()
+    assert cli.main(["diff", "--html", str(folder)]) == 1  # a folder, not a file
+    assert "cannot write" in capsys.readouterr().err
+    assert list(folder.iterdir()) == [] and not list(tmp_path.glob(".*.tmp"))
+    assert cli.main(["diff", "--html", str(tmp_path / "missing" / "page.html")]) == 1
+    assert "does not exist" in capsys.readouterr().err
