@@ -71,10 +71,11 @@ LAYOUT = {
 }
 
 
-def _variable(model, path):
+def _variable(tree, path):
+    # a TinyLM, or an nnx.State of the same structure such as the gradients from nnx.grad
     for name in path:
-        model = getattr(model, name)
-    return model
+        tree = getattr(tree, name, None)
+    return tree
 
 
 def from_exchange(arrays: dict, config: ModelConfig) -> TinyLM:
@@ -94,10 +95,20 @@ def from_exchange(arrays: dict, config: ModelConfig) -> TinyLM:
 
 def to_exchange(model: TinyLM) -> dict[str, np.ndarray]:
     """The model's parameters as exchange arrays (copies, in the model's dtype, PyTorch layout)."""
+    return _exchange_arrays(model)
+
+
+def grads_to_exchange(grads: nnx.State) -> dict[str, np.ndarray]:
+    """Gradients from nnx.grad(loss_fn)(model, ...) as exchange arrays, in PyTorch layout."""
+    return _exchange_arrays(grads)
+
+
+def _exchange_arrays(tree) -> dict[str, np.ndarray]:
     arrays = {}
     for name, (path, transposed) in LAYOUT.items():
-        if name.endswith(".bias") and not model.config.bias:
+        variable = _variable(tree, path)
+        if variable is None:  # no bias when config.bias is False
             continue
-        value = np.array(_variable(model, path)[...])
+        value = np.array(variable[...])
         arrays[name] = value.T.copy() if transposed else value
     return arrays

@@ -21,10 +21,10 @@ from shared.config import ModelConfig, TrainConfig
 from shared.history import History
 
 
-def loss_fn(model, x, y):
+def loss_fn(model, x, y, mask=None):
     """Mean cross-entropy of the next-token logits: x, y int (B, T) -> scalar."""
-    logits = model(x)  # (B, T, V)
-    return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()  # (B, T) -> ()
+    logits = model(x, mask=mask)  # (B, T, V)
+    return optax.softmax_cross_entropy_with_integer_labels(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).mean()  # (B * T, V) against (B * T,)
 
 
 def train_step(graphdef, state, x, y):
@@ -53,7 +53,7 @@ def train_epoch(graphdef, state, batches):
     """
     size = len(batches[0][0])
     full = [batch for batch in batches if len(batch[0]) == size]
-    xs, ys = np.stack([x for x, _ in full]), np.stack([y for _, y in full])  # (steps, B, T)
+    xs, ys = np.stack([x for x, _ in full]), np.stack([y for _, y in full])  # steps x B x T, one scan
     state, losses = scan_steps(graphdef, state, xs, ys)
     for x, y in batches[len(full):]:
         state, loss = scan_steps(graphdef, state, x[None], y[None])
@@ -71,12 +71,13 @@ def train(model_config: ModelConfig, train_config: TrainConfig, init="shared", o
     if train_config.dtype == "float64":
         jax.config.update("jax_enable_x64", True)  # off by default: float64 would silently become float32
 
-    # 1. model: identical shared weights unless asked for Flax's own init
+    # 1. model: the shared NumPy init, identical for every backend, unless init says otherwise
     rngs = nnx.Rngs(train_config.seed)
     arrays = training.initial_weights(init, model_config, train_config)
     model = TinyLM(model_config, dtype=train_config.dtype, rngs=rngs) if arrays is None else from_exchange(arrays, model_config)
 
-    # 2. optimizer: optax holds no parameters; nnx.Optimizer keeps the state for nnx.Param only
+    # 2. optimizer: Adam with TrainConfig's lr, betas and eps
+    # (optax is pure functions; nnx.Optimizer keeps the moments of nnx.Param only, the mask is not one)
     optimizer = nnx.Optimizer(model, optax.adam(train_config.lr, *train_config.betas, eps=train_config.eps), wrt=nnx.Param)
     graphdef, state = nnx.split((model, optimizer))
 

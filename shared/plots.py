@@ -6,9 +6,8 @@ NumPy in, a `matplotlib.figure.Figure` out. Figures are built with the object-or
 
 from __future__ import annotations
 
+import io
 import math
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.transforms import blended_transform_factory, offset_copy
 
+from shared.files import write_atomically
 from shared.heatmap import check_tokens, check_weights
 
 DPI = 100
@@ -88,27 +88,10 @@ def save_figure(fig: Figure, path) -> Path:
     folder = path.parent
     if not folder.is_dir():
         raise FileNotFoundError(f"cannot save figure to {str(path)!r}: folder {str(folder)!r} does not exist")
-    handle, temporary = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        # mkstemp makes the file private (0600); give it the mode a plain open() would
-        os.chmod(temporary, path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_umask())
-        with os.fdopen(handle, "wb") as file:
-            fig.savefig(file, format="png", dpi=fig.dpi)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=fig.dpi)
+    write_atomically(path, buffer.getvalue())
     return path
-
-
-def _umask() -> int:
-    # the process umask can only be read by setting it; set it straight back
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def _grid(n_heads: int) -> tuple[int, int]:

@@ -799,9 +799,6 @@ def run(args) -> int:
         page = render_html(left_lines, right_lines, *names, title=f"mhsa diff {args.name}")
         try:
             write_atomically(target, page.encode("utf-8"))
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(target, 0o666 & ~umask)  # a page to open and share, not a private temp file
         except OSError as error:
             print(f"mhsa diff: cannot write {target}: {error.strerror or error}", file=sys.stderr)
             return 1

@@ -143,7 +143,7 @@ def run(args) -> int:
         if end_of_epoch:
             epoch = step // train_config.steps_per_epoch + 1
             steps = step % train_config.steps_per_epoch + 1
-            bar.write(f"epoch {epoch}/{train_config.epochs}  mean loss {epoch_sum[0] / steps:.6f}", file=sys.stdout)
+            bar.write(f"epoch {epoch}/{train_config.epochs}  mean loss {epoch_sum[0] / steps:.6g}", file=sys.stdout)
             epoch_sum[0] = 0.0
 
     try:
@@ -157,7 +157,7 @@ def run(args) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     bar.close()
-    print(f"final loss {history.final_loss:.6f} (step {len(history.losses) - 1}) · "
+    print(f"final loss {history.final_loss:.6g} (step {len(history.losses) - 1}) · "
           f"{len(history.losses)} steps in {history.seconds:.2f} s ({len(history.losses) / history.seconds:,.0f} steps/s)")
 
     tokens = heatmap_tokens(model_config)

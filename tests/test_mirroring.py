@@ -23,6 +23,17 @@ SHAPE_RE = re.compile(r"^#\s*(?:\d+\s*x\s*)?\(.*\)")
 # the differences DESIGN.md itself prescribes (Public names; The block)
 JAX_ONLY_KEYWORDS = {"rngs"}  # jax_impl constructors take `*, rngs`
 JAX_ONLY_BASES = {"nnx.Variable"}  # the mask is "a non-Param nnx.Variable subclass in Flax"
+# what truly differs between an eager, stateful framework and a functional, compiled one:
+# name -> (torch arguments, jax arguments, why). Exact, so any further drift still fails.
+KNOWN_SIGNATURES = {
+    "grads_to_exchange": (("model",), ("grads",),
+                          "torch keeps gradients on the parameters; nnx.grad returns them as a State"),
+    "train_step": (("model", "optimizer", "x", "y"), ("graphdef", "state", "x", "y"),
+                   "torch updates model and optimizer in place; JAX threads split state through a pure function"),
+    "train_epoch": (("model", "optimizer", "batches"), ("graphdef", "state", "batches"),
+                    "as train_step"),
+}
+JAX_ONLY_FUNCTIONS = {"scan_steps": "the compiled jax.lax.scan over an epoch; torch loops eagerly"}
 
 
 def method_name(name: str) -> str:
@@ -127,10 +138,13 @@ def mirror_problems(torch_source: str, jax_source: str, aspects=ASPECTS) -> list
         for name, args in torch_outline:
             if name not in jax_names:
                 problems.append(f"{name} is in torch_impl only")
+            elif KNOWN_SIGNATURES.get(name, (None, None))[:2] == (args, jax_names[name]):
+                continue
             elif jax_names[name] != args:
                 problems.append(f"{name} takes ({', '.join(args)}) in torch_impl "
                                 f"but ({', '.join(jax_names[name])}) in jax_impl")
-        problems += [f"{name} is in jax_impl only" for name, _ in jax_outline if name not in torch_names]
+        problems += [f"{name} is in jax_impl only" for name, _ in jax_outline
+                     if name not in torch_names and name not in JAX_ONLY_FUNCTIONS]
         common = [name for name, _ in torch_outline if name in jax_names]
         problems += _difference("the order of classes and functions", common,
                                 [name for name, _ in jax_outline if name in torch_names])

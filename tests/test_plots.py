@@ -207,7 +207,7 @@ def test_failed_rename_leaves_no_temporary(tmp_path, monkeypatch):
     def refuse(source, target):
         raise PermissionError(f"cannot replace {target}")
 
-    monkeypatch.setattr("shared.plots.os.replace", refuse)
+    monkeypatch.setattr("shared.files.os.replace", refuse)
     with pytest.raises(PermissionError):
         save_figure(heads_figure(causal_weights(2, 5, seed=9)), path)
     assert path.read_bytes() == before

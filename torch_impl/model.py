@@ -68,3 +68,8 @@ def from_exchange(arrays: dict, config: ModelConfig) -> TinyLM:
 def to_exchange(model: TinyLM) -> dict[str, np.ndarray]:
     """The model's parameters as exchange arrays (copies, in the model's dtype)."""
     return {name: tensor.detach().cpu().numpy().copy() for name, tensor in model.state_dict().items()}
+
+
+def grads_to_exchange(model: TinyLM) -> dict[str, np.ndarray]:
+    """The .grad of every parameter after loss.backward() as exchange arrays."""
+    return {name: parameter.grad.detach().cpu().numpy().copy() for name, parameter in model.named_parameters()}

@@ -18,10 +18,10 @@ from shared.history import History
 from torch_impl.model import TinyLM, from_exchange
 
 
-def loss_fn(model, x, y):
+def loss_fn(model, x, y, mask=None):
     """Mean cross-entropy of the next-token logits: x, y int (B, T) -> scalar."""
-    logits = model(x)  # (B, T, V)
-    return F.cross_entropy(logits.flatten(0, 1), y.flatten())  # (B * T, V) against (B * T,)
+    logits = model(x, mask=mask)  # (B, T, V)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))  # (B * T, V) against (B * T,)
 
 
 def train_step(model, optimizer, x, y):
@@ -47,12 +47,13 @@ def train(model_config: ModelConfig, train_config: TrainConfig, init="shared", o
     """
     started = time.perf_counter()
 
-    # 1. model: identical shared weights unless asked for torch's own init
+    # 1. model: the shared NumPy init, identical for every backend, unless init says otherwise
     torch.manual_seed(train_config.seed)
     arrays = training.initial_weights(init, model_config, train_config)
     model = TinyLM(model_config, dtype=train_config.dtype) if arrays is None else from_exchange(arrays, model_config)
 
-    # 2. optimizer: the model's parameters are handed over, the optimizer keeps the state
+    # 2. optimizer: Adam with TrainConfig's lr, betas and eps
+    # (torch: handed the parameters, it keeps their moments and updates them in place)
     optimizer = torch.optim.Adam(model.parameters(), lr=train_config.lr, betas=train_config.betas, eps=train_config.eps)
 
     # 3. epochs: the same batches as every other backend
