@@ -12,6 +12,7 @@ COMMANDS = {
     "demo": ("shared.demo", "train the default copy task with every backend and show a head"),
     "train": ("shared.train_cli", "train the copy-task model with one backend (--backend torch|jax)"),
     "diff": ("shared.side_by_side", "show torch_impl and jax_impl side by side, aligned step by step"),
+    "heads": ("shared.heads", "show every attention head of a saved model (text, and an image with --plot)"),
 }
 
 
@@ -39,7 +40,14 @@ def main(argv: list[str] | None = None) -> int:
     subparser = parser._subparsers._group_actions[0].choices[known.command]
     module.add_arguments(subparser)
     args = parser.parse_args(argv)
-    return module.run(args)
+    try:
+        return module.run(args)
+    except BrokenPipeError:  # the reader went away (`| head`): not an error of ours
+        sys.stdout = None
+        return 0
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

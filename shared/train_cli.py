@@ -50,6 +50,12 @@ def positive_float(text: str) -> float:
     return value
 
 
+def png_path(text: str) -> Path:
+    if not text.lower().endswith(".png"):
+        raise argparse.ArgumentTypeError(f"expected a file name ending in .png, got {text!r}")
+    return Path(text)
+
+
 def add_arguments(parser: argparse.ArgumentParser, backend: str | None = None) -> None:
     defaults_model, defaults_train = ModelConfig(), TrainConfig()
     if backend is None:
@@ -72,6 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser, backend: str | None = None) -
     files.add_argument("--load", metavar="FILE", type=Path, help="start from a saved .safetensors weights file")
     files.add_argument("--save", metavar="FILE", type=Path, help="write the trained weights (exchange format)")
     files.add_argument("--history", metavar="FILE.json", type=Path, help="write every step's loss as JSON")
+    files.add_argument("--plot", metavar="FILE.png", type=png_path,
+                       help="write a figure: the loss curve and every head's attention weights")
     show = parser.add_argument_group("output")
     show.add_argument("--heatmap-head", type=non_negative_int, default=0, help="which head's weights to draw (default 0)")
     show.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -167,6 +175,13 @@ def run(args) -> int:
     print(ascii_heatmap(attention[0, head], tokens=tokens[0].tolist(),
                         title=f"{args.backend} · head {head} of {model_config.n_heads} · attention weights on a copy-task row"))
 
+    if args.plot is not None:
+        from shared.plots import save_figure, training_figure
+
+        title = f"{args.backend} · {model_config.n_heads} heads · D={model_config.d_model} T={model_config.max_len} V={model_config.vocab_size}"
+        figure = training_figure(history.losses, train_config.steps_per_epoch, attention[0], tokens=tokens[0].tolist(), title=title)
+        save_figure(figure, args.plot)
+        print(f"saved plot to {args.plot}")
     if args.save is not None:
         weights.save(args.save, exchange.to_exchange(history.model), model_config)
         print(f"saved weights to {args.save}")

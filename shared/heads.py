@@ -1,0 +1,70 @@
+"""`mhsa heads`: look at a saved model's attention heads without training it."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from shared import weights
+from shared.heatmap import ascii_heads
+from shared.train_cli import heatmap_tokens, png_path
+
+BACKENDS = ("numpy", "torch", "jax")
+
+
+def token_list(text: str) -> list[int]:
+    try:
+        tokens = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated token ids such as 3,3,3, got {text!r}") from None
+    if not tokens:
+        raise argparse.ArgumentTypeError("expected at least one token id")
+    return tokens
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--load", metavar="FILE", type=Path, required=True, help="a .safetensors file saved by --save")
+    parser.add_argument("--tokens", type=token_list, metavar="IDS",
+                        help="comma-separated input ids (default: a copy-task row, id 7 repeated)")
+    parser.add_argument("--plot", metavar="FILE.png", type=png_path, help="also write every head as an image")
+    parser.add_argument("--backend", choices=BACKENDS, default="numpy",
+                        help="which implementation computes the weights (default: numpy_ref, no framework)")
+
+
+def attention_weights(backend: str, arrays: dict, config, tokens: np.ndarray) -> np.ndarray:
+    """(H, T, T) weights of the first row of `tokens` (1, T), from the chosen implementation."""
+    if backend == "numpy":
+        import numpy_ref
+
+        _, attention = numpy_ref.forward(tokens, arrays, config, return_weights=True)
+    else:
+        model = importlib.import_module(f"{backend}_impl.model").from_exchange(arrays, config)
+        _, attention = importlib.import_module(f"{backend}_impl.train").predict(model, tokens)
+    return attention[0]
+
+
+def run(args) -> int:
+    try:
+        arrays, config = weights.load(args.load)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"mhsa heads: error: {error}", file=sys.stderr)
+        return 1
+    tokens = np.array([args.tokens], dtype=np.int64) if args.tokens else heatmap_tokens(config)
+    try:
+        attention = attention_weights(args.backend, arrays, config, tokens)
+    except (ValueError, TypeError) as error:
+        print(f"mhsa heads: error: {error}", file=sys.stderr)
+        return 2
+    print(f"{args.load}: {config.n_heads} heads, d_head={config.d_head}, tokens {tokens[0].tolist()} ({args.backend})\n")
+    print(ascii_heads(attention, tokens=tokens[0].tolist()))
+    if args.plot is not None:
+        from shared.plots import heads_figure, save_figure
+
+        title = f"{args.load.name} · {config.n_heads} heads · D={config.d_model} T={tokens.shape[1]} V={config.vocab_size}"
+        save_figure(heads_figure(attention, tokens=tokens[0].tolist(), title=title), args.plot)
+        print(f"saved plot to {args.plot}")
+    return 0
