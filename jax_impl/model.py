@@ -23,7 +23,8 @@ class TinyLM(nnx.Module):
         dtype = DTYPES[dtype]
         self.tok_emb = nnx.Embed(config.vocab_size, config.d_model, dtype=dtype, param_dtype=dtype, rngs=rngs)
         self.pos_emb = nnx.Embed(config.max_len, config.d_model, dtype=dtype, param_dtype=dtype, rngs=rngs)
-        self.attn = MultiHeadSelfAttention(config.d_model, config.n_heads, config.max_len, config.bias, dtype=dtype, rngs=rngs)
+        self.attn = MultiHeadSelfAttention(config.d_model, config.n_heads, config.max_len, config.bias, dtype=dtype,
+                                           attn_impl=config.attn_impl, rngs=rngs)
         self.lm_head = nnx.Linear(config.d_model, config.vocab_size, use_bias=config.bias, dtype=dtype, param_dtype=dtype, rngs=rngs)
 
     def __call__(self, tokens, mask=None, return_weights=False, trace=None):
@@ -83,14 +84,23 @@ def from_exchange(arrays: dict, config: ModelConfig) -> TinyLM:
     anything is assigned (nnx.update checks no shapes); linear weights are transposed here."""
     dtype = weights.validate(arrays, config)
     model = TinyLM(config, dtype=dtype, rngs=nnx.Rngs(0))
+    assign_exchange(model, arrays)
+    return model
+
+
+def assign_exchange(tree, arrays: dict) -> None:
+    """Write exchange arrays into a TinyLM, or into a State shaped like its parameters (such
+    as Adam's moments), transposing linear weights; every shape is checked before any write."""
+    values = {}
     for name, value in arrays.items():
         path, transposed = LAYOUT[name]
-        variable = _variable(model, path)
         value = value.T if transposed else value
-        if variable[...].shape != value.shape:  # `[...] =` would broadcast a compatible shape
-            raise ValueError(f"weights['{name}'] becomes {value.shape} in Flax, expected {variable[...].shape}")
-        variable[...] = jnp.asarray(value)
-    return model
+        expected = _variable(tree, path)[...].shape
+        if expected != value.shape:  # `[...] =` would broadcast a compatible shape
+            raise ValueError(f"weights['{name}'] becomes {value.shape} in Flax, expected {expected}")
+        values[name] = value
+    for name, value in values.items():
+        _variable(tree, LAYOUT[name][0])[...] = jnp.asarray(value)
 
 
 def to_exchange(model: TinyLM) -> dict[str, np.ndarray]:
@@ -99,7 +109,8 @@ def to_exchange(model: TinyLM) -> dict[str, np.ndarray]:
 
 
 def grads_to_exchange(grads: nnx.State) -> dict[str, np.ndarray]:
-    """Gradients from nnx.grad(loss_fn)(model, ...) as exchange arrays, in PyTorch layout."""
+    """Gradients from nnx.grad(loss_fn)(model, ...), or any State shaped like the parameters
+    (Adam's moments), as exchange arrays in PyTorch layout."""
     return _exchange_arrays(grads)
 
 

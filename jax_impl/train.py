@@ -15,8 +15,9 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jax_impl.model import TinyLM, from_exchange
+from jax_impl.model import TinyLM, assign_exchange, from_exchange, grads_to_exchange
 from shared import training, train_cli
+from shared.adam_state import AdamState
 from shared.config import ModelConfig, TrainConfig
 from shared.history import History
 
@@ -61,13 +62,17 @@ def train_epoch(graphdef, state, batches):
     return state, np.asarray(losses)
 
 
-def train(model_config: ModelConfig, train_config: TrainConfig, init="shared", on_step=None) -> History:
-    """Train from `init` ("shared", "native" or a weights file); returns the History with the model.
+def train(model_config: ModelConfig, train_config: TrainConfig, init="shared", on_step=None, resume=None) -> History:
+    """Train from `init` ("shared", "native" or a weights file); returns the History with the
+    model and optimizer.
 
+    resume: an AdamState saved with those weights (by either backend): the run continues
+    where it stopped, with the same moments, step count and remaining batches.
     on_step(step, loss) is called for every step once its epoch has finished.
     Raises training.NonFiniteLossError naming the first step whose loss was NaN or infinite.
     """
     started = time.perf_counter()
+    start_epoch = training.first_epoch(resume, train_config)
     if train_config.dtype == "float64":
         jax.config.update("jax_enable_x64", True)  # off by default: float64 would silently become float32
 
@@ -79,15 +84,33 @@ def train(model_config: ModelConfig, train_config: TrainConfig, init="shared", o
     # 2. optimizer: Adam with TrainConfig's lr, betas and eps
     # (optax is pure functions; nnx.Optimizer keeps the moments of nnx.Param only, the mask is not one)
     optimizer = nnx.Optimizer(model, optax.adam(train_config.lr, *train_config.betas, eps=train_config.eps), wrt=nnx.Param)
+    if resume is not None:
+        optimizer_from_exchange(resume, optimizer, model)
     graphdef, state = nnx.split((model, optimizer))
 
     # 3. epochs: the same batches as every other backend
     losses = []
-    for batches in training.epochs(model_config, train_config):
+    for batches in training.epochs(model_config, train_config, start=start_epoch):
         state, epoch_losses = train_epoch(graphdef, state, batches)
-        training.finish_epoch(losses, epoch_losses, train_config.steps_per_epoch, on_step)
+        training.finish_epoch(losses, epoch_losses, train_config.steps_per_epoch, on_step, start_epoch * train_config.steps_per_epoch)
     model, optimizer = nnx.merge(graphdef, state)
-    return training.history("jax", model_config, train_config, losses, started, model)
+    return training.history("jax", model_config, train_config, losses, started, model, optimizer, start_epoch)
+
+
+def optimizer_to_exchange(optimizer, model, train_config: TrainConfig) -> AdamState:
+    """Adam's moments and step count in the exchange layout (after train_config.epochs epochs)."""
+    adam = optimizer.opt_state[0]  # optax.adam = (ScaleByAdamState(count, mu, nu), scale by -lr)
+    moments = {"exp_avg": grads_to_exchange(adam.mu), "exp_avg_sq": grads_to_exchange(adam.nu)}
+    step = int(adam.count[...])
+    return AdamState(step, train_config.epochs, moments["exp_avg"], moments["exp_avg_sq"], train_config)
+
+
+def optimizer_from_exchange(adam_state: AdamState, optimizer, model) -> None:
+    """Give a fresh Adam the saved moments and step count of every parameter."""
+    adam = optimizer.opt_state[0]
+    assign_exchange(adam.mu, adam_state.exp_avg)
+    assign_exchange(adam.nu, adam_state.exp_avg_sq)
+    adam.count[...] = adam_state.step
 
 
 def predict(model, tokens: np.ndarray):

@@ -15,6 +15,7 @@ from shared.config import ModelConfig, TrainConfig
 from shared.files import write_atomically
 
 KEYS = ("backend", "model_config", "train_config", "losses", "epoch_losses", "seconds")
+# also written: first_step, the step of losses[0] (0 unless the run resumed a saved one)
 
 
 @dataclass
@@ -25,7 +26,9 @@ class History:
     losses: list[float]
     epoch_losses: list[float]
     seconds: float
+    first_step: int = 0
     model: Any = field(default=None, repr=False, compare=False)  # the trained TinyLM; not saved
+    optimizer: Any = field(default=None, repr=False, compare=False)  # its Adam; not saved
 
     @property
     def final_loss(self) -> float:
@@ -39,6 +42,7 @@ class History:
             "losses": [float(loss) for loss in self.losses],
             "epoch_losses": [float(loss) for loss in self.epoch_losses],
             "seconds": float(self.seconds),
+            "first_step": int(self.first_step),
         }
 
     def save(self, path) -> None:
@@ -64,4 +68,5 @@ class History:
             losses=[float(loss) for loss in data["losses"]],
             epoch_losses=[float(loss) for loss in data["epoch_losses"]],
             seconds=float(data["seconds"]),
+            first_step=int(data.get("first_step", 0)),
         )

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from shared import weights
+from shared import adam_state, weights
 from shared.config import DTYPES, ModelConfig, TrainConfig
 from shared.heatmap import ascii_heatmap
 from shared.training import INITS, NonFiniteLossError
@@ -76,7 +76,11 @@ def add_arguments(parser: argparse.ArgumentParser, backend: str | None = None) -
                      help="shared: NumPy init identical for every backend (default); native: the framework's own")
     files = parser.add_argument_group("files")
     files.add_argument("--load", metavar="FILE", type=Path, help="start from a saved .safetensors weights file")
-    files.add_argument("--save", metavar="FILE", type=Path, help="write the trained weights (exchange format)")
+    files.add_argument("--resume", metavar="FILE", type=Path,
+                       help="continue a run saved with --save (weights and FILE's .adam.safetensors companion), "
+                            "in either backend; --epochs is the total")
+    files.add_argument("--save", metavar="FILE", type=Path,
+                       help="write the trained weights (exchange format) and Adam's state beside them (.adam.safetensors)")
     files.add_argument("--history", metavar="FILE.json", type=Path, help="write every step's loss as JSON")
     files.add_argument("--plot", metavar="FILE.png", type=png_path,
                        help="write a figure: the loss curve and every head's attention weights")
@@ -91,15 +95,18 @@ def configs(args) -> tuple[ModelConfig, TrainConfig, object]:
     flag given must agree with it. Raises ValueError with a message for the user."""
     given = {field: getattr(args, flag[2:].replace("-", "_")) for field, flag in MODEL_FLAGS.items()}
     given = {field: value for field, value in given.items() if value is not None}
-    if args.load is not None:
+    if args.load is not None and args.resume is not None:
+        raise ValueError("--load starts from saved weights with a fresh optimizer, --resume continues a run: give one")
+    source = args.load if args.load is not None else args.resume
+    if source is not None:
         if args.init != "shared":
-            raise ValueError(f"--load and --init {args.init} both choose the initial weights; give one")
-        _, saved = weights.load(args.load)
+            raise ValueError(f"--{'load' if args.load else 'resume'} and --init {args.init} both choose the initial weights; give one")
+        _, saved = weights.load(source)
         disagree = [f"{MODEL_FLAGS[field]} {value} (file has {getattr(saved, field)})"
                     for field, value in given.items() if getattr(saved, field) != value]
         if disagree:
-            raise ValueError(f"weights file {str(args.load)!r} disagrees with {', '.join(disagree)}")
-        model_config, init = saved, args.load
+            raise ValueError(f"weights file {str(source)!r} disagrees with {', '.join(disagree)}")
+        model_config, init = saved, source
     else:
         model_config, init = ModelConfig(**given), args.init
     train_config = TrainConfig(
@@ -131,7 +138,11 @@ def run(args) -> int:
     parser = args.parser
     try:
         model_config, train_config, init = configs(args)
-    except (ValueError, TypeError) as error:
+        resume = None
+        if args.resume is not None:
+            resume = adam_state.load(adam_state.companion_path(args.resume), model_config)
+            resume.check_continues(train_config)
+    except (ValueError, TypeError, FileNotFoundError) as error:
         parser.error(str(error))
     trainer = importlib.import_module(f"{args.backend}_impl.train")
     exchange = importlib.import_module(f"{args.backend}_impl.model")
@@ -139,7 +150,9 @@ def run(args) -> int:
     print(describe(model_config, train_config, init), flush=True)
 
     total = train_config.epochs * train_config.steps_per_epoch
-    bar = tqdm(total=total, desc="train", unit="step", file=sys.stderr, leave=False,
+    if resume is not None:
+        print(f"resume after epoch {resume.epochs_done} (step {resume.step}) of a saved run")
+    bar = tqdm(total=total, initial=0 if resume is None else resume.step, desc="train", unit="step", file=sys.stderr, leave=False,
                disable=args.quiet or not sys.stderr.isatty())
     epoch_sum = [0.0]
 
@@ -155,7 +168,7 @@ def run(args) -> int:
             epoch_sum[0] = 0.0
 
     try:
-        history = trainer.train(model_config, train_config, init=init, on_step=on_step)
+        history = trainer.train(model_config, train_config, init=init, on_step=on_step, resume=resume)
     except NonFiniteLossError as error:
         bar.close()
         print(f"error: {error}", file=sys.stderr)
@@ -165,7 +178,7 @@ def run(args) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     bar.close()
-    print(f"final loss {history.final_loss:.6g} (step {len(history.losses) - 1}) · "
+    print(f"final loss {history.final_loss:.6g} (step {history.first_step + len(history.losses) - 1}) · "
           f"{len(history.losses)} steps in {history.seconds:.2f} s ({len(history.losses) / history.seconds:,.0f} steps/s)")
 
     tokens = heatmap_tokens(model_config)
@@ -184,7 +197,9 @@ def run(args) -> int:
         print(f"saved plot to {args.plot}")
     if args.save is not None:
         weights.save(args.save, exchange.to_exchange(history.model), model_config)
-        print(f"saved weights to {args.save}")
+        companion = adam_state.companion_path(args.save)
+        adam_state.save(companion, trainer.optimizer_to_exchange(history.optimizer, history.model, train_config), model_config)
+        print(f"saved weights to {args.save} (Adam's state to {companion})")
     if args.history is not None:
         history.save(args.history)
         print(f"saved history to {args.history}")

@@ -44,26 +44,45 @@ def initial_weights(init, model_config: ModelConfig, train_config: TrainConfig) 
     raise ValueError(f"init must be one of {', '.join(INITS)} or a weights file path, got {init!r}")
 
 
-def epochs(model_config: ModelConfig, train_config: TrainConfig) -> Iterator[list[tuple[np.ndarray, np.ndarray]]]:
-    """One list of (x, y) int64 batches (batch, T) per epoch, T = max_len; the same for every backend."""
+def epochs(model_config: ModelConfig, train_config: TrainConfig, start: int = 0) -> Iterator[list[tuple[np.ndarray, np.ndarray]]]:
+    """One list of (x, y) int64 batches (batch, T) per epoch, T = max_len; the same for every backend.
+
+    start: epochs already trained (a resumed run), whose batches are drawn and skipped so the
+    rest of the stream is exactly the one an uninterrupted run sees.
+    """
     rows = copy_task(train_config.n_sequences, model_config.max_len, model_config.vocab_size, train_config.seed)
     stream = batches(rows, train_config.batch_size, train_config.epochs, train_config.seed + 1)
-    for _ in range(train_config.epochs):
-        yield list(islice(stream, train_config.steps_per_epoch))
+    for epoch in range(train_config.epochs):
+        batch_list = list(islice(stream, train_config.steps_per_epoch))
+        if epoch >= start:
+            yield batch_list
 
 
-def finish_epoch(losses: list[float], epoch_losses, steps_per_epoch: int, on_step: Callable | None = None) -> None:
-    """Append one epoch's per-step losses; stop at the first non-finite one, naming its step."""
+def finish_epoch(losses: list[float], epoch_losses, steps_per_epoch: int, on_step: Callable | None = None,
+                 first_step: int = 0) -> None:
+    """Append one epoch's per-step losses; stop at the first non-finite one, naming its step
+    (counted over the whole run: a resumed run starts at first_step)."""
     for loss in np.asarray(epoch_losses, dtype=np.float64):
+        step = first_step + len(losses)
         if not math.isfinite(loss):
-            raise NonFiniteLossError(len(losses), float(loss), steps_per_epoch)
+            raise NonFiniteLossError(step, float(loss), steps_per_epoch)
         losses.append(float(loss))
         if on_step is not None:
-            on_step(len(losses) - 1, float(loss))
+            on_step(step, float(loss))
 
 
-def history(backend: str, model_config, train_config, losses: list[float], started: float, model) -> History:
+def first_epoch(resume, train_config: TrainConfig) -> int:
+    """Where a run starts: 0, or the epochs a resumed AdamState has done (checked to continue)."""
+    if resume is None:
+        return 0
+    resume.check_continues(train_config)
+    return resume.epochs_done
+
+
+def history(backend: str, model_config, train_config, losses: list[float], started: float,
+            model, optimizer, start_epoch: int = 0) -> History:
     """Bundle a finished run; epoch means over each epoch's steps."""
     size = train_config.steps_per_epoch
     epoch_losses = [float(np.mean(losses[start : start + size])) for start in range(0, len(losses), size)]
-    return History(backend, model_config, train_config, losses, epoch_losses, time.perf_counter() - started, model)
+    return History(backend, model_config, train_config, losses, epoch_losses, time.perf_counter() - started,
+                   first_step=start_epoch * size, model=model, optimizer=optimizer)

@@ -118,7 +118,7 @@ def load(path, expect: ModelConfig | None = None) -> tuple[dict[str, np.ndarray]
         raw = path.read_bytes()
     except OSError as error:
         raise ValueError(f"weights file {str(path)!r} cannot be read: {error.strerror or error}") from None
-    header = _read_header(raw, path)
+    header = read_header(raw, path)
     try:
         arrays = safetensors.numpy.load(raw)
     except Exception as error:  # safetensors raises its own SafetensorError
@@ -150,7 +150,8 @@ def check_same_architecture(found: ModelConfig, expected: ModelConfig, source: s
         raise ValueError(f"{source} was saved with a different model config: {', '.join(differences)}")
 
 
-def _read_header(raw: bytes, path: Path) -> dict:
+def read_header(raw: bytes, path: Path) -> dict:
+    """The JSON header of a safetensors file's bytes, after checking that it is one."""
     # safetensors: 8-byte little-endian header length, then a JSON object; anything else
     # (a pickle, a zip, an empty or truncated file) is refused before a parser sees it
     if len(raw) < 8:

@@ -33,7 +33,11 @@ KNOWN_SIGNATURES = {
     "train_epoch": (("model", "optimizer", "batches"), ("graphdef", "state", "batches"),
                     "as train_step"),
 }
-JAX_ONLY_FUNCTIONS = {"scan_steps": "the compiled jax.lax.scan over an epoch; torch loops eagerly"}
+JAX_ONLY_FUNCTIONS = {
+    "scan_steps": "the compiled jax.lax.scan over an epoch; torch loops eagerly",
+    "assign_exchange": "Flax kernels are transposed on the way in; torch's layout is the exchange layout "
+                       "(load_state_dict, and Adam's moments are used as they are)",
+}
 
 
 def method_name(name: str) -> str:

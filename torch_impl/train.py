@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from shared import training, train_cli
+from shared.adam_state import AdamState
 from shared.config import ModelConfig, TrainConfig
 from shared.history import History
 from torch_impl.model import TinyLM, from_exchange
@@ -39,13 +40,17 @@ def train_epoch(model, optimizer, batches):
     return torch.stack(losses).numpy()
 
 
-def train(model_config: ModelConfig, train_config: TrainConfig, init="shared", on_step=None) -> History:
-    """Train from `init` ("shared", "native" or a weights file); returns the History with the model.
+def train(model_config: ModelConfig, train_config: TrainConfig, init="shared", on_step=None, resume=None) -> History:
+    """Train from `init` ("shared", "native" or a weights file); returns the History with the
+    model and optimizer.
 
+    resume: an AdamState saved with those weights (by either backend): the run continues
+    where it stopped, with the same moments, step count and remaining batches.
     on_step(step, loss) is called for every step once its epoch has finished.
     Raises training.NonFiniteLossError naming the first step whose loss was NaN or infinite.
     """
     started = time.perf_counter()
+    start_epoch = training.first_epoch(resume, train_config)
 
     # 1. model: the shared NumPy init, identical for every backend, unless init says otherwise
     torch.manual_seed(train_config.seed)
@@ -55,13 +60,37 @@ def train(model_config: ModelConfig, train_config: TrainConfig, init="shared", o
     # 2. optimizer: Adam with TrainConfig's lr, betas and eps
     # (torch: handed the parameters, it keeps their moments and updates them in place)
     optimizer = torch.optim.Adam(model.parameters(), lr=train_config.lr, betas=train_config.betas, eps=train_config.eps)
+    if resume is not None:
+        optimizer_from_exchange(resume, optimizer, model)
 
     # 3. epochs: the same batches as every other backend
     losses = []
-    for batches in training.epochs(model_config, train_config):
+    for batches in training.epochs(model_config, train_config, start=start_epoch):
         epoch_losses = train_epoch(model, optimizer, batches)
-        training.finish_epoch(losses, epoch_losses, train_config.steps_per_epoch, on_step)
-    return training.history("torch", model_config, train_config, losses, started, model)
+        training.finish_epoch(losses, epoch_losses, train_config.steps_per_epoch, on_step, start_epoch * train_config.steps_per_epoch)
+    return training.history("torch", model_config, train_config, losses, started, model, optimizer, start_epoch)
+
+
+def optimizer_to_exchange(optimizer, model, train_config: TrainConfig) -> AdamState:
+    """Adam's moments and step count in the exchange layout (after train_config.epochs epochs)."""
+    names = {parameter: name for name, parameter in model.named_parameters()}
+    moments = {"exp_avg": {}, "exp_avg_sq": {}}
+    step = 0
+    for parameter, state in optimizer.state.items():
+        for moment in moments:
+            moments[moment][names[parameter]] = state[moment].detach().numpy().copy()
+        step = int(state["step"])
+    return AdamState(step, train_config.epochs, moments["exp_avg"], moments["exp_avg_sq"], train_config)
+
+
+def optimizer_from_exchange(adam_state: AdamState, optimizer, model) -> None:
+    """Give a fresh Adam the saved moments and step count of every parameter."""
+    for name, parameter in model.named_parameters():
+        optimizer.state[parameter] = {
+            "step": torch.tensor(float(adam_state.step)),
+            "exp_avg": torch.from_numpy(adam_state.exp_avg[name].copy()),
+            "exp_avg_sq": torch.from_numpy(adam_state.exp_avg_sq[name].copy()),
+        }
 
 
 def predict(model, tokens: np.ndarray):
