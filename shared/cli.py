@@ -13,6 +13,8 @@ COMMANDS = {
     "train": ("shared.train_cli", "train the copy-task model with one backend (--backend torch|jax)"),
     "diff": ("shared.side_by_side", "show torch_impl and jax_impl side by side, aligned step by step"),
     "heads": ("shared.heads", "show every attention head of a saved model (text, and an image with --plot)"),
+    "parity": ("shared.parity", "prove numpy_ref, torch_impl and jax_impl agree: every stage, gradient and step"),
+    "compare": ("shared.compare", "compare the per-step losses of two --history files"),
 }
 
 
@@ -45,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (`| head`): not an error of ours
         sys.stdout = None
         return 0
+    except OSError as error:  # a write failed after the checks (disk full, a folder removed): one line
+        print(f"mhsa {known.command}: error: {error}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

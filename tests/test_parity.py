@@ -1,0 +1,157 @@
+"""Parity: the three implementations agree at every stage, gradient and training step, a run
+handed from torch to JAX mid-way continues exactly, and the report names where a planted
+fault makes them part."""
+
+import inspect
+import json
+
+import numpy as np
+import pytest
+
+from shared import adam_state, weights
+from shared.cli import main as mhsa
+from shared.config import ModelConfig, TrainConfig
+from shared.parity import build_report, format_report, padding_mask
+from shared.tolerances import assert_close, tolerance
+from tests.backends import SMALL
+
+DEFAULT = ModelConfig()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("config", [SMALL, DEFAULT], ids=["odd-sizes", "default"])
+@pytest.mark.parametrize("masked", [False, True], ids=["causal", "padding"])
+def test_every_stage_and_gradient_agrees(dtype, config, masked):
+    report = build_report(config, dtype, seed=1, mask=padding_mask(config) if masked else None, epochs=0, samples=3)
+    assert report.passed, format_report(report)
+    names = [row.name for row in report.rows]
+    assert names[:12] == ["embed", "qkv", "q", "k", "v", "scores", "weights", "context", "merged", "attn_out", "logits", "loss"]
+    assert names[12:] == list(weights.param_shapes(config))
+    # not vacuous: every pair was compared, and on real numbers
+    assert all(diff is not None for row in report.rows for diff in row.diffs.values())
+
+
+def test_float64_default_run_trajectories_and_final_weights_agree():
+    report = build_report(DEFAULT, "float64", seed=0, epochs=3, samples=2)
+    trajectory = [row for row in report.rows if row.section == "trajectory"]
+    assert [row.name for row in trajectory] == ["loss at each of 192 steps", "weights after 192 steps"]
+    assert report.passed, format_report(report)
+
+
+def faulty(module, old: str, new: str) -> dict:
+    """Execute a copy of `module`'s source with one fault planted; returns its namespace."""
+    source = inspect.getsource(module)
+    assert source.count(old) == 1, f"the line to break is not in {module.__name__}: {old!r}"
+    namespace = {"__name__": f"{module.__name__}_with_fault"}
+    exec(compile(source.replace(old, new), f"<{module.__name__} with a fault>", "exec"), namespace)
+    return namespace
+
+
+def first_failure(config=SMALL, dtype="float64"):
+    report = build_report(config, dtype, seed=2, epochs=0, samples=2)
+    assert not report.passed
+    return report, report.first_failure
+
+
+def test_an_untransposed_kernel_is_found_at_attn_out(monkeypatch):
+    import jax_impl.model
+
+    # out_proj is square, so loading its weight untransposed raises nothing: only numbers show it
+    copy = faulty(jax_impl.model, '"attn.out_proj.weight": (("attn", "out_proj", "kernel"), True),',
+                  '"attn.out_proj.weight": (("attn", "out_proj", "kernel"), False),')
+    monkeypatch.setattr(jax_impl.model, "from_exchange", copy["from_exchange"])
+    report, row = first_failure()
+    assert (row.section, row.name, row.failing_pair()) == ("stage", "attn_out", "jax-numpy")
+    assert row.diffs["torch-numpy"] <= row.tol  # torch is still right
+    assert "FAIL: first difference at stage 'attn_out': jax vs numpy" in format_report(report)
+
+
+def test_a_dropped_scale_is_found_at_scores(monkeypatch):
+    import torch_impl.attention
+    import torch_impl.model
+
+    copy = faulty(torch_impl.attention, " * (1.0 / math.sqrt(self.d_head))", "")
+    monkeypatch.setattr(torch_impl.model, "MultiHeadSelfAttention", copy["MultiHeadSelfAttention"])
+    _, row = first_failure()
+    assert (row.section, row.name, row.failing_pair()) == ("stage", "scores", "torch-numpy")
+
+
+def test_a_mask_shifted_by_one_is_found_at_weights(monkeypatch):
+    import jax_impl.attention
+    import jax_impl.model
+
+    # diagonal=1: every query also sees the next key, a leak from the future
+    copy = faulty(jax_impl.attention, "CausalMask(jnp.tril(jnp.ones((max_len, max_len), dtype=bool)))",
+                  "CausalMask(jnp.tril(jnp.ones((max_len, max_len), dtype=bool), k=1))")
+    monkeypatch.setattr(jax_impl.model, "MultiHeadSelfAttention", copy["MultiHeadSelfAttention"])
+    report, row = first_failure()
+    assert (row.section, row.name, row.failing_pair()) == ("stage", "weights", "jax-numpy")
+    assert all(r.passed for r in report.rows[: report.rows.index(row)])  # scores (before the mask) still agree
+
+
+def test_mhsa_parity_prints_the_table_and_exits_by_the_result(capsys, monkeypatch):
+    assert mhsa(["parity", "--epochs", "0", "--samples", "1", "--n-heads", "2", "--d-model", "12",
+                 "--seq-len", "5", "--vocab-size", "7"]) == 0
+    out = capsys.readouterr().out
+    assert "| compared" in out and "| torch vs numpy |" in out and "PASS: all" in out
+    import torch_impl.attention
+    import torch_impl.model
+
+    copy = faulty(torch_impl.attention, " * (1.0 / math.sqrt(self.d_head))", "")
+    monkeypatch.setattr(torch_impl.model, "MultiHeadSelfAttention", copy["MultiHeadSelfAttention"])
+    assert mhsa(["parity", "--epochs", "0", "--samples", "1", "--n-heads", "2", "--d-model", "12",
+                 "--seq-len", "5", "--vocab-size", "7"]) == 1
+    out = capsys.readouterr().out
+    assert "| scores" in out and "<- the implementations part here" in out
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_torch_then_jax_hand_off_matches_the_all_torch_run(dtype, tmp_path):
+    import jax_impl.train
+    import torch_impl.model
+    import torch_impl.train
+
+    full = torch_impl.train.train(DEFAULT, TrainConfig(dtype=dtype))
+    first = torch_impl.train.train(DEFAULT, TrainConfig(epochs=1, dtype=dtype))
+    path = tmp_path / "epoch1.safetensors"
+    weights.save(path, torch_impl.model.to_exchange(first.model), DEFAULT)
+    adam_state.save(adam_state.companion_path(path),
+                    torch_impl.train.optimizer_to_exchange(first.optimizer, first.model, TrainConfig(epochs=1, dtype=dtype)), DEFAULT)
+    resume = adam_state.load(adam_state.companion_path(path), DEFAULT)
+    assert (resume.step, resume.epochs_done) == (64, 1)
+    rest = jax_impl.train.train(DEFAULT, TrainConfig(dtype=dtype), init=path, resume=resume)
+    assert rest.first_step == 64 and len(rest.losses) == 128
+    joined = first.losses + rest.losses
+    assert_close(f"{dtype} torch 1 epoch + jax 2 epochs vs torch 3 epochs", joined, full.losses, tolerance("trajectory", dtype))
+    # without Adam's state the continuation is visibly different: the moments matter
+    restarted = jax_impl.train.train(DEFAULT, TrainConfig(epochs=2, dtype=dtype), init=path)
+    assert np.abs(np.array(restarted.losses[:20]) - np.array(full.losses[64:84])).max() > 1e-3
+
+
+def test_resume_refuses_a_different_batch_stream(tmp_path):
+    import torch_impl.model
+    import torch_impl.train
+
+    first = torch_impl.train.train(SMALL, TrainConfig(epochs=1, n_sequences=64))
+    state = torch_impl.train.optimizer_to_exchange(first.optimizer, first.model, TrainConfig(epochs=1, n_sequences=64))
+    with pytest.raises(ValueError, match=r"seed=1 \(saved run: 0\)"):
+        torch_impl.train.train(SMALL, TrainConfig(epochs=2, n_sequences=64, seed=1), resume=state)
+    with pytest.raises(ValueError, match=r"--epochs 1 is the total and the saved run already trained 1"):
+        torch_impl.train.train(SMALL, TrainConfig(epochs=1, n_sequences=64), resume=state)
+
+
+def test_mhsa_compare_reports_the_gap_and_plots(tmp_path, capsys):
+    from shared.history import History
+
+    base = dict(backend="torch", model_config=SMALL, train_config=TrainConfig(epochs=1, n_sequences=160, batch_size=32),
+                epoch_losses=[1.0], seconds=1.0)
+    History(losses=[3.0, 2.0, 1.0, 0.5, 0.25], **base).save(tmp_path / "a.json")
+    History(losses=[3.0, 2.0, 1.1], **base).save(tmp_path / "b1.json")
+    History(losses=[0.5, 0.2], first_step=3, **base).save(tmp_path / "b2.json")
+    assert mhsa(["compare", str(tmp_path / "a.json"), str(tmp_path / "b1.json"), str(tmp_path / "b2.json"),
+                 "--plot", str(tmp_path / "gap.png")]) == 0
+    out = capsys.readouterr().out
+    assert "compared 5 common steps (0..4)" in out
+    assert "max |A - B|  1.000e-01 at step 2" in out and "mean |A - B| 3.000e-02" in out
+    assert (tmp_path / "gap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((tmp_path / "b2.json").read_text())["first_step"] == 3
