@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from shared import checks
+from shared.config import ATTN_IMPLS
 from shared.trace import record
 
 
@@ -16,15 +18,20 @@ class MultiHeadSelfAttention(nn.Module):
 
     The only parameters are qkv_proj (D -> 3D) and out_proj (D -> D). The causal mask is a
     boolean buffer built once for max_len: not a parameter, not saved, sliced to (T, T).
+    attn_impl="fused" runs steps 4 to 8 as one call of the framework's attention kernel
+    whenever neither the weights nor a trace are asked for; "explicit" always runs them one by one.
     """
 
-    def __init__(self, d_model, n_heads, max_len, bias=True, *, dtype=torch.float32):
+    def __init__(self, d_model, n_heads, max_len, bias=True, *, dtype=torch.float32, attn_impl="explicit"):
         super().__init__()
         checks.check_block(d_model, n_heads, max_len)
+        if attn_impl not in ATTN_IMPLS:
+            raise ValueError(f"attn_impl must be one of {', '.join(ATTN_IMPLS)}; got {attn_impl!r}")
         self.d_model = d_model
         self.n_heads = n_heads
         self.d_head = d_model // n_heads
         self.max_len = max_len
+        self.attn_impl = attn_impl
         self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=bias, dtype=dtype)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias, dtype=dtype)
         # True = may attend: on and below the diagonal
@@ -49,25 +56,33 @@ class MultiHeadSelfAttention(nn.Module):
         q, k, v = qkv.split(D, dim=-1)  # 3 x (B, T, D)
 
         # 3. reshape into heads
-        q = q.reshape(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, d_head)
-        k = k.reshape(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, d_head)
-        v = v.reshape(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, d_head)
+        q = q.reshape(B, T, self.n_heads, self.d_head)  # (B, T, H, d_head)
+        k = k.reshape(B, T, self.n_heads, self.d_head)  # (B, T, H, d_head)
+        v = v.reshape(B, T, self.n_heads, self.d_head)  # (B, T, H, d_head)
+        fused = self.attn_impl == "fused" and not return_weights and trace is None
+        if fused:
+            return self.out_proj(self._fused_attention(q, k, v, mask))  # (B, T, D)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, d_head)
         record(trace, "q", q)
         record(trace, "k", k)
         record(trace, "v", v)
 
         # 4. score and scale: keeps the score variance independent of d_head
-        scores = q @ k.transpose(-2, -1) * (1.0 / math.sqrt(self.d_head))  # (B, H, T, T)
+        q = q * (1.0 / math.sqrt(self.d_head))  # scaling Q is T / d_head times cheaper than scaling the scores
+        scores = q @ k.transpose(-2, -1)  # (B, H, T, T)
         record(trace, "scores", scores)
 
         # 5. mask: no query may see a later key
         allowed = self.causal_mask[:T, :T]  # (T, T)
         if mask is not None:
             allowed = allowed & mask  # (B, H, T, T) or broadcastable
-        scores = scores.masked_fill(~allowed, float("-inf"))
+        if trace is not None:
+            scores = scores.clone()  # the trace keeps the unmasked scores: the fill below is in place
+        scores.masked_fill_(~allowed, float("-inf"))
 
         # 6. softmax over keys
-        weights = torch.softmax(scores, dim=-1)  # (B, H, T, T)
+        # (into the scores' own memory when no gradient needs them: one (B, H, T, T) buffer, not two)
+        weights = torch.softmax(scores, dim=-1, out=None if scores.requires_grad else scores)  # (B, H, T, T)
         if mask is not None:
             # a row with no allowed key is all -inf, which softmax turns into NaN: make it 0
             weights = weights.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
@@ -85,3 +100,27 @@ class MultiHeadSelfAttention(nn.Module):
         out = self.out_proj(merged)  # (B, T, D)
         record(trace, "attn_out", out)
         return (out, weights) if return_weights else out
+
+    def _fused_attention(self, q, k, v, mask):
+        """Steps 4 to 8 in one call of the framework's kernel: q, k, v (B, T, H, d_head) -> (B, T, D).
+
+        Only the causal mask: is_causal, so no (T, T) scores are built at all. An extra mask is
+        ANDed with the causal one exactly as in step 5, and a query row with no allowed key gets
+        a zero context, as the explicit path's zero weights give.
+        """
+        B, T, H, d_head = q.shape
+
+        # 1. attend: score, scale, mask, softmax and weight the values in one kernel
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # torch's kernel takes heads first
+        if mask is None:
+            context = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)  # (B, T, H, d_head)
+            return context.reshape(B, T, H * d_head)  # (B, T, D)
+        allowed = self.causal_mask[:T, :T] & mask  # (B, H, T, T) or broadcastable
+        context = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed).transpose(1, 2)  # (B, T, H, d_head)
+
+        # 2. a query with no allowed key gets zero context (SDPA gives 0, jax.nn.dot_product_attention the mean of V)
+        has_key = allowed.any(dim=-1).expand(B, H, T).transpose(1, 2)  # (B, T, H)
+        context = torch.where(has_key[..., None], context, 0.0)  # (B, T, H, d_head)
+
+        # 3. merge heads
+        return context.reshape(B, T, H * d_head)  # (B, T, D)

@@ -23,7 +23,8 @@ class TinyLM(nn.Module):
         dtype = DTYPES[dtype]
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model, dtype=dtype)
         self.pos_emb = nn.Embedding(config.max_len, config.d_model, dtype=dtype)
-        self.attn = MultiHeadSelfAttention(config.d_model, config.n_heads, config.max_len, config.bias, dtype=dtype)
+        self.attn = MultiHeadSelfAttention(config.d_model, config.n_heads, config.max_len, config.bias, dtype=dtype,
+                                           attn_impl=config.attn_impl)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=config.bias, dtype=dtype)
 
     def forward(self, tokens, mask=None, return_weights=False, trace=None):
