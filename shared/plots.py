@@ -31,7 +31,7 @@ CMAP = colormaps["viridis"].with_extremes(bad="lightgrey")
 def heads_figure(weights, tokens=None, title=None) -> Figure:
     """Every head's attention weights (H, T, T), one panel per head, with one colour bar (0..1).
 
-    Rows are queries, columns are keys; with `tokens` (T ints) the tick labels are token ids.
+    Rows are queries, columns are keys, ticks are positions; `tokens` (T ints) are listed below.
     """
     weights = check_weights(weights, ndim=3)
     tokens = check_tokens(tokens, weights.shape[-1])
@@ -110,7 +110,7 @@ def _draw_heads(container, weights: np.ndarray, tokens: list[int] | None) -> Non
     axes = axes[:H]
     stride = math.ceil(T / MAX_TICKS)
     ticks = np.arange(0, T, stride)
-    labels = [str(tokens[i] if tokens is not None else i) for i in ticks]
+    labels = [str(i) for i in ticks]
     causal = not np.triu(np.nan_to_num(weights, nan=1.0), k=1).any()  # all weight on or below the diagonal
     # the staircase between allowed and masked cells: right of key i on query row i
     edge_x = np.repeat(np.arange(T) + 0.5, 2)  # (2T,)
@@ -120,7 +120,7 @@ def _draw_heads(container, weights: np.ndarray, tokens: list[int] | None) -> Non
         ax.set_title(f"head {h}")
         ax.set_xlabel("key position", fontsize=8)
         ax.set_ylabel("query position", fontsize=8)
-        ax.set_xticks(ticks, labels, fontsize=7, rotation=90 if tokens is not None and T > 8 else 0)
+        ax.set_xticks(ticks, labels, fontsize=7)
         ax.set_yticks(ticks, labels, fontsize=7)
         if causal:  # outline the mask: every key right of this line is a later position
             ax.plot(edge_x, edge_y, color="white", linewidth=0.8, alpha=0.6)
@@ -129,7 +129,8 @@ def _draw_heads(container, weights: np.ndarray, tokens: list[int] | None) -> Non
     colorbar = container.colorbar(image, ax=list(axes), shrink=0.9)
     colorbar.set_label("attention weight")
     if tokens is not None:
-        container.supxlabel("tick labels: the token id at each position", fontsize=8, color="dimgrey")
+        shown = " ".join(str(token) for token in tokens)
+        container.supxlabel(f"input token ids by position: {shown}", fontsize=8, color="dimgrey")
 
 
 def _draw_losses(ax, losses: np.ndarray, steps_per_epoch: int) -> None:
