@@ -3,12 +3,21 @@ input raises the same exception with the same message in NumPy, PyTorch and JAX.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
+
+# the index dtypes every backend embeds: torch's nn.Embedding refuses any other
+TOKEN_DTYPES = ("int32", "int64")
 
 
 def check_block(d_model, n_heads, max_len) -> None:
-    """Sizes of one attention block: positive integers with d_model % n_heads == 0."""
-    for name, value in (("d_model", d_model), ("n_heads", n_heads), ("max_len", max_len)):
+    """Sizes of one attention block: positive integers with d_model % n_heads == 0.
+
+    max_len None: no context limit (numpy_ref's pure attention function)."""
+    sizes = (("d_model", d_model), ("n_heads", n_heads)) + ((("max_len", max_len),) if max_len is not None else ())
+    for name, value in sizes:
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
         if value <= 0:
@@ -22,7 +31,7 @@ def check_block(d_model, n_heads, max_len) -> None:
 
 def dtype_kind(name: str) -> str:
     """'float', 'int', 'bool' or 'other' for a dtype name such as 'float32' or 'torch.int64'."""
-    name = name.removeprefix("torch.")
+    name = _neutral(name)
     if name == "bool":
         return "bool"
     if name.startswith(("float", "bfloat")):
@@ -32,10 +41,15 @@ def dtype_kind(name: str) -> str:
     return "other"
 
 
+def _neutral(name: str) -> str:
+    # 'torch.float32' -> 'float32': the same message in every backend
+    return str(name).removeprefix("torch.")
+
+
 def check_input(shape: tuple, dtype_name: str, d_model: int, max_len: int | None) -> None:
     """x must be a float (B, T, D) with D == d_model and 1 <= T <= max_len (no limit if None)."""
     if dtype_kind(dtype_name) != "float":
-        raise TypeError(f"attention input must be a floating-point array (B, T, D), got dtype {dtype_name}")
+        raise TypeError(f"attention input must be a floating-point array (B, T, D), got dtype {_neutral(dtype_name)}")
     if len(shape) != 3:
         raise ValueError(f"attention input must have rank 3 (B, T, D), got rank {len(shape)} with shape {tuple(shape)}")
     _, T, D = shape
@@ -49,8 +63,8 @@ def check_tokens(shape: tuple, dtype_name: str, vocab_size: int, max_len: int, l
 
     `low` and `high` are the smallest and largest id when they are known (None while tracing).
     """
-    if dtype_kind(dtype_name) != "int":
-        raise TypeError(f"tokens must be an integer array (B, T), got dtype {dtype_name}")
+    if _neutral(dtype_name) not in TOKEN_DTYPES:
+        raise TypeError(f"tokens must be an integer array (B, T) of {' or '.join(TOKEN_DTYPES)}, got dtype {_neutral(dtype_name)}")
     if len(shape) != 2:
         raise ValueError(f"tokens must have rank 2 (B, T), got rank {len(shape)} with shape {tuple(shape)}")
     check_length(shape[1], max_len)
@@ -69,10 +83,24 @@ def check_length(T: int, max_len: int | None) -> None:
 def check_mask(mask_shape: tuple, dtype_name: str, target: tuple) -> None:
     """A mask (True = may attend) must be boolean and broadcast to `target` = (B, H, T, T)."""
     if dtype_kind(dtype_name) != "bool":
-        raise TypeError(f"mask must be a boolean array (True = may attend), got dtype {dtype_name}")
+        raise TypeError(f"mask must be a boolean array (True = may attend), got dtype {_neutral(dtype_name)}")
     try:
         broadcast = np.broadcast_shapes(tuple(mask_shape), tuple(target))
     except ValueError:
         broadcast = None
     if broadcast != tuple(target):
         raise ValueError(f"mask of shape {tuple(mask_shape)} does not broadcast to (B, H, T, T) = {tuple(target)}")
+
+
+def check_writable(path, flag: str) -> None:
+    """An output file a run will write at its end: refuse it before any work, not after.
+
+    Its folder must exist and be writable, and the path must not be a folder itself."""
+    path = Path(path)
+    folder = path.parent
+    if path.is_dir():
+        raise ValueError(f"{flag} {str(path)!r} is a directory, expected a file name")
+    if not folder.is_dir():
+        raise ValueError(f"{flag} {str(path)!r}: folder {str(folder)!r} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {str(path)!r}: folder {str(folder)!r} is not writable")

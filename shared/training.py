@@ -39,7 +39,10 @@ def initial_weights(init, model_config: ModelConfig, train_config: TrainConfig) 
         return None
     if isinstance(init, (str, Path)) and init and (Path(init).exists() or Path(init).suffix):
         arrays, _ = weights.load(init, expect=model_config)
-        weights.validate(arrays, model_config, dtype=train_config.dtype)
+        try:
+            weights.validate(arrays, model_config, dtype=train_config.dtype)
+        except ValueError as error:  # the file is fine, but not in the dtype this run trains in
+            raise ValueError(f"weights file {str(init)!r}: {error} (the run's dtype)") from None
         return arrays
     raise ValueError(f"init must be one of {', '.join(INITS)} or a weights file path, got {init!r}")
 

@@ -20,6 +20,7 @@ FORMAT = "mhsa-exchange"
 FORMAT_VERSION = "1"
 # fields that decide the parameter shapes; attn_impl only picks a kernel
 ARCHITECTURE_FIELDS = ("vocab_size", "d_model", "n_heads", "max_len", "bias")
+MAX_HEADER = 100_000_000  # bytes; safetensors refuses a larger header
 
 
 def param_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -135,7 +136,10 @@ def load(path, expect: ModelConfig | None = None) -> tuple[dict[str, np.ndarray]
         raise ValueError(f"weights file {str(path)!r} has an invalid config in its metadata: {error}") from None
     if expect is not None:
         check_same_architecture(config, expect, source=f"weights file {str(path)!r}")
-    validate(arrays, config)
+    try:
+        validate(arrays, config)
+    except ValueError as error:  # name the file: the same message would fit any dict
+        raise ValueError(f"weights file {str(path)!r}: {error}") from None
     return arrays, config
 
 
@@ -154,9 +158,17 @@ def read_header(raw: bytes, path: Path) -> dict:
     """The JSON header of a safetensors file's bytes, after checking that it is one."""
     # safetensors: 8-byte little-endian header length, then a JSON object; anything else
     # (a pickle, a zip, an empty or truncated file) is refused before a parser sees it
+    if not raw:
+        raise ValueError(f"weights file {str(path)!r} is not a safetensors file: it is empty (0 bytes)")
     if len(raw) < 8:
         raise ValueError(f"weights file {str(path)!r} is not a safetensors file: only {len(raw)} bytes")
     (header_length,) = struct.unpack("<Q", raw[:8])
+    cut_in_header = raw[8:9] in (b"{", b"") and 0 < header_length <= MAX_HEADER and header_length > len(raw) - 8
+    if cut_in_header:
+        raise ValueError(
+            f"weights file {str(path)!r} is truncated: its header announces {header_length} bytes "
+            f"but only {len(raw) - 8} follow"
+        )
     if header_length > len(raw) - 8 or header_length == 0 or raw[8:9] != b"{":
         raise ValueError(
             f"weights file {str(path)!r} is not a safetensors file (no valid header; "
@@ -168,7 +180,15 @@ def read_header(raw: bytes, path: Path) -> dict:
         raise ValueError(f"weights file {str(path)!r} is not a safetensors file: its header is not JSON") from None
     if not isinstance(header, dict):
         raise ValueError(f"weights file {str(path)!r} is not a safetensors file: its header is not a JSON object")
-    ends = [entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__" and isinstance(entry, dict) and "data_offsets" in entry]
+    ends = []
+    for key, entry in header.items():
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if key == "__metadata__":
+            continue
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(end) is int for end in offsets)):
+            raise ValueError(f"weights file {str(path)!r} is not a valid safetensors file: "
+                             f"tensor {key!r} has no [begin, end] data_offsets in its header")
+        ends.append(offsets[1])
     if ends and max(ends) > len(raw) - 8 - header_length:
         raise ValueError(f"weights file {str(path)!r} is truncated: its header describes more data than the file holds")
     return header
