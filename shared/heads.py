@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shared import weights
+from shared import checks, weights
 from shared.heatmap import ascii_heads
 from shared.train_cli import heatmap_tokens, png_path
 
@@ -49,6 +49,8 @@ def attention_weights(backend: str, arrays: dict, config, tokens: np.ndarray) ->
 
 def run(args) -> int:
     try:
+        if args.plot is not None:
+            checks.check_writable(args.plot, "--plot")
         arrays, config = weights.load(args.load)
     except (ValueError, FileNotFoundError) as error:
         print(f"mhsa heads: error: {error}", file=sys.stderr)

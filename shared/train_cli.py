@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from shared import adam_state, weights
+from shared import adam_state, checks, weights
 from shared.config import DTYPES, ModelConfig, TrainConfig
 from shared.heatmap import ascii_heatmap
 from shared.training import INITS, NonFiniteLossError
@@ -115,6 +115,10 @@ def configs(args) -> tuple[ModelConfig, TrainConfig, object]:
     )
     if args.heatmap_head >= model_config.n_heads:
         raise ValueError(f"--heatmap-head {args.heatmap_head} is out of range: the model has {model_config.n_heads} heads (0..{model_config.n_heads - 1})")
+    # an output the run cannot write is refused now, not after the training it would lose
+    for flag in ("--save", "--history", "--plot"):
+        if getattr(args, flag[2:]) is not None:
+            checks.check_writable(getattr(args, flag[2:]), flag)
     return model_config, train_config, init
 
 
@@ -222,3 +226,6 @@ def main(backend: str, argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (`| head`): not an error of ours
         sys.stdout = None
         return 0
+    except OSError as error:  # a write failed after the checks (disk full, a folder removed): one line
+        print(f"error: {error}", file=sys.stderr)
+        return 1
