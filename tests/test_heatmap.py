@@ -4,15 +4,7 @@ import numpy as np
 import pytest
 
 from shared.heatmap import LEGEND, RAMP, ascii_heads, ascii_heatmap
-
-
-def causal_weights(H, T, seed):
-    """Realistic attention weights (H, T, T): softmax over lower-triangular random scores."""
-    rng = np.random.default_rng(seed)
-    scores = rng.standard_normal((H, T, T)) * 2
-    scores = np.where(np.tril(np.ones((T, T), dtype=bool)), scores, -np.inf)
-    exp = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    return exp / exp.sum(axis=-1, keepdims=True)
+from tests.samples import causal_weights
 
 
 def grid_rows(text):

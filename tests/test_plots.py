@@ -10,17 +10,9 @@ import pytest
 from matplotlib.figure import Figure
 
 from shared.plots import heads_figure, save_figure, training_figure
+from tests.samples import causal_weights
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-def causal_weights(H, T, seed):
-    """Realistic attention weights (H, T, T): softmax over lower-triangular random scores."""
-    rng = np.random.default_rng(seed)
-    scores = rng.standard_normal((H, T, T)) * 2
-    scores = np.where(np.tril(np.ones((T, T), dtype=bool)), scores, -np.inf)
-    exp = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    return exp / exp.sum(axis=-1, keepdims=True)
 
 
 def fake_losses(n, seed=0):
