@@ -15,6 +15,7 @@ COMMANDS = {
     "heads": ("shared.heads", "show every attention head of a saved model (text, and an image with --plot)"),
     "parity": ("shared.parity", "prove numpy_ref, torch_impl and jax_impl agree: every stage, gradient and step"),
     "compare": ("shared.compare", "compare the per-step losses of two --history files"),
+    "bench": ("shared.bench", "run the benchmarks (benchmarks/ of a checkout) and print their markdown tables"),
 }
 
 

@@ -1,0 +1,273 @@
+"""Attention benchmarks, side by side in one process: the block's explicit and fused paths
+against the frameworks' own kernels and attention layers, peak memory against T, and one
+fused QKV projection against three separate ones. Prints markdown tables of medians.
+
+    python benchmarks/attention.py            # the full tables (a few minutes on 2 cores)
+    python benchmarks/attention.py --quick    # tiny sizes, seconds: checks that it all runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+import bench_common  # noqa: F401  (puts the repository on sys.path)
+from bench_common import interleaved, median, ms, ratio, spread, table
+
+SHAPES = [(4, 1024, 256, 8), (2, 2048, 512, 8)]  # B, T, D, H
+QUICK_SHAPES = [(2, 64, 32, 4)]
+MEMORY_T = [1024, 2048, 4096, 8192]
+QUICK_MEMORY_T = [64]
+MEMORY_SIZES = (1, 256, 4)  # B, D, H: one (B, H, T, T) float32 tensor is 128 MiB at T = 4096
+QKV_D = [32, 256, 1024]
+QKV_TOKENS = (4, 256)  # B, T
+
+
+# --- PyTorch ---------------------------------------------------------------------------------
+
+def torch_candidates(B, T, D, H):
+    """name -> a no-argument function; 'SDPA' is the peer the others are compared with."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from torch_impl.attention import MultiHeadSelfAttention
+
+    torch.manual_seed(0)
+    explicit = MultiHeadSelfAttention(D, H, T, attn_impl="explicit").eval()
+    fused = MultiHeadSelfAttention(D, H, T, attn_impl="fused").eval()
+    fused.load_state_dict(explicit.state_dict())
+    mha = nn.MultiheadAttention(D, H, batch_first=True).eval()
+    x = torch.randn(B, T, D)
+    d_head = D // H
+    causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
+
+    def naive():
+        # the lesson's first version: scale the scores, out-of-place fill, softmax into a new tensor
+        q, k, v = explicit.qkv_proj(x).split(D, dim=-1)
+        q, k, v = (t.reshape(B, T, H, d_head).transpose(1, 2) for t in (q, k, v))
+        scores = q @ k.transpose(-2, -1) * (1.0 / math.sqrt(d_head))
+        weights = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
+        return explicit.out_proj((weights @ v).transpose(1, 2).reshape(B, T, D))
+
+    def sdpa():
+        # the peer: the same projections around F.scaled_dot_product_attention, nothing else
+        q, k, v = explicit.qkv_proj(x).split(D, dim=-1)
+        q, k, v = (t.reshape(B, T, H, d_head).transpose(1, 2) for t in (q, k, v))
+        context = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return explicit.out_proj(context.transpose(1, 2).reshape(B, T, D))
+
+    def no_grad(fn):
+        def run():
+            with torch.no_grad():
+                return fn()
+        return run
+
+    return {
+        "explicit, naive (lesson's first version)": no_grad(naive),
+        "explicit (attn_impl='explicit')": no_grad(lambda: explicit(x)),
+        "explicit, return_weights=True": no_grad(lambda: explicit(x, return_weights=True)),
+        "fused (attn_impl='fused')": no_grad(lambda: fused(x)),
+        "F.scaled_dot_product_attention, direct": no_grad(sdpa),
+        "nn.MultiheadAttention": no_grad(lambda: mha(x, x, x, attn_mask=~causal, need_weights=False, is_causal=True)[0]),
+    }, "F.scaled_dot_product_attention, direct"
+
+
+# --- JAX -------------------------------------------------------------------------------------
+
+def jax_candidates(B, T, D, H):
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from jax_impl.attention import MultiHeadSelfAttention
+
+    explicit = MultiHeadSelfAttention(D, H, T, attn_impl="explicit", rngs=nnx.Rngs(0))
+    fused = MultiHeadSelfAttention(D, H, T, attn_impl="fused", rngs=nnx.Rngs(0))
+    mha = nnx.MultiHeadAttention(H, D, qkv_features=D, out_features=D, decode=False, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(0), (B, T, D), dtype=jnp.float32)
+    causal = nnx.make_causal_mask(jnp.ones((B, T)))  # (B, 1, T, T)
+    d_head = D // H
+
+    def compiled(module, **kwargs):
+        graphdef, state = nnx.split(module)
+        fn = jax.jit(lambda state, x: nnx.merge(graphdef, state)(x, **kwargs))
+        return lambda: jax.block_until_ready(fn(state, x))
+
+    params = {
+        "wqkv": explicit.qkv_proj.kernel[...], "bqkv": explicit.qkv_proj.bias[...],
+        "wo": explicit.out_proj.kernel[...], "bo": explicit.out_proj.bias[...],
+    }
+
+    @jax.jit
+    def direct(params, x):
+        # the peer: the same projections around jax.nn.dot_product_attention, nothing else
+        q, k, v = jnp.split(x @ params["wqkv"] + params["bqkv"], 3, axis=-1)
+        q, k, v = (t.reshape(B, T, H, d_head) for t in (q, k, v))
+        context = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+        return context.reshape(B, T, D) @ params["wo"] + params["bo"]
+
+    return {
+        "explicit (attn_impl='explicit')": compiled(explicit),
+        "explicit, return_weights=True": compiled(explicit, return_weights=True),
+        "fused (attn_impl='fused')": compiled(fused),
+        "jax.nn.dot_product_attention, direct": lambda: jax.block_until_ready(direct(params, x)),
+        "nnx.MultiHeadAttention": lambda: jax.block_until_ready(_mha(mha, x, causal)),
+    }, "jax.nn.dot_product_attention, direct"
+
+
+_MHA_CACHE = {}
+
+
+def _mha(mha, x, mask):
+    import jax
+    from flax import nnx
+
+    key = id(mha)
+    if key not in _MHA_CACHE:
+        graphdef, state = nnx.split(mha)
+        fn = jax.jit(lambda state, x, mask: nnx.merge(graphdef, state)(x, mask=mask))
+        _MHA_CACHE[key] = (fn, state)
+    fn, state = _MHA_CACHE[key]
+    return fn(state, x, mask)
+
+
+def speed_table(framework, shapes, repeats, warmup_s):
+    make = torch_candidates if framework == "torch" else jax_candidates
+    rows = []
+    for B, T, D, H in shapes:
+        candidates, peer = make(B, T, D, H)
+        times = interleaved(candidates, repeats, warmup_s=warmup_s)
+        reference = median(times[peer])
+        for name, values in times.items():
+            rows.append([f"{B}, {T}, {D}, {H}", name, ms(median(values)), spread(values), ratio(median(values), reference)])
+    title = (f"### {framework}: forward of the block, no gradients (median of {repeats} interleaved runs, "
+             f"ratio = median / median of {peer.split(',')[0]})")
+    return title + "\n\n" + table(["B, T, D, H", "implementation", "median ms", "middle half ms", "vs peer"], rows)
+
+
+# --- memory ----------------------------------------------------------------------------------
+
+def memory_table(lengths):
+    import jax
+    import jax.numpy as jnp
+    import torch
+    from flax import nnx
+
+    from bench_common import can_measure_peak, mib, peak_extra_bytes
+    from jax_impl.attention import MultiHeadSelfAttention as JaxBlock
+    from torch_impl.attention import MultiHeadSelfAttention as TorchBlock
+
+    if not can_measure_peak():
+        return "### Peak memory\n\nskipped: /proc/self/clear_refs is not writable here (Linux only)"
+    B, D, H = MEMORY_SIZES
+    rows = []
+    for T in lengths:
+        row = [f"{T:,}", mib(4 * B * H * T * T)]
+        x_torch = torch.randn(B, T, D)
+        x_jax = jnp.asarray(x_torch.numpy())
+        xla_temp = []
+        for impl in ("explicit", "fused"):
+            block = TorchBlock(D, H, T, attn_impl=impl).eval()
+            with torch.no_grad():
+                block(x_torch[:, :8])  # first-call set-up outside the measurement
+                row.append(mib(peak_extra_bytes(lambda: block(x_torch))))
+            del block
+        for impl in ("explicit", "fused"):
+            graphdef, state = nnx.split(JaxBlock(D, H, T, attn_impl=impl, rngs=nnx.Rngs(0)))
+            fn = jax.jit(lambda state, x: nnx.merge(graphdef, state)(x))
+            compiled = fn.lower(state, x_jax).compile()
+            analysis = compiled.memory_analysis()
+            xla_temp.append(mib(analysis.temp_size_in_bytes) if analysis is not None else "n/a")
+            jax.block_until_ready(compiled(state, x_jax))
+            row.append(mib(peak_extra_bytes(lambda: jax.block_until_ready(compiled(state, x_jax)))))
+            del compiled, fn
+        rows.append(row + xla_temp)
+    title = (f"### Peak memory of one forward (no gradients), B = {B}, D = {D}, H = {H}, float32, in MiB\n\n"
+             "Resident memory above its level before the call (Linux VmHWM, reset through "
+             "/proc/self/clear_refs), output included; one run each. XLA temp is what XLA's "
+             "compiled memory_analysis() plans for intermediates.")
+    columns = ["T", "one (B,H,T,T) tensor", "torch explicit", "torch fused", "jax explicit", "jax fused",
+               "jax explicit XLA temp", "jax fused XLA temp"]
+    return title + "\n\n" + table(columns, rows)
+
+
+# --- fused QKV against three linear layers ---------------------------------------------------
+
+def qkv_table(widths, tokens, repeats, warmup_s):
+    import jax
+    import jax.numpy as jnp
+    import torch
+    from flax import nnx
+    from torch import nn
+
+    B, T = tokens
+    rows = []
+    for D in widths:
+        torch.manual_seed(0)
+        fused = nn.Linear(D, 3 * D)
+        separate = [nn.Linear(D, D) for _ in range(3)]
+        x = torch.randn(B, T, D)
+
+        def torch_fused():
+            with torch.no_grad():
+                return fused(x).split(D, dim=-1)
+
+        def torch_separate():
+            with torch.no_grad():
+                return [layer(x) for layer in separate]
+
+        jfused = nnx.Linear(D, 3 * D, rngs=nnx.Rngs(0))
+        jseparate = nnx.List([nnx.Linear(D, D, rngs=nnx.Rngs(i)) for i in range(3)])
+        jx = jnp.asarray(x.numpy())
+        fused_def, fused_state = nnx.split(jfused)
+        separate_def, separate_state = nnx.split(jseparate)
+        jax_fused_fn = jax.jit(lambda s, x: jnp.split(nnx.merge(fused_def, s)(x), 3, axis=-1))
+        jax_separate_fn = jax.jit(lambda s, x: [layer(x) for layer in nnx.merge(separate_def, s)])
+
+        times = interleaved({
+            "torch fused": torch_fused, "torch separate": torch_separate,
+            "jax fused": lambda: jax.block_until_ready(jax_fused_fn(fused_state, jx)),
+            "jax separate": lambda: jax.block_until_ready(jax_separate_fn(separate_state, jx)),
+        }, repeats, min_time=0.02, warmup_s=warmup_s)
+        for framework in ("torch", "jax"):
+            one, three = median(times[f"{framework} fused"]), median(times[f"{framework} separate"])
+            gflops = 2 * B * T * D * 3 * D / one / 1e9
+            rows.append([framework, D, ms(one), ms(three), ratio(three, one), f"{gflops:.0f}"])
+    title = (f"### One Linear(D, 3D) against three Linear(D, D): Q, K and V of B x T = {B} x {T} tokens, "
+             f"no gradients (median of {repeats} interleaved runs, in ms)\n\n"
+             "torch runs eagerly; the JAX functions are jitted, XLA may merge the three matmuls itself.")
+    return title + "\n\n" + table(["framework", "D", "one fused", "three separate", "separate / fused", "fused GFLOP/s"], rows)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, 3 runs, one torch thread: seconds, for the tests")
+    parser.add_argument("--repeats", type=int, default=None, help="runs per median (default 7, 3 with --quick)")
+    parser.add_argument("--only", choices=["speed", "memory", "qkv"], action="append",
+                        help="run only this table (repeatable)")
+    args = parser.parse_args(argv)
+    repeats = args.repeats or (3 if args.quick else 7)
+    shown = ["benchmarks/attention.py"] + (argv if argv is not None else sys.argv[1:])
+    with bench_common.torch_threads(1 if args.quick else None):
+        run(args, repeats, shown)
+    return 0
+
+
+def run(args, repeats, shown):
+    parts = args.only or ["speed", "memory", "qkv"]
+    warmup_s = 0.0 if args.quick else 0.2
+    print(bench_common.header("Attention block" + (" (--quick: sizes too small to mean anything)" if args.quick else ""), shown))
+    if "speed" in parts:
+        for framework in ("torch", "jax"):
+            print("\n" + speed_table(framework, QUICK_SHAPES if args.quick else SHAPES, repeats, warmup_s), flush=True)
+    if "memory" in parts:
+        print("\n" + memory_table(QUICK_MEMORY_T if args.quick else MEMORY_T), flush=True)
+    if "qkv" in parts:
+        widths = [32] if args.quick else QKV_D
+        print("\n" + qkv_table(widths, (2, 32) if args.quick else QKV_TOKENS, repeats, warmup_s), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

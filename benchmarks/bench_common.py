@@ -1,0 +1,163 @@
+"""What every benchmark shares: the machine header, interleaved timing, peak-memory probes
+and markdown tables. Not a package: the scripts beside it import it by name."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import gc
+import os
+import platform
+import re
+import statistics
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as `python benchmarks/x.py` from anywhere
+    sys.path.insert(0, str(ROOT))
+
+PACKAGES = ("numpy", "torch", "jax", "jaxlib", "flax", "optax")
+
+
+@contextlib.contextmanager
+def torch_threads(count: int | None):
+    """torch.set_num_threads(count) inside the block, the previous count after (None: leave it).
+
+    --quick uses one thread: on two busy cores torch's second thread waits whole scheduler
+    ticks at every parallel region, so tiny ops take milliseconds instead of microseconds."""
+    if count is None:
+        yield
+        return
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def header(title: str, argv: list[str]) -> str:
+    """A markdown header naming the machine, the libraries and the load it ran under."""
+    versions = []
+    for name in PACKAGES:
+        try:
+            versions.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            pass
+    load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    command = " ".join(["python", *argv])
+    threads = ""
+    if "torch" in sys.modules:
+        threads = f", torch uses {sys.modules['torch'].get_num_threads()} threads"
+    return "\n".join([
+        f"## {title}",
+        "",
+        f"- machine: {cpu_model()}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}{threads}",
+        f"- libraries: Python {platform.python_version()}, {', '.join(versions)}",
+        f"- measured: {when}, load average at start {load} (1, 5, 15 min)",
+        f"- command: `{command}`",
+    ])
+
+
+def interleaved(candidates: dict, repeats: int, warmup: int = 2, min_time: float = 0.0,
+                warmup_s: float = 0.2) -> dict[str, list[float]]:
+    """Seconds per call of each candidate (a function of no arguments that blocks until its result
+    is ready), measured round-robin so that a change of load hits every candidate alike.
+
+    Each candidate first runs at least `warmup` times and `warmup_s` seconds (compilation,
+    first allocations, waking threads); each measurement repeats the call until it has run
+    min_time seconds and divides."""
+    for fn in candidates.values():
+        start = time.perf_counter()
+        calls = 0
+        while calls < warmup or time.perf_counter() - start < warmup_s:
+            fn()
+            calls += 1
+    counts = {}
+    for name, fn in candidates.items():
+        start = time.perf_counter()
+        fn()
+        single = time.perf_counter() - start
+        counts[name] = max(1, int(min_time / max(single, 1e-9)))
+    times = {name: [] for name in candidates}
+    for _ in range(repeats):
+        for name, fn in candidates.items():
+            gc.collect()
+            start = time.perf_counter()
+            for _ in range(counts[name]):
+                fn()
+            times[name].append((time.perf_counter() - start) / counts[name])
+    return times
+
+
+def median(values) -> float:
+    return statistics.median(values)
+
+
+def spread(values) -> str:
+    """The middle half of the runs, as 'low-high' (quartiles)."""
+    if len(values) < 4:
+        return f"{ms(min(values))}-{ms(max(values))}"
+    q1, _, q3 = statistics.quantiles(values, n=4)
+    return f"{ms(q1)}-{ms(q3)}"
+
+
+def table(columns: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(columns))) + "|"]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f}" if seconds >= 0.01 else f"{seconds * 1e3:.3f}"
+
+
+def ratio(value: float, reference: float) -> str:
+    return f"{value / reference:.2f}x"
+
+
+# --- peak memory -----------------------------------------------------------------------------
+
+def _status_kib(field: str) -> int:
+    match = re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.MULTILINE)
+    return int(match.group(1)) if match else -1
+
+
+def can_measure_peak() -> bool:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return _status_kib("VmHWM") > 0
+    except OSError:
+        return False
+
+
+def peak_extra_bytes(fn) -> int:
+    """How far resident memory rose above its level before fn() while fn ran (Linux: VmHWM
+    after resetting it through /proc/self/clear_refs). Includes fn's result if it is kept."""
+    gc.collect()
+    before = _status_kib("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")  # peak RSS := current RSS
+    result = fn()
+    peak = _status_kib("VmHWM")
+    del result
+    return max(0, peak - before) * 1024
+
+
+def mib(nbytes: float) -> str:
+    return f"{nbytes / 2**20:,.0f}" if nbytes >= 2**20 else f"{nbytes / 2**20:.2f}"

@@ -1,0 +1,298 @@
+"""Training benchmarks on the default config (H=4, D=32, T=12, V=64, batch 32): steady-state
+steps per second of each project trainer against the usual ways of writing the loop, the
+default demo's wall time from process start to exit, and the torch-vs-JAX loss gap.
+
+    python benchmarks/train.py            # the full tables (a few minutes on 2 cores)
+    python benchmarks/train.py --quick    # small runs, seconds: checks that it all runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import bench_common
+from bench_common import interleaved, median, table
+
+TARGETS = {"torch": 1500, "jax": 2500}  # steps/s, issue 8
+DEMO_LIMIT_S = 4.0
+
+
+def _configs(quick, epochs=4):
+    """The default config; --quick keeps the model but trains 4-step epochs."""
+    from shared.config import ModelConfig, TrainConfig
+
+    return ModelConfig(), TrainConfig(epochs=epochs, **({"n_sequences": 128} if quick else {}))
+
+
+def _steps_per_s(values, steps):
+    return [steps / seconds for seconds in values]
+
+
+def project_epochs(backend, repeats, quick):
+    """Seconds per epoch of the project's own train(), epochs 2.. of one run (epoch 1 holds
+    set-up and, in JAX, compilation), timed between the on_step calls that open each epoch."""
+    trainer = __import__(f"{backend}_impl.train", fromlist=["train"])
+    model_config, config = _configs(quick, epochs=repeats + 1)
+    stamps = []
+
+    def on_step(step, loss):
+        if step % config.steps_per_epoch == 0:
+            stamps.append(time.perf_counter())
+
+    started = time.perf_counter()
+    trainer.train(model_config, config, on_step=on_step)
+    return [b - a for a, b in zip(stamps, stamps[1:])], stamps[0] - started
+
+
+# --- peers -----------------------------------------------------------------------------------
+
+def torch_peers(quick):
+    """name -> one epoch of 64 steps; each keeps its own model and optimizer."""
+    import torch
+
+    from shared import training
+    from torch_impl.model import from_exchange
+    from torch_impl.train import loss_fn
+
+    model_config, train_config = _configs(quick)
+    epochs = list(training.epochs(model_config, train_config))
+    arrays = training.initial_weights("shared", model_config, train_config)
+
+    def loop(sync, threads=None, compiled=False, **adam):
+        model = from_exchange(arrays, model_config)
+        optimizer = torch.optim.Adam(model.parameters(), lr=train_config.lr, betas=train_config.betas,
+                                     eps=train_config.eps, **adam)
+        forward = torch.compile(model) if compiled else model
+        counter = [0]
+
+        def epoch():
+            previous = torch.get_num_threads()
+            if threads:
+                torch.set_num_threads(threads)
+            batches = epochs[counter[0] % len(epochs)]
+            counter[0] += 1
+            losses = []
+            for x, y in batches:
+                optimizer.zero_grad(set_to_none=True)
+                loss = loss_fn(forward, torch.from_numpy(x), torch.from_numpy(y))
+                loss.backward()
+                optimizer.step()
+                losses.append(loss.item() if sync else loss.detach())
+            result = losses if sync else torch.stack(losses).numpy()
+            torch.set_num_threads(previous)
+            return result
+
+        return epoch
+
+    peers = {
+        "tutorial loop: Adam(), loss.item() every step": loop(sync=True),
+        "Adam(foreach=True), no host sync": loop(sync=False, foreach=True),
+        "Adam(fused=True), no host sync": loop(sync=False, fused=True),
+        "Adam(fused=True), no host sync, 1 thread": loop(sync=False, threads=1, fused=True),
+    }
+    return peers, len(epochs[0])
+
+
+def torch_compile_row(quick):
+    """torch.compile(model) with Adam(fused=True): one epoch function, and the seconds until
+    its first epoch is done (compilation included)."""
+    started = time.perf_counter()
+    epoch = _compiled_epoch(quick)
+    epoch()
+    return epoch, time.perf_counter() - started
+
+
+def _compiled_epoch(quick):
+    import torch
+
+    from shared import training
+    from torch_impl.model import from_exchange
+    from torch_impl.train import loss_fn
+
+    model_config, train_config = _configs(quick)
+    epochs = list(training.epochs(model_config, train_config))
+    model = from_exchange(training.initial_weights("shared", model_config, train_config), model_config)
+    optimizer = torch.optim.Adam(model.parameters(), lr=train_config.lr, betas=train_config.betas,
+                                 eps=train_config.eps, fused=True)
+    compiled = torch.compile(model)
+    counter = [0]
+
+    def epoch():
+        batches = epochs[counter[0] % len(epochs)]
+        counter[0] += 1
+        losses = []
+        for x, y in batches:
+            optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(compiled, torch.from_numpy(x), torch.from_numpy(y))
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.detach())
+        return torch.stack(losses).numpy()
+
+    return epoch
+
+
+def jax_peers(quick):
+    import jax
+    import optax
+    from flax import nnx
+
+    from jax_impl.model import from_exchange
+    from jax_impl.train import loss_fn, train_step
+    from shared import training
+
+    model_config, train_config = _configs(quick)
+    epochs = list(training.epochs(model_config, train_config))
+    arrays = training.initial_weights("shared", model_config, train_config)
+
+    def fresh():
+        model = from_exchange(arrays, model_config)
+        tx = optax.adam(train_config.lr, *train_config.betas, eps=train_config.eps)
+        return model, nnx.Optimizer(model, tx, wrt=nnx.Param)
+
+    # the Flax tutorial's way: @nnx.jit on the modules themselves (graph mode), one call per step
+    graph_model, graph_optimizer = fresh()
+
+    @nnx.jit
+    def graph_step(model, optimizer, x, y):
+        loss, grads = nnx.value_and_grad(loss_fn)(model, x, y)
+        optimizer.update(model, grads)
+        return loss
+
+    # the project's pure train_step under jax.jit on nnx.split state, one call per step
+    graphdef, state = nnx.split(fresh())
+    jitted_step = jax.jit(train_step, static_argnums=0, donate_argnums=1)
+    holder = {"state": state}
+    counters = {"graph": 0, "split": 0}
+
+    def graph_epoch():
+        batches = epochs[counters["graph"] % len(epochs)]
+        counters["graph"] += 1
+        losses = [graph_step(graph_model, graph_optimizer, x, y) for x, y in batches]
+        return jax.block_until_ready(losses)
+
+    def split_epoch():
+        batches = epochs[counters["split"] % len(epochs)]
+        counters["split"] += 1
+        losses = []
+        for x, y in batches:
+            holder["state"], loss = jitted_step(graphdef, holder["state"], x, y)
+            losses.append(loss)
+        return jax.block_until_ready(losses)
+
+    return {
+        "tutorial: @nnx.jit step (graph mode), one call per step": graph_epoch,
+        "jax.jit(train_step) on nnx.split state, one call per step": split_epoch,
+    }, len(epochs[0])
+
+
+def speed_tables(repeats, quick, with_compile):
+    sections = []
+    for backend in ("torch", "jax"):
+        peers, steps = (torch_peers if backend == "torch" else jax_peers)(quick)
+        times = interleaved(peers, repeats, warmup=1, warmup_s=0.0 if quick else 0.2)
+        rows = {name: _steps_per_s(values, steps) for name, values in times.items()}
+        project, first = project_epochs(backend, repeats, quick)
+        label = ("torch_impl.train.train (the project's trainer)" if backend == "torch"
+                 else "jax_impl.train.train (the project's trainer: jax.lax.scan over each epoch)")
+        rows[label] = _steps_per_s(project, steps)
+        notes = [f"the project's trainer: {first:.2f} s from train() to the end of epoch 1 (set-up"
+                 + (", tracing and compilation)" if backend == "jax" else ")")]
+        if backend == "torch" and with_compile:
+            epoch, compile_first = torch_compile_row(quick)
+            compiled = interleaved({"c": epoch}, repeats, warmup=1)["c"]
+            rows["torch.compile(model), Adam(fused=True)"] = _steps_per_s(compiled, steps)
+            notes.append(f"torch.compile: {compile_first:.1f} s until its first epoch is done (compilation)")
+        baseline = median(rows[next(iter(peers))])
+        target = TARGETS[backend]
+        body = []
+        for name, values in rows.items():
+            value = median(values)
+            low, high = min(values), max(values)
+            body.append([name, f"{value:,.0f}", f"{low:,.0f}-{high:,.0f}", f"{value / baseline:.2f}x",
+                         f"{value / target:.2f}x"])
+        sections.append(
+            f"### {backend}: steady-state training steps per second, default config "
+            f"(median of {repeats} epochs of {steps} steps)\n\n"
+            + table(["loop", "steps/s", "range", "vs tutorial loop", f"vs target {target:,}"], body)
+            + "\n\n" + "\n".join(f"- {note}" for note in notes))
+    return "\n\n".join(sections)
+
+
+# --- the demo, process start to exit ---------------------------------------------------------
+
+def demo_table(runs):
+    times = {"torch": [], "jax": []}
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(bench_common.ROOT), os.environ.get("PYTHONPATH", "")]))
+    with tempfile.TemporaryDirectory() as folder:
+        for _ in range(runs):
+            for backend in times:
+                started = time.perf_counter()
+                result = subprocess.run([sys.executable, "-m", f"{backend}_impl.train", "--quiet"], cwd=folder,
+                                        env=env, capture_output=True, text=True)
+                times[backend].append(time.perf_counter() - started)
+                if result.returncode != 0:
+                    raise RuntimeError(f"{backend} demo failed:\n{result.stderr}")
+    rows = [[f"`python -m {backend}_impl.train --quiet`", f"{median(values):.2f}",
+             f"{min(values):.2f}-{max(values):.2f}", f"{median(values) / DEMO_LIMIT_S:.2f}x"]
+            for backend, values in times.items()]
+    return (f"### The default demo, process start to exit: imports, 3 epochs, compilation, the heatmap "
+            f"(median of {runs} runs, alternating)\n\n"
+            + table(["command", "seconds", "range", f"vs limit {DEMO_LIMIT_S:.0f} s"], rows))
+
+
+# --- torch vs JAX trajectories ---------------------------------------------------------------
+
+def gap_table(quick):
+    import numpy as np
+
+    from shared.config import ModelConfig, TrainConfig
+
+    rows = []
+    for dtype in ("float32",) if quick else ("float32", "float64"):  # float64 turns jax_enable_x64 on: last
+        # --quick: the speed table's shapes, so JAX reuses its compiled epoch
+        config = TrainConfig(dtype=dtype, **({"epochs": 1, "n_sequences": 128} if quick else {}))
+        losses = {}
+        for backend in ("torch", "jax"):
+            trainer = __import__(f"{backend}_impl.train", fromlist=["train"])
+            losses[backend] = np.asarray(trainer.train(ModelConfig(), config).losses)
+        gap = np.abs(losses["torch"] - losses["jax"])
+        rows.append([dtype, len(gap), f"{gap.max():.1e}", f"{int(gap.argmax())}", "1e-04" if dtype == "float32" else "1e-10"])
+    return ("### Loss trajectories, torch against JAX, every step of the default run\n\n"
+            + table(["dtype", "steps", "max abs gap", "at step", "DESIGN.md tolerance"], rows))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="4-step epochs, one torch thread, no demo runs, no torch.compile, float32 gap only: seconds")
+    parser.add_argument("--repeats", type=int, default=None, help="epochs per median (default 7, 3 with --quick)")
+    parser.add_argument("--demo-runs", type=int, default=5, help="process runs per backend for the demo table")
+    parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile row")
+    parser.add_argument("--only", choices=["speed", "demo", "gap"], action="append", help="run only this table (repeatable)")
+    args = parser.parse_args(argv)
+    repeats = args.repeats or (3 if args.quick else 7)
+    shown = ["benchmarks/train.py"] + (argv if argv is not None else sys.argv[1:])
+    with bench_common.torch_threads(1 if args.quick else None):
+        run(args, repeats, shown)
+    return 0
+
+
+def run(args, repeats, shown):
+    parts = args.only or ["speed", "demo", "gap"]
+    print(bench_common.header("Training" + (" (--quick: too short to mean anything)" if args.quick else ""), shown))
+    if "speed" in parts:
+        print("\n" + speed_tables(repeats, args.quick, with_compile=not (args.quick or args.no_compile)), flush=True)
+    if "demo" in parts:
+        print("\n" + (demo_table(args.demo_runs) if not args.quick else "### The default demo\n\nskipped with --quick"), flush=True)
+    if "gap" in parts:
+        print("\n" + gap_table(args.quick), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""The benchmarks keep working: `mhsa bench --quick` runs both scripts in seconds and prints
+every table. No timing is asserted: these sizes are too small to mean anything."""
+
+import re
+
+from shared import bench
+from shared.cli import main
+
+
+def test_quick_benchmarks_print_every_table(capsys):
+    import torch
+
+    threads = torch.get_num_threads()
+    assert main(["bench", "--quick"]) == 0
+    out = capsys.readouterr().out
+    assert torch.get_num_threads() == threads  # --quick's single thread does not leak out
+    for heading in ("## Attention block", "### torch: forward of the block", "### jax: forward of the block",
+                    "### Peak memory", "### One Linear(D, 3D) against three Linear(D, D)",
+                    "## Training", "### torch: steady-state training steps", "### jax: steady-state training steps",
+                    "### Loss trajectories"):
+        assert heading in out, heading
+    assert "- machine: " in out and "torch 2." in out and "jax 0." in out  # the header names the machine
+    for row in ("fused (attn_impl='fused')", "F.scaled_dot_product_attention, direct", "nn.MultiheadAttention",
+                "jax.nn.dot_product_attention, direct", "nnx.MultiHeadAttention", "the project's trainer"):
+        assert f"| {row}" in out or row in out, row
+    # every table row is complete: no empty cells
+    for line in out.splitlines():
+        if line.startswith("| "):
+            assert all(cell.strip() for cell in line.strip("|").split("|")), line
+    # the quick trajectories still agree (not a timing: a correctness check the table reports)
+    gaps = re.findall(r"\| (float32|float64) \| \d+ \| ([0-9.e+-]+) \|", out)
+    assert [dtype for dtype, _ in gaps] == ["float32"]
+    assert float(gaps[0][1]) <= 1e-4
+
+
+def test_a_missing_benchmarks_folder_is_a_clear_error(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(bench, "benchmarks_folder", lambda: tmp_path / "benchmarks")
+    assert main(["bench", "attention"]) == 1
+    err = capsys.readouterr().err
+    assert "attention.py not found" in err and "not installed with the package" in err
