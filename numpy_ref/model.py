@@ -7,11 +7,13 @@ import numpy as np
 from numpy_ref.attention import attention, linear
 from shared import checks
 from shared.config import ModelConfig
+from shared.weights import validate as validate_weights
 from shared.trace import record
 
 
 def forward(tokens, params, config: ModelConfig, mask=None, return_weights=False, trace=None):
     """tokens int (B, T) -> logits (B, T, V), or (logits, weights (B, H, T, T))."""
+    validate_weights(params, config)  # a missing bias or a float16 array is an error, not a guess
     tokens = np.asarray(tokens)
     checks.check_tokens(
         tokens.shape, tokens.dtype.name, config.vocab_size, config.max_len,

@@ -86,7 +86,6 @@ def test_bad_block_sizes_name_the_value_and_what_was_expected(backend, case):
         build(backend, *sizes)
 
 
-@pytest.mark.xfail(strict=True, reason="numpy_ref.attention needs checks.check_block(D, n_heads, None) (numpy_ref change)")
 def test_numpy_ref_attention_checks_its_n_heads():
     # its n_heads is an argument, not a config: 5 and 0 now fail inside a reshape
     import numpy_ref
@@ -219,7 +218,6 @@ def test_bad_weight_dicts_are_refused_before_a_model_is_built(name, case, monkey
         BACKENDS[name].forward(tokens(), arrays, SMALL)
 
 
-@pytest.mark.xfail(strict=True, reason="numpy_ref.forward needs weights.validate(params, config) first (numpy_ref change)")
 def test_numpy_ref_checks_its_weight_dict():
     # today a missing bias is silently skipped and a transposed kernel fails deep inside
     for case in ("missing key", "transposed qkv kernel", "float16"):
