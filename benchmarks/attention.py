@@ -149,48 +149,80 @@ def speed_table(framework, shapes, repeats, warmup_s):
 
 # --- memory ----------------------------------------------------------------------------------
 
-def memory_table(lengths):
-    import jax
-    import jax.numpy as jnp
-    import torch
-    from flax import nnx
+def memory_rows(framework, lengths):
+    """{T: {name: bytes}}: the peak extra resident memory of one forward of each path, and for
+    JAX what XLA's compiled memory_analysis() plans for intermediates."""
+    from bench_common import peak_extra_bytes
 
-    from bench_common import can_measure_peak, mib, peak_extra_bytes
-    from jax_impl.attention import MultiHeadSelfAttention as JaxBlock
-    from torch_impl.attention import MultiHeadSelfAttention as TorchBlock
+    B, D, H = MEMORY_SIZES
+    rows = {}
+    for T in lengths:
+        row = rows[T] = {}
+        for impl in ("explicit", "fused"):
+            if framework == "torch":
+                import torch
+
+                from torch_impl.attention import MultiHeadSelfAttention
+
+                block = MultiHeadSelfAttention(D, H, T, attn_impl=impl).eval()
+                x = torch.randn(B, T, D)
+                with torch.no_grad():
+                    block(x[:, :8])  # first-call set-up outside the measurement
+                    row[impl] = peak_extra_bytes(lambda: block(x))
+            else:
+                import jax
+                from flax import nnx
+
+                from jax_impl.attention import MultiHeadSelfAttention
+
+                graphdef, state = nnx.split(MultiHeadSelfAttention(D, H, T, attn_impl=impl, rngs=nnx.Rngs(0)))
+                x = jax.random.normal(jax.random.key(0), (B, T, D))
+                compiled = jax.jit(lambda state, x: nnx.merge(graphdef, state)(x)).lower(state, x).compile()
+                analysis = compiled.memory_analysis()
+                row[f"{impl} XLA temp"] = analysis.temp_size_in_bytes if analysis is not None else float("nan")
+                jax.block_until_ready(compiled(state, x))
+                row[impl] = peak_extra_bytes(lambda: jax.block_until_ready(compiled(state, x)))
+    return rows
+
+
+def _probe(framework, lengths) -> None:
+    """--memory-probe: a fresh process in which glibc returns every buffer of 64 KiB or more to
+    the system when it is freed, so resident memory follows what is alive; prints JSON."""
+    import ctypes
+    import json
+
+    ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 16)  # M_MMAP_THRESHOLD: fixed, not adaptive
+    print(json.dumps({str(T): row for T, row in memory_rows(framework, lengths).items()}))
+
+
+def memory_table(lengths, isolated):
+    import json
+    import subprocess
+
+    from bench_common import can_measure_peak, mib
 
     if not can_measure_peak():
         return "### Peak memory\n\nskipped: /proc/self/clear_refs is not writable here (Linux only)"
+    rows = {}
+    for framework in ("torch", "jax"):
+        if isolated:
+            command = [sys.executable, __file__, "--memory-probe", framework, "--lengths", *map(str, lengths)]
+            found = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout.splitlines()[-1])
+            found = {int(T): row for T, row in found.items()}
+        else:
+            found = memory_rows(framework, lengths)
+        for T, row in found.items():
+            rows.setdefault(T, {}).update({f"{framework} {name}": value for name, value in row.items()})
     B, D, H = MEMORY_SIZES
-    rows = []
-    for T in lengths:
-        row = [f"{T:,}", mib(4 * B * H * T * T)]
-        x_torch = torch.randn(B, T, D)
-        x_jax = jnp.asarray(x_torch.numpy())
-        xla_temp = []
-        for impl in ("explicit", "fused"):
-            block = TorchBlock(D, H, T, attn_impl=impl).eval()
-            with torch.no_grad():
-                block(x_torch[:, :8])  # first-call set-up outside the measurement
-                row.append(mib(peak_extra_bytes(lambda: block(x_torch))))
-            del block
-        for impl in ("explicit", "fused"):
-            graphdef, state = nnx.split(JaxBlock(D, H, T, attn_impl=impl, rngs=nnx.Rngs(0)))
-            fn = jax.jit(lambda state, x: nnx.merge(graphdef, state)(x))
-            compiled = fn.lower(state, x_jax).compile()
-            analysis = compiled.memory_analysis()
-            xla_temp.append(mib(analysis.temp_size_in_bytes) if analysis is not None else "n/a")
-            jax.block_until_ready(compiled(state, x_jax))
-            row.append(mib(peak_extra_bytes(lambda: jax.block_until_ready(compiled(state, x_jax)))))
-            del compiled, fn
-        rows.append(row + xla_temp)
+    names = ["torch explicit", "torch fused", "jax explicit", "jax fused", "jax explicit XLA temp", "jax fused XLA temp"]
+    body = [[f"{T:,}", mib(4 * B * H * T * T)] + [mib(row[name]) for name in names] for T, row in sorted(rows.items())]
+    how = ("each framework in a fresh process whose malloc returns every buffer of 64 KiB or more when it "
+           "is freed" if isolated else "in this process (--quick: no isolation, small allocations may reuse freed memory)")
     title = (f"### Peak memory of one forward (no gradients), B = {B}, D = {D}, H = {H}, float32, in MiB\n\n"
              "Resident memory above its level before the call (Linux VmHWM, reset through "
-             "/proc/self/clear_refs), output included; one run each. XLA temp is what XLA's "
+             f"/proc/self/clear_refs), output included, one run each, {how}. XLA temp: what XLA's "
              "compiled memory_analysis() plans for intermediates.")
-    columns = ["T", "one (B,H,T,T) tensor", "torch explicit", "torch fused", "jax explicit", "jax fused",
-               "jax explicit XLA temp", "jax fused XLA temp"]
-    return title + "\n\n" + table(columns, rows)
+    return title + "\n\n" + table(["T", "one (B,H,T,T) tensor", *names], body)
 
 
 # --- fused QKV against three linear layers ---------------------------------------------------
@@ -247,7 +279,12 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=None, help="runs per median (default 7, 3 with --quick)")
     parser.add_argument("--only", choices=["speed", "memory", "qkv"], action="append",
                         help="run only this table (repeatable)")
+    parser.add_argument("--memory-probe", choices=["torch", "jax"], help=argparse.SUPPRESS)
+    parser.add_argument("--lengths", type=int, nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.memory_probe:
+        _probe(args.memory_probe, args.lengths)
+        return 0
     repeats = args.repeats or (3 if args.quick else 7)
     shown = ["benchmarks/attention.py"] + (argv if argv is not None else sys.argv[1:])
     with bench_common.torch_threads(1 if args.quick else None):
@@ -263,7 +300,7 @@ def run(args, repeats, shown):
         for framework in ("torch", "jax"):
             print("\n" + speed_table(framework, QUICK_SHAPES if args.quick else SHAPES, repeats, warmup_s), flush=True)
     if "memory" in parts:
-        print("\n" + memory_table(QUICK_MEMORY_T if args.quick else MEMORY_T), flush=True)
+        print("\n" + memory_table(QUICK_MEMORY_T if args.quick else MEMORY_T, isolated=not args.quick), flush=True)
     if "qkv" in parts:
         widths = [32] if args.quick else QKV_D
         print("\n" + qkv_table(widths, (2, 32) if args.quick else QKV_TOKENS, repeats, warmup_s), flush=True)
