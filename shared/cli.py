@@ -43,13 +43,18 @@ def main(argv: list[str] | None = None) -> int:
     subparser = parser._subparsers._group_actions[0].choices[known.command]
     module.add_arguments(subparser)
     args = parser.parse_args(argv)
+    return run_guarded(module.run, args, prefix=f"mhsa {known.command}: error")
+
+
+def run_guarded(run, args, prefix: str) -> int:
+    """run(args), with the endings every command shares turned into exit codes, not tracebacks."""
     try:
-        return module.run(args)
+        return run(args)
     except BrokenPipeError:  # the reader went away (`| head`): not an error of ours
         sys.stdout = None
         return 0
     except OSError as error:  # a write failed after the checks (disk full, a folder removed): one line
-        print(f"mhsa {known.command}: error: {error}", file=sys.stderr)
+        print(f"{prefix}: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

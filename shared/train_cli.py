@@ -20,24 +20,24 @@ BACKENDS = ("torch", "jax")
 MODEL_FLAGS = {"vocab_size": "--vocab-size", "d_model": "--d-model", "n_heads": "--n-heads", "max_len": "--seq-len"}
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+def int_at_least(minimum: int, description: str):
+    """An argparse type: an int >= minimum, else an argparse-style error naming the value."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {description}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected {description}, got {value}")
+        return value
+
+    parse.__name__ = description.removeprefix("a ").replace(" ", "_").replace("-", "_")  # argparse names it in errors
+    return parse
 
 
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
-    return value
+positive_int = int_at_least(1, "a positive integer")
+non_negative_int = int_at_least(0, "a non-negative integer")
 
 
 def positive_float(text: str) -> float:
@@ -218,14 +218,6 @@ def main(backend: str, argv: list[str] | None = None) -> int:
     add_arguments(parser, backend)
     args = parser.parse_args(argv)
     args.backend = backend
-    try:
-        return run(args)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:  # the reader went away (`| head`): not an error of ours
-        sys.stdout = None
-        return 0
-    except OSError as error:  # a write failed after the checks (disk full, a folder removed): one line
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+    from shared.cli import run_guarded
+
+    return run_guarded(run, args, prefix="error")
