@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 
 import bench_common  # noqa: F401  (puts the repository on sys.path)
@@ -258,11 +259,14 @@ def qkv_table(widths, tokens, repeats, warmup_s):
         jax_fused_fn = jax.jit(lambda s, x: jnp.split(nnx.merge(fused_def, s)(x), 3, axis=-1))
         jax_separate_fn = jax.jit(lambda s, x: [layer(x) for layer in nnx.merge(separate_def, s)])
 
-        times = interleaved({
-            "torch fused": torch_fused, "torch separate": torch_separate,
+        # each framework on its own: XLA's worker threads keep spinning for a while after a call
+        # and would steal the cores from torch's threads if the two alternated
+        times = interleaved({"torch fused": torch_fused, "torch separate": torch_separate},
+                            repeats, min_time=0.05, warmup_s=warmup_s)
+        times.update(interleaved({
             "jax fused": lambda: jax.block_until_ready(jax_fused_fn(fused_state, jx)),
             "jax separate": lambda: jax.block_until_ready(jax_separate_fn(separate_state, jx)),
-        }, repeats, min_time=0.02, warmup_s=warmup_s)
+        }, repeats, min_time=0.05, warmup_s=warmup_s))
         for framework in ("torch", "jax"):
             one, three = median(times[f"{framework} fused"]), median(times[f"{framework} separate"])
             gflops = 2 * B * T * D * 3 * D / one / 1e9
@@ -279,12 +283,19 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=None, help="runs per median (default 7, 3 with --quick)")
     parser.add_argument("--only", choices=["speed", "memory", "qkv"], action="append",
                         help="run only this table (repeatable)")
+    parser.add_argument("--thp", action="store_true",
+                        help="set THP_MEM_ALLOC_ENABLE=1 before torch loads: its large buffers get transparent "
+                             "huge pages, so a fresh (B, H, T, T) tensor costs far fewer page faults")
     parser.add_argument("--memory-probe", choices=["torch", "jax"], help=argparse.SUPPRESS)
     parser.add_argument("--lengths", type=int, nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.memory_probe:
         _probe(args.memory_probe, args.lengths)
         return 0
+    if args.thp:
+        if "torch" in sys.modules:
+            parser.error("--thp works only before torch is imported: run `python benchmarks/attention.py --thp`")
+        os.environ["THP_MEM_ALLOC_ENABLE"] = "1"  # read once, when torch's allocator starts
     repeats = args.repeats or (3 if args.quick else 7)
     shown = ["benchmarks/attention.py"] + (argv if argv is not None else sys.argv[1:])
     with bench_common.torch_threads(1 if args.quick else None):

@@ -8,6 +8,7 @@ import datetime
 import gc
 import os
 import platform
+import random
 import re
 import statistics
 import sys
@@ -64,7 +65,9 @@ def header(title: str, argv: list[str]) -> str:
     command = " ".join(["python", *argv])
     threads = ""
     if "torch" in sys.modules:
-        threads = f", torch uses {sys.modules['torch'].get_num_threads()} threads"
+        threads = f", torch threads: {sys.modules['torch'].get_num_threads()}"
+    if os.environ.get("THP_MEM_ALLOC_ENABLE"):
+        threads += ", THP_MEM_ALLOC_ENABLE=1 (torch's large buffers on transparent huge pages)"
     return "\n".join([
         f"## {title}",
         "",
@@ -78,7 +81,8 @@ def header(title: str, argv: list[str]) -> str:
 def interleaved(candidates: dict, repeats: int, warmup: int = 2, min_time: float = 0.0,
                 warmup_s: float = 0.2) -> dict[str, list[float]]:
     """Seconds per call of each candidate (a function of no arguments that blocks until its result
-    is ready), measured round-robin so that a change of load hits every candidate alike.
+    is ready), measured round-robin, in a new order each round, so that a change of load hits
+    every candidate alike.
 
     Each candidate first runs at least `warmup` times and `warmup_s` seconds (compilation,
     first allocations, waking threads); each measurement repeats the call until it has run
@@ -96,8 +100,12 @@ def interleaved(candidates: dict, repeats: int, warmup: int = 2, min_time: float
         single = time.perf_counter() - start
         counts[name] = max(1, int(min_time / max(single, 1e-9)))
     times = {name: [] for name in candidates}
+    order = list(candidates)
+    shuffle = random.Random(0).shuffle
     for _ in range(repeats):
-        for name, fn in candidates.items():
+        shuffle(order)  # no candidate always runs just after the one that freed a gigabyte
+        for name in order:
+            fn = candidates[name]
             gc.collect()
             start = time.perf_counter()
             for _ in range(counts[name]):
