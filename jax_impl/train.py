@@ -15,8 +15,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jax_impl.model import TinyLM, assign_exchange, from_exchange, grads_to_exchange
-from shared import training, train_cli
+from jax_impl.model import TinyLM, _id_range, assign_exchange, from_exchange, grads_to_exchange
+from shared import checks, training, train_cli
 from shared.adam_state import AdamState
 from shared.config import ModelConfig, TrainConfig
 from shared.history import History
@@ -115,8 +115,17 @@ def optimizer_from_exchange(adam_state: AdamState, optimizer, model) -> None:
 
 def predict(model, tokens: np.ndarray):
     """NumPy in, NumPy out: tokens (B, T) -> (logits (B, T, V), weights (B, H, T, T))."""
-    logits, weights = model(jnp.asarray(tokens), return_weights=True)
+    tokens = np.asarray(tokens)
+    # compiled as one program (eagerly, each of its ~40 operations compiles on first use: ~0.7 s
+    # of the demo), so the ids are checked here: under jit the model cannot see their values
+    checks.check_tokens(tokens.shape, str(tokens.dtype), model.config.vocab_size, model.config.max_len, *_id_range(tokens))
+    logits, weights = _forward_with_weights(*nnx.split(model), tokens)
     return np.asarray(logits), np.asarray(weights)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _forward_with_weights(graphdef, state, tokens):
+    return nnx.merge(graphdef, state)(tokens, return_weights=True)
 
 
 if __name__ == "__main__":
