@@ -22,22 +22,22 @@ TARGETS = {"torch": 1500, "jax": 2500}  # steps/s, issue 8
 DEMO_LIMIT_S = 4.0
 
 
-def _configs(quick, epochs=4):
+def _configs(quick, epochs=4, attn_impl="explicit"):
     """The default config; --quick keeps the model but trains 4-step epochs."""
     from shared.config import ModelConfig, TrainConfig
 
-    return ModelConfig(), TrainConfig(epochs=epochs, **({"n_sequences": 128} if quick else {}))
+    return ModelConfig(attn_impl=attn_impl), TrainConfig(epochs=epochs, **({"n_sequences": 128} if quick else {}))
 
 
 def _steps_per_s(values, steps):
     return [steps / seconds for seconds in values]
 
 
-def project_epochs(backend, repeats, quick):
+def project_epochs(backend, repeats, quick, attn_impl="explicit"):
     """Seconds per epoch of the project's own train(), epochs 2.. of one run (epoch 1 holds
     set-up and, in JAX, compilation), timed between the on_step calls that open each epoch."""
     trainer = __import__(f"{backend}_impl.train", fromlist=["train"])
-    model_config, config = _configs(quick, epochs=repeats + 1)
+    model_config, config = _configs(quick, epochs=repeats + 1, attn_impl=attn_impl)
     stamps = []
 
     def on_step(step, loss):
@@ -203,6 +203,9 @@ def speed_tables(repeats, quick, with_compile):
         rows[label] = _steps_per_s(project, steps)
         notes = [f"the project's trainer: {first:.2f} s from train() to the end of epoch 1 (set-up"
                  + (", tracing and compilation)" if backend == "jax" else ")")]
+        if not quick:
+            fused, _ = project_epochs(backend, repeats, quick, attn_impl="fused")
+            rows[label.split(" (")[0] + " with ModelConfig(attn_impl='fused')"] = _steps_per_s(fused, steps)
         if backend == "torch" and with_compile:
             epoch, compile_first = torch_compile_row(quick)
             compiled = interleaved({"c": epoch}, repeats, warmup=1)["c"]
