@@ -14,7 +14,7 @@ import os
 import sys
 
 import bench_common  # noqa: F401  (puts the repository on sys.path)
-from bench_common import interleaved, median, ms, ratio, spread, table
+from bench_common import interleaved, jax_module, median, ms, ratio, spread, table
 
 SHAPES = [(4, 1024, 256, 8), (2, 2048, 512, 8)]  # B, T, D, H
 QUICK_SHAPES = [(2, 64, 32, 4)]
@@ -80,15 +80,16 @@ def torch_candidates(B, T, D, H):
 def jax_candidates(B, T, D, H):
     import jax
     import jax.numpy as jnp
+    import numpy as np
     from flax import nnx
 
     from jax_impl.attention import MultiHeadSelfAttention
 
-    explicit = MultiHeadSelfAttention(D, H, T, attn_impl="explicit", rngs=nnx.Rngs(0))
-    fused = MultiHeadSelfAttention(D, H, T, attn_impl="fused", rngs=nnx.Rngs(0))
-    mha = nnx.MultiHeadAttention(H, D, qkv_features=D, out_features=D, decode=False, rngs=nnx.Rngs(0))
-    x = jax.random.normal(jax.random.key(0), (B, T, D), dtype=jnp.float32)
-    causal = nnx.make_causal_mask(jnp.ones((B, T)))  # (B, 1, T, T)
+    explicit = jax_module(lambda: MultiHeadSelfAttention(D, H, T, attn_impl="explicit", rngs=nnx.Rngs(0)))
+    fused = jax_module(lambda: MultiHeadSelfAttention(D, H, T, attn_impl="fused", rngs=nnx.Rngs(0)))
+    mha = jax_module(lambda: nnx.MultiHeadAttention(H, D, qkv_features=D, out_features=D, decode=False, rngs=nnx.Rngs(0)))
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((B, T, D), dtype=np.float32))
+    causal = jnp.asarray(np.tril(np.ones((B, 1, T, T), dtype=bool)))  # what nnx.make_causal_mask gives
     d_head = D // H
 
     def compiled(module, **kwargs):
@@ -172,12 +173,13 @@ def memory_rows(framework, lengths):
                     row[impl] = peak_extra_bytes(lambda: block(x))
             else:
                 import jax
+                import numpy as np
                 from flax import nnx
 
                 from jax_impl.attention import MultiHeadSelfAttention
 
-                graphdef, state = nnx.split(MultiHeadSelfAttention(D, H, T, attn_impl=impl, rngs=nnx.Rngs(0)))
-                x = jax.random.normal(jax.random.key(0), (B, T, D))
+                graphdef, state = nnx.split(jax_module(lambda: MultiHeadSelfAttention(D, H, T, attn_impl=impl, rngs=nnx.Rngs(0))))
+                x = jax.numpy.asarray(np.random.default_rng(0).standard_normal((B, T, D), dtype=np.float32))
                 compiled = jax.jit(lambda state, x: nnx.merge(graphdef, state)(x)).lower(state, x).compile()
                 analysis = compiled.memory_analysis()
                 row[f"{impl} XLA temp"] = analysis.temp_size_in_bytes if analysis is not None else float("nan")
@@ -236,6 +238,7 @@ def qkv_table(widths, tokens, repeats, warmup_s):
     from torch import nn
 
     B, T = tokens
+    min_time = 0.05 if warmup_s else 0.0  # --quick: one call per measurement
     rows = []
     for D in widths:
         torch.manual_seed(0)
@@ -251,8 +254,8 @@ def qkv_table(widths, tokens, repeats, warmup_s):
             with torch.no_grad():
                 return [layer(x) for layer in separate]
 
-        jfused = nnx.Linear(D, 3 * D, rngs=nnx.Rngs(0))
-        jseparate = nnx.List([nnx.Linear(D, D, rngs=nnx.Rngs(i)) for i in range(3)])
+        jfused = jax_module(lambda: nnx.Linear(D, 3 * D, rngs=nnx.Rngs(0)))
+        jseparate = jax_module(lambda: nnx.List([nnx.Linear(D, D, rngs=nnx.Rngs(i)) for i in range(3)]))
         jx = jnp.asarray(x.numpy())
         fused_def, fused_state = nnx.split(jfused)
         separate_def, separate_state = nnx.split(jseparate)
@@ -262,11 +265,11 @@ def qkv_table(widths, tokens, repeats, warmup_s):
         # each framework on its own: XLA's worker threads keep spinning for a while after a call
         # and would steal the cores from torch's threads if the two alternated
         times = interleaved({"torch fused": torch_fused, "torch separate": torch_separate},
-                            repeats, min_time=0.05, warmup_s=warmup_s)
+                            repeats, min_time=min_time, warmup_s=warmup_s)
         times.update(interleaved({
             "jax fused": lambda: jax.block_until_ready(jax_fused_fn(fused_state, jx)),
             "jax separate": lambda: jax.block_until_ready(jax_separate_fn(separate_state, jx)),
-        }, repeats, min_time=0.05, warmup_s=warmup_s))
+        }, repeats, min_time=min_time, warmup_s=warmup_s))
         for framework in ("torch", "jax"):
             one, three = median(times[f"{framework} fused"]), median(times[f"{framework} separate"])
             gflops = 2 * B * T * D * 3 * D / one / 1e9

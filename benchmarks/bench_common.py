@@ -102,16 +102,39 @@ def interleaved(candidates: dict, repeats: int, warmup: int = 2, min_time: float
     times = {name: [] for name in candidates}
     order = list(candidates)
     shuffle = random.Random(0).shuffle
-    for _ in range(repeats):
-        shuffle(order)  # no candidate always runs just after the one that freed a gigabyte
-        for name in order:
-            fn = candidates[name]
-            gc.collect()
-            start = time.perf_counter()
-            for _ in range(counts[name]):
-                fn()
-            times[name].append((time.perf_counter() - start) / counts[name])
+    collecting = gc.isenabled()
+    gc.disable()  # no collection pause inside a measurement
+    try:
+        for _ in range(repeats):
+            shuffle(order)  # no candidate always runs just after the one that freed a gigabyte
+            for name in order:
+                fn = candidates[name]
+                start = time.perf_counter()
+                for _ in range(counts[name]):
+                    fn()
+                times[name].append((time.perf_counter() - start) / counts[name])
+    finally:
+        if collecting:
+            gc.enable()
     return times
+
+
+def jax_module(make, seed: int = 0):
+    """make() -> an nnx.Module, built without compiling and running its random initializers
+    (a second or more of compilation per benchmark): the structure from nnx.eval_shape, the
+    parameters drawn with NumPy (a benchmark needs their sizes, not Flax's init), and the state
+    that is not a parameter (a causal mask) from make() compiled with the initializers cut away."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    graphdef, params, rest = nnx.split(nnx.eval_shape(make), nnx.Param, ...)
+    rng = np.random.default_rng(seed)
+    params = jax.tree.map(lambda leaf: jnp.asarray(rng.uniform(-0.1, 0.1, leaf.shape).astype(leaf.dtype)), params)
+    if jax.tree.leaves(rest):
+        rest = jax.jit(lambda: nnx.state(make(), nnx.Not(nnx.Param)))()
+    return nnx.merge(graphdef, params, rest)
 
 
 def median(values) -> float:
