@@ -183,7 +183,7 @@ def run(args) -> int:
         return 1
     bar.close()
     print(f"final loss {history.final_loss:.6g} (step {history.first_step + len(history.losses) - 1}) · "
-          f"{len(history.losses)} steps in {history.seconds:.2f} s ({len(history.losses) / history.seconds:,.0f} steps/s)")
+          f"{len(history.losses)} steps in {history.seconds:.2f} s, start-up and compilation included")
 
     tokens = heatmap_tokens(model_config)
     _, attention = trainer.predict(history.model, tokens)
