@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 import shared
 from shared.files import write_atomically
+from shared.train_cli import int_at_least
 
 NAMES = ("attention", "model", "train")
 LEFT_DIR, RIGHT_DIR = "torch_impl", "jax_impl"
@@ -738,22 +739,12 @@ def repo_root() -> Path:
     return Path(shared.__file__).resolve().parent.parent
 
 
-def _width(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"width must be an integer, got {text!r}") from None
-    if value < MIN_WIDTH:
-        raise argparse.ArgumentTypeError(f"width must be at least {MIN_WIDTH}, got {value}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", nargs="?", default="attention", choices=NAMES,
                         help="which pair of files: torch_impl/NAME.py and jax_impl/NAME.py (default: attention)")
     parser.add_argument("--html", metavar="FILE", type=Path,
                         help="write one self-contained HTML page to FILE instead of printing")
-    parser.add_argument("--width", metavar="N", type=_width,
+    parser.add_argument("--width", metavar="N", type=int_at_least(MIN_WIDTH, f"a width of at least {MIN_WIDTH}"),
                         help="total width in characters (default: the terminal's, or 160 when there is none)")
     parser.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                         help="colour the terminal output: auto (when stdout is a terminal), always, never")

@@ -413,7 +413,7 @@ def test_too_narrow_width_is_refused(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["diff", "--width", "10"])
     assert exit_info.value.code == 2
-    assert "width must be at least" in capsys.readouterr().err
+    assert "expected a width of at least 40" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name", side_by_side.NAMES)
