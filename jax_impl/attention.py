@@ -109,9 +109,9 @@ class MultiHeadSelfAttention(nnx.Module):
         """Steps 4 to 8 in one call of the framework's kernel: q, k, v (B, T, H, d_head) -> (B, T, D).
 
         Only the causal mask: is_causal (XLA on CPU still builds the (T, T) scores; the cuDNN
-        kernel on a GPU does not). An extra mask is
-        ANDed with the causal one exactly as in step 5, and a query row with no allowed key gets
-        a zero context, as the explicit path's zero weights give.
+        kernel on a GPU does not). An extra mask is ANDed with the causal one exactly as in
+        step 5, and a query row with no allowed key gets a zero context, as the explicit path's
+        zero weights give.
         """
         B, T, H, d_head = q.shape
 

@@ -54,7 +54,8 @@ class TinyLM(nnx.Module):
 
 def _id_range(tokens):
     # the smallest and largest id, so that a bad id is named instead of being clamped or
-    # turned into NaN silently; inside jit the ids are not known (the trainer checks its data)
+    # turned into NaN silently; inside jit the ids are not known (predict checks them before
+    # its jit; the trainer's copy-task data is generated in range and not checked per step)
     if tokens.size == 0 or isinstance(tokens, jax.core.Tracer) or checks.dtype_kind(str(tokens.dtype)) != "int":
         return None, None
     return int(tokens.min()), int(tokens.max())

@@ -92,7 +92,7 @@ def train(model_config: ModelConfig, train_config: TrainConfig, init="shared", o
     losses = []
     for batches in training.epochs(model_config, train_config, start=start_epoch):
         state, epoch_losses = train_epoch(graphdef, state, batches)
-        training.finish_epoch(losses, epoch_losses, train_config.steps_per_epoch, on_step, start_epoch * train_config.steps_per_epoch)
+        training.finish_epoch(losses, epoch_losses, train_config, start_epoch, on_step)
     model, optimizer = nnx.merge(graphdef, state)
     return training.history("jax", model_config, train_config, losses, started, model, optimizer, start_epoch)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,7 +106,9 @@ def run(args) -> int:
         return 1
     print(f"A  {describe(first, args.a)}")
     print(f"B  {describe(second, ' + '.join(str(path) for path in args.b))}")
-    if first.model_config != second.model_config or first.train_config.to_dict() | {"dtype": 0} != second.train_config.to_dict() | {"dtype": 0}:
+    # the dtype may differ on purpose (float32 against float64); anything else changes the run
+    train_a, train_b = (dataclasses.replace(history.train_config, dtype="float64") for history in (first, second))
+    if first.model_config != second.model_config or train_a != train_b:
         print("note: the runs' configs differ, so their losses are not expected to match")
     print(f"compared {result.steps.size} common steps ({result.steps[0]}..{result.steps[-1]})")
     print(f"max |A - B|  {result.gaps.max():.3e} at step {result.worst_step} "

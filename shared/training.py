@@ -61,14 +61,15 @@ def epochs(model_config: ModelConfig, train_config: TrainConfig, start: int = 0)
             yield batch_list
 
 
-def finish_epoch(losses: list[float], epoch_losses, steps_per_epoch: int, on_step: Callable | None = None,
-                 first_step: int = 0) -> None:
+def finish_epoch(losses: list[float], epoch_losses, train_config: TrainConfig, start_epoch: int = 0,
+                 on_step: Callable | None = None) -> None:
     """Append one epoch's per-step losses; stop at the first non-finite one, naming its step
-    (counted over the whole run: a resumed run starts at first_step)."""
+    (counted over the whole run: a run resumed after start_epoch epochs does not start at 0)."""
+    first_step = start_epoch * train_config.steps_per_epoch
     for loss in np.asarray(epoch_losses, dtype=np.float64):
         step = first_step + len(losses)
         if not math.isfinite(loss):
-            raise NonFiniteLossError(step, float(loss), steps_per_epoch)
+            raise NonFiniteLossError(step, float(loss), train_config.steps_per_epoch)
         losses.append(float(loss))
         if on_step is not None:
             on_step(step, float(loss))

@@ -69,7 +69,7 @@ def train(model_config: ModelConfig, train_config: TrainConfig, init="shared", o
     losses = []
     for batches in training.epochs(model_config, train_config, start=start_epoch):
         epoch_losses = train_epoch(model, optimizer, batches)
-        training.finish_epoch(losses, epoch_losses, train_config.steps_per_epoch, on_step, start_epoch * train_config.steps_per_epoch)
+        training.finish_epoch(losses, epoch_losses, train_config, start_epoch, on_step)
     return training.history("torch", model_config, train_config, losses, started, model, optimizer, start_epoch)
 
 
