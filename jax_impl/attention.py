@@ -12,6 +12,8 @@ from shared import checks
 from shared.config import ATTN_IMPLS
 from shared.trace import record
 
+DTYPES = {"float32": jnp.float32, "float64": jnp.float64}
+
 
 class CausalMask(nnx.Variable):
     """The register_buffer of Flax: state that is not an nnx.Param, so it is never
@@ -28,7 +30,7 @@ class MultiHeadSelfAttention(nnx.Module):
     float64 always runs explicitly: the kernel computes its softmax in float32.
     """
 
-    def __init__(self, d_model, n_heads, max_len, bias=True, *, dtype=jnp.float32, attn_impl="explicit", rngs: nnx.Rngs):
+    def __init__(self, d_model, n_heads, max_len, bias=True, *, dtype="float32", attn_impl="explicit", rngs: nnx.Rngs):
         checks.check_block(d_model, n_heads, max_len)
         if attn_impl not in ATTN_IMPLS:
             raise ValueError(f"attn_impl must be one of {', '.join(ATTN_IMPLS)}; got {attn_impl!r}")
@@ -37,6 +39,7 @@ class MultiHeadSelfAttention(nnx.Module):
         self.d_head = d_model // n_heads
         self.max_len = max_len
         self.attn_impl = attn_impl
+        dtype = DTYPES[dtype]
         self.qkv_proj = nnx.Linear(d_model, 3 * d_model, use_bias=bias, dtype=dtype, param_dtype=dtype, rngs=rngs)
         self.out_proj = nnx.Linear(d_model, d_model, use_bias=bias, dtype=dtype, param_dtype=dtype, rngs=rngs)
         # True = may attend: on and below the diagonal

@@ -1,4 +1,5 @@
-"""TinyLM in JAX/Flax NNX (embeddings -> attention -> LM head) and its one exchange-format converter."""
+"""TinyLM in JAX/Flax NNX (embeddings -> attention -> LM head), its loss, its one exchange-format
+converter, and the NumPy-facing functions of shared.protocol (predict, attend, loss_and_grads)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,13 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from flax import nnx
 
-from jax_impl.attention import MultiHeadSelfAttention
+from jax_impl.attention import DTYPES, MultiHeadSelfAttention
 from shared import checks, weights
 from shared.config import ModelConfig
 from shared.trace import record
-
-DTYPES = {"float32": jnp.float32, "float64": jnp.float64}
 
 
 class TinyLM(nnx.Module):
@@ -22,12 +22,12 @@ class TinyLM(nnx.Module):
 
     def __init__(self, config: ModelConfig, *, dtype="float32", rngs: nnx.Rngs):
         self.config = config
-        dtype = DTYPES[dtype]
-        self.tok_emb = nnx.Embed(config.vocab_size, config.d_model, dtype=dtype, param_dtype=dtype, rngs=rngs)
-        self.pos_emb = nnx.Embed(config.max_len, config.d_model, dtype=dtype, param_dtype=dtype, rngs=rngs)
+        dtypes = {"dtype": DTYPES[dtype], "param_dtype": DTYPES[dtype]}
+        self.tok_emb = nnx.Embed(config.vocab_size, config.d_model, **dtypes, rngs=rngs)
+        self.pos_emb = nnx.Embed(config.max_len, config.d_model, **dtypes, rngs=rngs)
         self.attn = MultiHeadSelfAttention(config.d_model, config.n_heads, config.max_len, config.bias, dtype=dtype,
                                            attn_impl=config.attn_impl, rngs=rngs)
-        self.lm_head = nnx.Linear(config.d_model, config.vocab_size, use_bias=config.bias, dtype=dtype, param_dtype=dtype, rngs=rngs)
+        self.lm_head = nnx.Linear(config.d_model, config.vocab_size, use_bias=config.bias, **dtypes, rngs=rngs)
 
     def __call__(self, tokens, mask=None, return_weights=False, trace=None):
         """tokens int (B, T) -> logits (B, T, V), or (logits, weights (B, H, T, T))."""
@@ -146,3 +146,50 @@ def _exchange_arrays(tree) -> dict[str, np.ndarray]:
         value = np.array(variable[...])
         arrays[name] = value.T.copy() if transposed else value
     return arrays
+
+
+def loss_fn(model, x, y, mask=None):
+    """Mean cross-entropy of the next-token logits: x, y int (B, T) -> scalar."""
+    logits = model(x, mask=mask)  # (B, T, V)
+    return optax.softmax_cross_entropy_with_integer_labels(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).mean()  # (B * T, V) against (B * T,)
+
+
+def predict(model, tokens, *, mask=None, return_weights=False, trace=None):
+    """NumPy in, NumPy out: tokens (B, T) -> logits (B, T, V), or (logits, weights (B, H, T, T))."""
+    tokens = np.asarray(tokens)
+    if trace is not None:  # eagerly: the trace holds concrete arrays
+        inner = {}
+        result = model(jnp.asarray(tokens), mask=_array(mask), return_weights=return_weights, trace=inner)
+        trace.update({name: np.asarray(value) for name, value in inner.items()})
+    else:
+        # compiled as one program (eagerly, each of its ~40 operations compiles on first use),
+        # so the ids are checked here: under jit the model cannot see their values
+        checks.check_tokens(tokens.shape, str(tokens.dtype), model.config.vocab_size, model.config.max_len, *_id_range(tokens))
+        result = _forward(*nnx.split(model), tokens, _array(mask), return_weights)
+    return tuple(np.asarray(value) for value in result) if return_weights else np.asarray(result)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4))
+def _forward(graphdef, state, tokens, mask, return_weights):
+    return nnx.merge(graphdef, state)(tokens, mask=mask, return_weights=return_weights)
+
+
+def attend(model, x, *, mask=None, return_weights=False):
+    """NumPy in, NumPy out: the attention block alone, x (B, T, D) -> (B, T, D), or (out, weights)."""
+    result = model.attn(jnp.asarray(x), mask=_array(mask), return_weights=return_weights)
+    return tuple(np.asarray(value) for value in result) if return_weights else np.asarray(result)
+
+
+def loss_and_grads(model, tokens, targets, *, mask=None):
+    """NumPy in, NumPy out: (loss, d loss / d every exchange array) by jax.grad."""
+    # compiled as one function: op by op, each of the ~100 operations of forward and backward
+    # would compile on its own for every new shape; the maths is the same
+    loss, grads = _value_and_grad(model, jnp.asarray(tokens), jnp.asarray(targets), _array(mask))
+    return float(loss), grads_to_exchange(grads)
+
+
+_value_and_grad = nnx.jit(nnx.value_and_grad(loss_fn))
+
+
+def _array(mask):
+    return None if mask is None else jnp.asarray(mask)

@@ -1,12 +1,16 @@
-"""Train TinyLM on the copy task with JAX, Flax NNX and optax: loss_fn, train_step, train_epoch, train.
+"""Train TinyLM on the copy task with JAX, Flax NNX and optax: train_step, train_epoch, train (loss_fn is in model.py).
 
 Run it: `python -m jax_impl.train --help`.
 """
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # the command line belongs to the tools layer: parse flags before importing jax
+    from shared.tools.train_cli import main
+
+    raise SystemExit(main("jax"))
+
 import functools
-import sys
 import time
 
 import jax
@@ -15,17 +19,11 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jax_impl.model import TinyLM, _id_range, assign_exchange, from_exchange, grads_to_exchange
-from shared import checks, training, train_cli
+from jax_impl.model import TinyLM, assign_exchange, from_exchange, grads_to_exchange, loss_fn
+from shared import training
 from shared.adam_state import AdamState
 from shared.config import ModelConfig, TrainConfig
 from shared.history import History
-
-
-def loss_fn(model, x, y, mask=None):
-    """Mean cross-entropy of the next-token logits: x, y int (B, T) -> scalar."""
-    logits = model(x, mask=mask)  # (B, T, V)
-    return optax.softmax_cross_entropy_with_integer_labels(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).mean()  # (B * T, V) against (B * T,)
 
 
 def train_step(graphdef, state, x, y):
@@ -111,22 +109,3 @@ def optimizer_from_exchange(adam_state: AdamState, optimizer, model) -> None:
     assign_exchange(adam.mu, adam_state.exp_avg)
     assign_exchange(adam.nu, adam_state.exp_avg_sq)
     adam.count[...] = adam_state.step
-
-
-def predict(model, tokens: np.ndarray):
-    """NumPy in, NumPy out: tokens (B, T) -> (logits (B, T, V), weights (B, H, T, T))."""
-    tokens = np.asarray(tokens)
-    # compiled as one program (eagerly, each of its ~40 operations compiles on first use: ~0.7 s
-    # of the demo), so the ids are checked here: under jit the model cannot see their values
-    checks.check_tokens(tokens.shape, str(tokens.dtype), model.config.vocab_size, model.config.max_len, *_id_range(tokens))
-    logits, weights = _forward_with_weights(*nnx.split(model), tokens)
-    return np.asarray(logits), np.asarray(weights)
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _forward_with_weights(graphdef, state, tokens):
-    return nnx.merge(graphdef, state)(tokens, return_weights=True)
-
-
-if __name__ == "__main__":
-    sys.exit(train_cli.main("jax"))

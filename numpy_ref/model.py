@@ -1,6 +1,9 @@
-"""TinyLM forward and loss as pure NumPy functions over the exchange dict."""
+"""TinyLM forward and loss as pure NumPy functions over the exchange dict, and the model
+object of shared.protocol: numpy_ref's TinyLM is its exchange dict and its config."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -52,3 +55,45 @@ def intermediates(tokens, params, config: ModelConfig, mask=None) -> dict[str, n
     trace = {}
     forward(tokens, params, config, mask=mask, trace=trace)
     return trace
+
+
+@dataclass(frozen=True, eq=False)
+class TinyLM:
+    """The exchange dict (PyTorch layout) with its config; calling it runs `forward`.
+
+    int tokens (B, T) -> logits (B, T, V), or (logits, weights (B, H, T, T))."""
+
+    config: ModelConfig
+    params: dict
+
+    def __call__(self, tokens, mask=None, return_weights=False, trace=None):
+        return forward(tokens, self.params, self.config, mask=mask, return_weights=return_weights, trace=trace)
+
+
+def from_exchange(arrays: dict, config: ModelConfig) -> TinyLM:
+    """A TinyLM holding copies of the exchange arrays, checked first."""
+    validate_weights(arrays, config)
+    return TinyLM(config, {name: np.array(value) for name, value in arrays.items()})
+
+
+def to_exchange(model: TinyLM) -> dict[str, np.ndarray]:
+    """The model's parameters as exchange arrays (copies)."""
+    return {name: value.copy() for name, value in model.params.items()}
+
+
+def loss_fn(model: TinyLM, x, y, mask=None) -> np.ndarray:
+    """Mean cross-entropy of the next-token logits: x, y int (B, T) -> 0-d array."""
+    return loss(model.params, x, y, model.config, mask=mask)
+
+
+def predict(model: TinyLM, tokens, *, mask=None, return_weights=False, trace=None):
+    """tokens (B, T) -> logits (B, T, V), or (logits, weights (B, H, T, T)); NumPy already."""
+    return model(np.asarray(tokens), mask=mask, return_weights=return_weights, trace=trace)
+
+
+def attend(model: TinyLM, x, *, mask=None, return_weights=False):
+    """The attention block alone: x (B, T, D) -> (B, T, D), or (out, weights); T <= max_len
+    as in the frameworks' blocks (the pure `attention` function has no context limit)."""
+    x = np.asarray(x)
+    checks.check_input(x.shape, x.dtype.name, model.config.d_model, model.config.max_len)
+    return attention(x, model.params, model.config.n_heads, mask=mask, return_weights=return_weights)

@@ -3,8 +3,8 @@ every table. No timing is asserted: these sizes are too small to mean anything."
 
 import re
 
-from shared import bench
-from shared.cli import main
+from shared.tools import bench
+from shared.tools.cli import main
 
 
 def test_quick_benchmarks_print_every_table(capsys):

@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from shared import train_cli, weights
+from shared import weights
+from shared.tools import train_cli
 from shared.config import ModelConfig, TrainConfig
 from shared.history import History
 from shared.weights import init_weights
@@ -521,7 +522,7 @@ def test_as_a_command_the_errors_are_one_line_without_traceback(tmp_path):
                               cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert diverged.returncode == 1
     assert diverged.stderr.splitlines() == ["error: loss became non-finite at step 1 (epoch 1): nan; training stopped (try a smaller --lr)"]
-    bad_flags = subprocess.run([sys.executable, "-m", "shared.cli", "train", "--backend", "torch", "--n-heads", "5", "--d-model", "32"],
+    bad_flags = subprocess.run([sys.executable, "-m", "shared.tools.cli", "train", "--backend", "torch", "--n-heads", "5", "--d-model", "32"],
                                cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert bad_flags.returncode == 2
     assert bad_flags.stderr.splitlines()[-1] == ("mhsa train: error: d_model=32 is not divisible by n_heads=5; "

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from shared.heatmap import LEGEND, RAMP, ascii_heads, ascii_heatmap
+from shared.tools.heatmap import LEGEND, RAMP, ascii_heads, ascii_heatmap
 from tests.samples import causal_weights
 
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from shared import adam_state, weights
-from shared.cli import main as mhsa
+from shared.tools.cli import main as mhsa
 from shared.config import ModelConfig, TrainConfig
-from shared.parity import build_report, format_report, padding_mask
+from shared.tools.parity import build_report, format_report, padding_mask
 from shared.tolerances import assert_close, tolerance
 from tests.backends import SMALL
 

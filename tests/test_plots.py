@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
-from shared.plots import heads_figure, save_figure, training_figure
+from shared.tools.plots import heads_figure, save_figure, training_figure
 from tests.samples import causal_weights
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -252,7 +252,7 @@ def test_figures_refuse_bad_tokens_losses_and_epochs():
 
 def test_the_module_is_framework_neutral_and_needs_no_pyplot():
     code = (
-        "import sys, shared.plots, shared.heatmap; "
+        "import sys, shared.tools.plots, shared.tools.heatmap; "
         "bad = [m for m in ('torch', 'jax', 'flax', 'matplotlib.pyplot') if m in sys.modules]; "
         "assert not bad, bad"
     )

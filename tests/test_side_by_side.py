@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from shared import cli, side_by_side
-from shared.side_by_side import Row, align, pair_sections, side_by_side as rows_of, split_sections
+from shared.tools import cli, side_by_side
+from shared.tools.side_by_side import Row, align, pair_sections, side_by_side as rows_of, split_sections
 
 TORCH = textwrap.dedent('''\
     """Causal self-attention, in PyTorch."""

@@ -144,7 +144,7 @@ def test_cli_save_then_load_continues_from_the_saved_weights(backend, tmp_path):
 
 
 def test_mhsa_train_runs_a_backend(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "shared.cli", "train", "--backend", "torch", "--epochs", "1",
+    result = subprocess.run([sys.executable, "-m", "shared.tools.cli", "train", "--backend", "torch", "--epochs", "1",
                              "--n-sequences", "64", "--n-heads", "8"], cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "n_heads=8 (d_head=4)" in result.stdout and "epoch 1/1" in result.stdout

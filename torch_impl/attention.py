@@ -12,6 +12,8 @@ from shared import checks
 from shared.config import ATTN_IMPLS
 from shared.trace import record
 
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
 
 class MultiHeadSelfAttention(nn.Module):
     """(B, T, D) -> (B, T, D) with H heads of d_head = D // H; position t sees only 0..t.
@@ -22,7 +24,7 @@ class MultiHeadSelfAttention(nn.Module):
     whenever neither the weights nor a trace are asked for; "explicit" always runs them one by one.
     """
 
-    def __init__(self, d_model, n_heads, max_len, bias=True, *, dtype=torch.float32, attn_impl="explicit"):
+    def __init__(self, d_model, n_heads, max_len, bias=True, *, dtype="float32", attn_impl="explicit"):
         super().__init__()
         checks.check_block(d_model, n_heads, max_len)
         if attn_impl not in ATTN_IMPLS:
@@ -32,6 +34,7 @@ class MultiHeadSelfAttention(nn.Module):
         self.d_head = d_model // n_heads
         self.max_len = max_len
         self.attn_impl = attn_impl
+        dtype = DTYPES[dtype]
         self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=bias, dtype=dtype)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias, dtype=dtype)
         # True = may attend: on and below the diagonal

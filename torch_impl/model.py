@@ -1,17 +1,17 @@
-"""TinyLM in PyTorch (embeddings -> attention -> LM head) and its one exchange-format converter."""
+"""TinyLM in PyTorch (embeddings -> attention -> LM head), its loss, its one exchange-format
+converter, and the NumPy-facing functions of shared.protocol (predict, attend, loss_and_grads)."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from shared import checks, weights
 from shared.config import ModelConfig
 from shared.trace import record
-from torch_impl.attention import MultiHeadSelfAttention
-
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
+from torch_impl.attention import DTYPES, MultiHeadSelfAttention
 
 
 class TinyLM(nn.Module):
@@ -20,12 +20,11 @@ class TinyLM(nn.Module):
     def __init__(self, config: ModelConfig, *, dtype="float32"):
         super().__init__()
         self.config = config
-        dtype = DTYPES[dtype]
-        self.tok_emb = nn.Embedding(config.vocab_size, config.d_model, dtype=dtype)
-        self.pos_emb = nn.Embedding(config.max_len, config.d_model, dtype=dtype)
+        self.tok_emb = nn.Embedding(config.vocab_size, config.d_model, dtype=DTYPES[dtype])
+        self.pos_emb = nn.Embedding(config.max_len, config.d_model, dtype=DTYPES[dtype])
         self.attn = MultiHeadSelfAttention(config.d_model, config.n_heads, config.max_len, config.bias, dtype=dtype,
                                            attn_impl=config.attn_impl)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=config.bias, dtype=dtype)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=config.bias, dtype=DTYPES[dtype])
 
     def forward(self, tokens, mask=None, return_weights=False, trace=None):
         """tokens int (B, T) -> logits (B, T, V), or (logits, weights (B, H, T, T))."""
@@ -74,3 +73,38 @@ def to_exchange(model: TinyLM) -> dict[str, np.ndarray]:
 def grads_to_exchange(model: TinyLM) -> dict[str, np.ndarray]:
     """The .grad of every parameter after loss.backward() as exchange arrays."""
     return {name: parameter.grad.detach().cpu().numpy().copy() for name, parameter in model.named_parameters()}
+
+
+def loss_fn(model, x, y, mask=None):
+    """Mean cross-entropy of the next-token logits: x, y int (B, T) -> scalar."""
+    logits = model(x, mask=mask)  # (B, T, V)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))  # (B * T, V) against (B * T,)
+
+
+def predict(model, tokens, *, mask=None, return_weights=False, trace=None):
+    """NumPy in, NumPy out: tokens (B, T) -> logits (B, T, V), or (logits, weights (B, H, T, T))."""
+    inner = {} if trace is not None else None
+    with torch.no_grad():
+        result = model(torch.from_numpy(np.asarray(tokens)), mask=_tensor(mask), return_weights=return_weights, trace=inner)
+    if trace is not None:
+        trace.update({name: value.numpy() for name, value in inner.items()})
+    return tuple(value.numpy() for value in result) if return_weights else result.numpy()
+
+
+def attend(model, x, *, mask=None, return_weights=False):
+    """NumPy in, NumPy out: the attention block alone, x (B, T, D) -> (B, T, D), or (out, weights)."""
+    with torch.no_grad():
+        result = model.attn(torch.from_numpy(np.asarray(x)), mask=_tensor(mask), return_weights=return_weights)
+    return tuple(value.numpy() for value in result) if return_weights else result.numpy()
+
+
+def loss_and_grads(model, tokens, targets, *, mask=None):
+    """NumPy in, NumPy out: (loss, d loss / d every exchange array) by autograd."""
+    model.zero_grad(set_to_none=True)
+    loss = loss_fn(model, torch.from_numpy(np.asarray(tokens)), torch.from_numpy(np.asarray(targets)), mask=_tensor(mask))
+    loss.backward()
+    return float(loss.detach()), grads_to_exchange(model)
+
+
+def _tensor(mask):
+    return None if mask is None else torch.from_numpy(np.asarray(mask))

@@ -1,28 +1,24 @@
-"""Train TinyLM on the copy task with PyTorch: loss_fn, train_step, train_epoch, train.
+"""Train TinyLM on the copy task with PyTorch: train_step, train_epoch, train (loss_fn is in model.py).
 
 Run it: `python -m torch_impl.train --help`.
 """
 
 from __future__ import annotations
 
-import sys
+if __name__ == "__main__":  # the command line belongs to the tools layer: parse flags before importing torch
+    from shared.tools.train_cli import main
+
+    raise SystemExit(main("torch"))
+
 import time
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 
-from shared import training, train_cli
+from shared import training
 from shared.adam_state import AdamState
 from shared.config import ModelConfig, TrainConfig
 from shared.history import History
-from torch_impl.model import TinyLM, from_exchange
-
-
-def loss_fn(model, x, y, mask=None):
-    """Mean cross-entropy of the next-token logits: x, y int (B, T) -> scalar."""
-    logits = model(x, mask=mask)  # (B, T, V)
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))  # (B * T, V) against (B * T,)
+from torch_impl.model import TinyLM, from_exchange, loss_fn
 
 
 def train_step(model, optimizer, x, y):
@@ -93,14 +89,3 @@ def optimizer_from_exchange(adam_state: AdamState, optimizer, model) -> None:
             "exp_avg": torch.from_numpy(adam_state.exp_avg[name].copy()),
             "exp_avg_sq": torch.from_numpy(adam_state.exp_avg_sq[name].copy()),
         }
-
-
-def predict(model, tokens: np.ndarray):
-    """NumPy in, NumPy out: tokens (B, T) -> (logits (B, T, V), weights (B, H, T, T))."""
-    with torch.no_grad():
-        logits, weights = model(torch.from_numpy(np.asarray(tokens)), return_weights=True)
-    return logits.numpy(), weights.numpy()
-
-
-if __name__ == "__main__":
-    sys.exit(train_cli.main("torch"))

@@ -1,10 +1,10 @@
 """The train command line, shared by `python -m torch_impl.train`, `python -m jax_impl.train`
-and `mhsa train --backend ...`: identical flags, output lines, heatmap and history file."""
+and `mhsa train --backend ...`: identical flags, output lines, heatmap and history file.
+The backend is imported only after the flags are parsed, so `--help` loads no framework."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from pathlib import Path
 
@@ -13,7 +13,8 @@ from tqdm import tqdm
 
 from shared import adam_state, checks, weights
 from shared.config import DTYPES, ModelConfig, TrainConfig
-from shared.heatmap import ascii_heatmap
+from shared.tools import registry
+from shared.tools.heatmap import ascii_heatmap
 from shared.training import INITS, NonFiniteLossError
 
 BACKENDS = ("torch", "jax")
@@ -59,7 +60,7 @@ def png_path(text: str) -> Path:
 def add_arguments(parser: argparse.ArgumentParser, backend: str | None = None) -> None:
     defaults_model, defaults_train = ModelConfig(), TrainConfig()
     if backend is None:
-        parser.add_argument("--backend", choices=BACKENDS, required=True, help="which implementation trains")
+        parser.add_argument("--backend", choices=registry.names("train"), required=True, help="which implementation trains")
     model = parser.add_argument_group("model (defaults: the lesson's H=4, D=32, T=12, V=64)")
     model.add_argument("--n-heads", type=positive_int, help=f"attention heads H (default {defaults_model.n_heads})")
     model.add_argument("--d-model", type=positive_int, help=f"model width D (default {defaults_model.d_model})")
@@ -148,8 +149,8 @@ def run(args) -> int:
             resume.check_continues(train_config)
     except (ValueError, TypeError, FileNotFoundError) as error:
         parser.error(str(error))
-    trainer = importlib.import_module(f"{args.backend}_impl.train")
-    exchange = importlib.import_module(f"{args.backend}_impl.model")
+    backend = registry.get(args.backend)
+    trainer, model_module = backend.train, backend.model
     print(f"backend {args.backend}")
     print(describe(model_config, train_config, init), flush=True)
 
@@ -186,21 +187,21 @@ def run(args) -> int:
           f"{len(history.losses)} steps in {history.seconds:.2f} s, start-up and compilation included")
 
     tokens = heatmap_tokens(model_config)
-    _, attention = trainer.predict(history.model, tokens)
+    _, attention = model_module.predict(history.model, tokens, return_weights=True)
     head = args.heatmap_head
     print()
     print(ascii_heatmap(attention[0, head], tokens=tokens[0].tolist(),
                         title=f"{args.backend} · head {head} of {model_config.n_heads} · attention weights on a copy-task row"))
 
     if args.plot is not None:
-        from shared.plots import save_figure, training_figure
+        from shared.tools.plots import save_figure, training_figure
 
         title = f"{args.backend} · {model_config.n_heads} heads · D={model_config.d_model} T={model_config.max_len} V={model_config.vocab_size}"
         figure = training_figure(history.losses, train_config.steps_per_epoch, attention[0], tokens=tokens[0].tolist(), title=title)
         save_figure(figure, args.plot)
         print(f"saved plot to {args.plot}")
     if args.save is not None:
-        weights.save(args.save, exchange.to_exchange(history.model), model_config)
+        weights.save(args.save, model_module.to_exchange(history.model), model_config)
         companion = adam_state.companion_path(args.save)
         adam_state.save(companion, trainer.optimizer_to_exchange(history.optimizer, history.model, train_config), model_config)
         print(f"saved weights to {args.save} (Adam's state to {companion})")
@@ -212,12 +213,12 @@ def run(args) -> int:
 
 def main(backend: str, argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog=f"python -m {backend}_impl.train",
+        prog=f"python -m {registry.get(backend).package}.train",
         description=f"Train TinyLM on the copy task with the {backend} backend.",
     )
     add_arguments(parser, backend)
     args = parser.parse_args(argv)
     args.backend = backend
-    from shared.cli import run_guarded
+    from shared.tools.cli import run_guarded
 
     return run_guarded(run, args, prefix="error")

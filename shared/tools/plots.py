@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 from matplotlib.transforms import blended_transform_factory, offset_copy
 
 from shared.files import write_atomically
-from shared.heatmap import check_tokens, check_weights
+from shared.tools.heatmap import check_tokens, check_weights
 
 DPI = 100
 MAX_COLUMNS = 4  # head panels per row: H = 1, 2, 4 -> one row; H = 8 -> 2 x 4

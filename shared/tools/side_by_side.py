@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import shared
 from shared.files import write_atomically
-from shared.train_cli import int_at_least
+from shared.tools.train_cli import int_at_least
 
 NAMES = ("attention", "model", "train")
 LEFT_DIR, RIGHT_DIR = "torch_impl", "jax_impl"

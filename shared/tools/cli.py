@@ -9,13 +9,13 @@ import sys
 
 # name -> (module with add_arguments(parser) and run(args) -> exit code, one-line help)
 COMMANDS = {
-    "demo": ("shared.demo", "train the default copy task with every backend and show a head"),
-    "train": ("shared.train_cli", "train the copy-task model with one backend (--backend torch|jax)"),
-    "diff": ("shared.side_by_side", "show torch_impl and jax_impl side by side, aligned step by step"),
-    "heads": ("shared.heads", "show every attention head of a saved model (text, and an image with --plot)"),
-    "parity": ("shared.parity", "prove numpy_ref, torch_impl and jax_impl agree: every stage, gradient and step"),
-    "compare": ("shared.compare", "compare the per-step losses of two --history files"),
-    "bench": ("shared.bench", "run the benchmarks (benchmarks/ of a checkout) and print their markdown tables"),
+    "demo": ("shared.tools.demo", "train the default copy task with every backend and show a head"),
+    "train": ("shared.tools.train_cli", "train the copy-task model with one backend (--backend torch|jax)"),
+    "diff": ("shared.tools.side_by_side", "show torch_impl and jax_impl side by side, aligned step by step"),
+    "heads": ("shared.tools.heads", "show every attention head of a saved model (text, and an image with --plot)"),
+    "parity": ("shared.tools.parity", "prove numpy_ref, torch_impl and jax_impl agree: every stage, gradient and step"),
+    "compare": ("shared.tools.compare", "compare the per-step losses of two --history files"),
+    "bench": ("shared.tools.bench", "run the benchmarks (benchmarks/ of a checkout) and print their markdown tables"),
 }
 
 

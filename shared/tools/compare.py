@@ -86,7 +86,7 @@ def comparison_figure(result: Comparison, labels: tuple[str, str]):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from shared.train_cli import png_path
+    from shared.tools.train_cli import png_path
 
     parser.add_argument("a", metavar="A.json", type=Path, help="a --history file")
     parser.add_argument("b", metavar="B.json", type=Path, nargs="+",
@@ -115,7 +115,7 @@ def run(args) -> int:
           f"(A {result.a[np.argmax(result.gaps)]:.6g}, B {result.b[np.argmax(result.gaps)]:.6g})")
     print(f"mean |A - B| {result.gaps.mean():.3e}")
     if args.plot is not None:
-        from shared.plots import save_figure
+        from shared.tools.plots import save_figure
 
         save_figure(comparison_figure(result, (f"A: {first.backend}", f"B: {second.backend}")), args.plot)
         print(f"saved plot to {args.plot}")

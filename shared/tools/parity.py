@@ -70,7 +70,7 @@ def padding_mask(config: ModelConfig, batch: int = 3) -> np.ndarray:
 
 def stage_and_gradient_rows(config, dtype, seed, mask=None, samples=6, backends=None) -> list[Row]:
     """One row per named stage and the loss, then one per parameter gradient."""
-    from shared.backends import BACKENDS, central_difference
+    from shared.tools.backends import BACKENDS, central_difference
     from shared.weights import init_weights
 
     backends = backends or BACKENDS
@@ -187,7 +187,7 @@ def configure_accelerators() -> list[str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from shared.train_cli import non_negative_int, positive_int
+    from shared.tools.train_cli import non_negative_int, positive_int
 
     defaults = ModelConfig()
     parser.add_argument("--dtype", choices=DTYPES, default="float32")

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from pathlib import Path
 
 import numpy as np
 
 from shared import checks, weights
-from shared.heatmap import ascii_heads
-from shared.train_cli import heatmap_tokens, png_path
-
-BACKENDS = ("numpy", "torch", "jax")
+from shared.tools import registry
+from shared.tools.heatmap import ascii_heads
+from shared.tools.train_cli import heatmap_tokens, png_path
 
 
 def token_list(text: str) -> list[int]:
@@ -31,19 +29,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", type=token_list, metavar="IDS",
                         help="comma-separated input ids (default: a copy-task row, id 7 repeated)")
     parser.add_argument("--plot", metavar="FILE.png", type=png_path, help="also write every head as an image")
-    parser.add_argument("--backend", choices=BACKENDS, default="numpy",
+    parser.add_argument("--backend", choices=registry.names(), default="numpy",
                         help="which implementation computes the weights (default: numpy_ref, no framework)")
 
 
 def attention_weights(backend: str, arrays: dict, config, tokens: np.ndarray) -> np.ndarray:
     """(H, T, T) weights of the first row of `tokens` (1, T), from the chosen implementation."""
-    if backend == "numpy":
-        import numpy_ref
-
-        _, attention = numpy_ref.forward(tokens, arrays, config, return_weights=True)
-    else:
-        model = importlib.import_module(f"{backend}_impl.model").from_exchange(arrays, config)
-        _, attention = importlib.import_module(f"{backend}_impl.train").predict(model, tokens)
+    module = registry.get(backend).model
+    _, attention = module.predict(module.from_exchange(arrays, config), tokens, return_weights=True)
     return attention[0]
 
 
@@ -64,7 +57,7 @@ def run(args) -> int:
     print(f"{args.load}: {config.n_heads} heads, d_head={config.d_head}, tokens {tokens[0].tolist()} ({args.backend})\n")
     print(ascii_heads(attention, tokens=tokens[0].tolist()))
     if args.plot is not None:
-        from shared.plots import heads_figure, save_figure
+        from shared.tools.plots import heads_figure, save_figure
 
         title = f"{args.load.name} · {config.n_heads} heads · D={config.d_model} T={tokens.shape[1]} V={config.vocab_size}"
         save_figure(heads_figure(attention, tokens=tokens[0].tolist(), title=title), args.plot)
