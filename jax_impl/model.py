@@ -163,8 +163,12 @@ def predict(model, tokens, *, mask=None, return_weights=False, trace=None):
         trace.update({name: np.asarray(value) for name, value in inner.items()})
     else:
         # compiled as one program (eagerly, each of its ~40 operations compiles on first use),
-        # so the ids are checked here: under jit the model cannot see their values
+        # so the inputs are checked here: under jit the model cannot see the ids, and an error
+        # raised while tracing would carry JAX's traceback note
         checks.check_tokens(tokens.shape, str(tokens.dtype), model.config.vocab_size, model.config.max_len, *_id_range(tokens))
+        if mask is not None:
+            B, T = tokens.shape
+            checks.check_mask(np.shape(mask), str(np.asarray(mask).dtype), (B, model.config.n_heads, T, T))
         result = _forward(*nnx.split(model), tokens, _array(mask), return_weights)
     return tuple(np.asarray(value) for value in result) if return_weights else np.asarray(result)
 

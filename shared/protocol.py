@@ -53,4 +53,5 @@ CAPABILITIES = {
     "grads": {"model": ("grads_to_exchange", "loss_and_grads")},
     "train": {"train": ("train", "optimizer_to_exchange", "optimizer_from_exchange")},
     "fused": {},  # ModelConfig(attn_impl="fused") calls a fused attention kernel
+    "jit": {},  # calls are compiled for each new input shape: tests keep such a backend to a few shapes
 }

@@ -1,5 +1,5 @@
-"""The lesson's properties of the attention block and TinyLM, checked once per implementation
-(numpy_ref, torch_impl, jax_impl) on the same exchange weights."""
+"""The lesson's properties of the attention block and TinyLM, checked once per registered
+backend on the same exchange weights."""
 
 import numpy as np
 import pytest
@@ -94,12 +94,23 @@ def test_changing_one_heads_rows_changes_only_that_heads_weights(backend, head):
 
 
 def test_fused_qkv_equals_three_separate_linear_layers(backend):
-    fused, separate = backend.fused_and_separate(embeddings("float64"), seed=7)
-    assert fused.shape == (B, T, 3 * SMALL.d_model)
-    np.testing.assert_allclose(fused, separate, rtol=0, atol=1e-12)
+    # three independent Linear(D, D) for Q, K and V, stacked in that order into qkv_proj
+    rng = np.random.default_rng(7)
+    D = SMALL.d_model
+    separate = [(rng.uniform(-1, 1, (D, D)), rng.uniform(-1, 1, D)) for _ in range(3)]  # (out, in), (out,)
+    arrays = init_weights(SMALL, 7, "float64")
+    arrays["attn.qkv_proj.weight"] = np.concatenate([weight for weight, _ in separate])  # (3D, D)
+    arrays["attn.qkv_proj.bias"] = np.concatenate([bias for _, bias in separate])  # (3D,)
+    trace = {}
+    backend.forward(tokens_for(), arrays, SMALL, trace=trace)
+    x = trace["embed"]  # (B, T, D)
+    three = np.concatenate([x @ weight.T + bias for weight, bias in separate], axis=-1)  # (B, T, 3D)
+    assert trace["qkv"].shape == (B, T, 3 * D)
+    np.testing.assert_allclose(trace["qkv"], three, rtol=0, atol=1e-12)
 
 
-def test_every_parameter_gets_a_finite_nonzero_gradient(backend):
+def test_every_parameter_gets_a_finite_nonzero_gradient(autodiff_backend):
+    backend = autodiff_backend
     arrays = init_weights(SMALL, 6, "float64")
     tokens = tokens_for(8)
     loss, grads = backend.loss_and_grads(tokens, tokens, arrays, SMALL)

@@ -25,7 +25,8 @@ from shared.tools import train_cli
 from shared.config import ModelConfig, TrainConfig
 from shared.history import History
 from shared.weights import init_weights
-from tests.backends import BACKENDS, SMALL, B, T
+from shared.tools import registry
+from tests.backends import SMALL, B, T, names, new_block, package
 
 D, H, V, L = SMALL.d_model, SMALL.n_heads, SMALL.vocab_size, SMALL.max_len  # 24, 4, 11, 7
 DESCRIBED = "ModelConfig(vocab_size=11, d_model=24, n_heads=4, max_len=7, bias=True)"
@@ -55,17 +56,9 @@ def with_id(bad_id):
 def build(backend, d_model, n_heads, max_len):
     """What each backend builds its block from: a layer, or for numpy_ref's pure functions the
     ModelConfig that numpy_ref.forward takes."""
-    if backend.name == "numpy":
+    if "layers" not in backend.backend.supports:
         return ModelConfig(vocab_size=V, d_model=d_model, n_heads=n_heads, max_len=max_len)
-    if backend.name == "torch":
-        from torch_impl.attention import MultiHeadSelfAttention
-
-        return MultiHeadSelfAttention(d_model, n_heads, max_len)
-    from flax import nnx
-
-    from jax_impl.attention import MultiHeadSelfAttention
-
-    return MultiHeadSelfAttention(d_model, n_heads, max_len, rngs=nnx.Rngs(0))
+    return new_block(backend.name, d_model, n_heads, max_len)
 
 
 BAD_SIZES = {
@@ -113,12 +106,11 @@ def test_bad_block_input(backend, case):
         backend.attention(x, init_weights(SMALL, 0, "float64"), SMALL)
 
 
-@pytest.mark.parametrize("name", ["torch", "jax"])
-def test_block_input_longer_than_max_len(name):
-    # numpy_ref.attention is a pure function with no max_len (its causal mask is built for any
-    # T); TinyLM refuses the same T in every backend, see test_bad_tokens
+def test_block_input_longer_than_max_len(backend):
+    # the model's block refuses it in every backend (numpy_ref's pure attention function has no
+    # max_len: its causal mask is built for any T)
     with pytest.raises(ValueError, match=exactly("sequence length T=8 is longer than max_len=7")):
-        BACKENDS[name].attention(embeddings((B, 8, D)), init_weights(SMALL, 0, "float64"), SMALL)
+        backend.attention(embeddings((B, 8, D)), init_weights(SMALL, 0, "float64"), SMALL)
 
 
 BAD_TOKENS = {
@@ -208,30 +200,19 @@ BAD_ARRAYS = {
 }
 
 
-@pytest.mark.parametrize("name", ["torch", "jax"])
 @pytest.mark.parametrize("case", BAD_ARRAYS, ids=str)
-def test_bad_weight_dicts_are_refused_before_a_model_is_built(name, case, monkeypatch):
+def test_bad_weight_dicts_are_refused_before_a_model_is_built(backend, case, monkeypatch):
     arrays, error, pattern = BAD_ARRAYS[case]
     # a model built and then filled is what a half-loaded one comes from: none may be built
-    module = __import__(f"{name}_impl.model", fromlist=["TinyLM"])
-    monkeypatch.setattr(module, "TinyLM", lambda *args, **kwargs: pytest.fail("a TinyLM was built before the check"))
+    monkeypatch.setattr(backend.backend.model, "TinyLM", lambda *args, **kwargs: pytest.fail("a TinyLM was built before the check"))
     with pytest.raises(error, match=pattern):
-        BACKENDS[name].forward(tokens(), arrays, SMALL)
+        backend.forward(tokens(), arrays, SMALL)
 
 
-def test_numpy_ref_checks_its_weight_dict():
-    # today a missing bias is silently skipped and a transposed kernel fails deep inside
-    for case in ("missing key", "transposed qkv kernel", "float16"):
-        arrays, error, pattern = BAD_ARRAYS[case]
-        with pytest.raises(error, match=pattern):
-            BACKENDS["numpy"].forward(tokens(), arrays, SMALL)
-
-
-@pytest.mark.parametrize("name", ["torch", "jax"])
-def test_weights_for_another_config_are_refused(name):
+def test_weights_for_another_config_are_refused(backend):
     other = ModelConfig(vocab_size=V + 1, d_model=D, n_heads=H, max_len=L)
     with pytest.raises(ValueError, match=exactly("weights['tok_emb.weight'] has shape (11, 24), expected (12, 24)")):
-        BACKENDS[name].model(init_weights(SMALL, 0), other)
+        backend.model(init_weights(SMALL, 0), other)
 
 
 # --- weight files -------------------------------------------------------------------------
@@ -365,11 +346,11 @@ def test_an_unreadable_file_is_refused(tmp_path, monkeypatch):
         path.chmod(0o644)
 
 
-@pytest.mark.parametrize("name", ["torch", "jax"])
+@pytest.mark.parametrize("name", names("train"))
 def test_a_file_in_the_wrong_dtype_for_the_run_is_refused_before_training(tmp_path, name):
     path = tmp_path / "model.safetensors"
     weights.save(path, init_weights(SMALL, 0, "float32"), SMALL)
-    trainer = __import__(f"{name}_impl.train", fromlist=["train"])
+    trainer = registry.get(name).train
     with pytest.raises(ValueError, match=exactly(f"weights file {str(path)!r}: weights are float32, expected float64 (the run's dtype)")):
         trainer.train(SMALL, TrainConfig(epochs=1, n_sequences=64, dtype="float64"), init=path)
 
@@ -464,18 +445,18 @@ BAD_FLAGS = {
 }
 
 
-@pytest.mark.parametrize("backend_name", ["torch", "jax"])
+@pytest.mark.parametrize("backend_name", names("train"))
 @pytest.mark.parametrize("case", BAD_FLAGS, ids=str)
 def test_bad_flags_exit_2_with_an_argparse_message_before_any_training(capsys, backend_name, case):
     flags, pattern = BAD_FLAGS[case]
     status, out, err = run_main(capsys, backend_name, *flags)
     assert status == 2
     assert err.startswith("usage: ")
-    assert re.search(rf"^python -m {backend_name}_impl.train: {pattern}", err, re.MULTILINE), err
+    assert re.search(rf"^python -m {package(backend_name)}.train: {pattern}", err, re.MULTILINE), err
     assert "Traceback" not in err and out == ""  # refused before a single step
 
 
-@pytest.mark.parametrize("backend_name", ["torch", "jax"])
+@pytest.mark.parametrize("backend_name", names("train"))
 @pytest.mark.parametrize("case", ["missing key", "truncated", "pickle"])
 def test_a_bad_load_file_exits_2_naming_it(capsys, tmp_path, backend_name, case):
     path = tmp_path / "bad.safetensors"
@@ -494,7 +475,7 @@ def test_a_bad_load_file_exits_2_naming_it(capsys, tmp_path, backend_name, case)
 SMALL_RUN = ["--epochs", "1", "--n-sequences", "64", "--seq-len", "5", "--vocab-size", "11", "--d-model", "24"]
 
 
-@pytest.mark.parametrize("backend_name", ["torch", "jax"])
+@pytest.mark.parametrize("backend_name", names("train"))
 def test_a_run_whose_loss_overflows_stops_in_one_line(capsys, tmp_path, backend_name):
     # lr 1e30 overflows float32 at the first update (lr 1e6 does not: Adam moves each weight by
     # about lr per step and the copy task still learns when saturated)
@@ -504,7 +485,7 @@ def test_a_run_whose_loss_overflows_stops_in_one_line(capsys, tmp_path, backend_
     assert os.listdir(tmp_path) == []  # nothing saved from a diverged run
 
 
-@pytest.mark.parametrize("backend_name", ["torch", "jax"])
+@pytest.mark.parametrize("backend_name", names("train"))
 def test_an_injected_nan_stops_the_run_at_step_0_in_one_line(capsys, tmp_path, backend_name):
     config = ModelConfig(vocab_size=11, d_model=24, n_heads=4, max_len=5)
     arrays = init_weights(config, 0)
@@ -518,11 +499,11 @@ def test_an_injected_nan_stops_the_run_at_step_0_in_one_line(capsys, tmp_path, b
 
 def test_as_a_command_the_errors_are_one_line_without_traceback(tmp_path):
     # the same two failures in a real process: the exit status and stderr a user sees
-    diverged = subprocess.run([sys.executable, "-m", "torch_impl.train", "--quiet", *SMALL_RUN, "--lr", "1e30"],
+    diverged = subprocess.run([sys.executable, "-m", f"{package(names('train')[0])}.train", "--quiet", *SMALL_RUN, "--lr", "1e30"],
                               cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert diverged.returncode == 1
     assert diverged.stderr.splitlines() == ["error: loss became non-finite at step 1 (epoch 1): nan; training stopped (try a smaller --lr)"]
-    bad_flags = subprocess.run([sys.executable, "-m", "shared.tools.cli", "train", "--backend", "torch", "--n-heads", "5", "--d-model", "32"],
+    bad_flags = subprocess.run([sys.executable, "-m", "shared.tools.cli", "train", "--backend", names("train")[0], "--n-heads", "5", "--d-model", "32"],
                                cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert bad_flags.returncode == 2
     assert bad_flags.stderr.splitlines()[-1] == ("mhsa train: error: d_model=32 is not divisible by n_heads=5; "

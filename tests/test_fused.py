@@ -3,13 +3,14 @@ the explicit path and numpy_ref, at DESIGN.md's tolerances: outputs, logits and 
 and without extra masks, including query rows that may attend to nothing."""
 
 import dataclasses
+import importlib
 
 import numpy as np
 import pytest
 
 from shared.tolerances import assert_close, tolerance
 from shared.weights import init_weights
-from tests.backends import BACKENDS, SMALL, B, T
+from tests.backends import ADAPTERS, SMALL, B, T, names, new_block
 
 FUSED = dataclasses.replace(SMALL, attn_impl="fused")
 DTYPES = ["float32", "float64"]
@@ -42,89 +43,94 @@ def embeddings(dtype, seed=0):
 
 @pytest.mark.parametrize("mask_name", MASKS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_fused_block_equals_explicit_block(autodiff_backend, dtype, mask_name):
+def test_fused_block_equals_explicit_block(fused_backend, dtype, mask_name):
     arrays = init_weights(SMALL, 1, dtype)
     mask = MASKS[mask_name]
     x = embeddings(dtype)
-    explicit = autodiff_backend.attention(x, arrays, SMALL, mask=mask)
-    fused = autodiff_backend.attention(x, arrays, FUSED, mask=mask)
+    explicit = fused_backend.attention(x, arrays, SMALL, mask=mask)
+    fused = fused_backend.attention(x, arrays, FUSED, mask=mask)
     assert fused.dtype == dtype and fused.shape == (B, T, SMALL.d_model)
     assert np.isfinite(fused).all()
-    assert_close(f"{autodiff_backend.name} fused vs explicit", fused, explicit, tolerance("stage", dtype))
-    reference = BACKENDS["numpy"].attention(x, arrays, SMALL, mask=mask)
-    assert_close(f"{autodiff_backend.name} fused vs numpy_ref", fused, reference, tolerance("stage", dtype))
+    assert_close(f"{fused_backend.name} fused vs explicit", fused, explicit, tolerance("stage", dtype))
+    reference = ADAPTERS["numpy"].attention(x, arrays, SMALL, mask=mask)
+    assert_close(f"{fused_backend.name} fused vs numpy_ref", fused, reference, tolerance("stage", dtype))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_an_empty_row_gets_zero_context_so_the_output_is_the_out_proj_bias(autodiff_backend, dtype):
+def test_an_empty_row_gets_zero_context_so_the_output_is_the_out_proj_bias(fused_backend, dtype):
     arrays = init_weights(SMALL, 2, dtype)
-    out = autodiff_backend.attention(embeddings(dtype), arrays, FUSED, mask=MASKS["row-masked"])
+    out = fused_backend.attention(embeddings(dtype), arrays, FUSED, mask=MASKS["row-masked"])
     bias = np.broadcast_to(arrays["attn.out_proj.bias"], (B, SMALL.d_model))
     assert_close("output of the empty row", out[:, 2], bias, tolerance("stage", dtype))
 
 
 @pytest.mark.parametrize("mask_name", ["none", "random-per-head"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_fused_model_logits_equal_numpy_ref(autodiff_backend, dtype, mask_name):
+def test_fused_model_logits_equal_numpy_ref(fused_backend, dtype, mask_name):
     arrays = init_weights(SMALL, 3, dtype)
     mask = MASKS[mask_name]
-    expected = BACKENDS["numpy"].forward(tokens_for(), arrays, SMALL, mask=mask)
-    actual = autodiff_backend.forward(tokens_for(), arrays, FUSED, mask=mask)
-    assert_close(f"{autodiff_backend.name} fused logits", actual, expected, tolerance("stage", dtype))
+    expected = ADAPTERS["numpy"].forward(tokens_for(), arrays, SMALL, mask=mask)
+    actual = fused_backend.forward(tokens_for(), arrays, FUSED, mask=mask)
+    assert_close(f"{fused_backend.name} fused logits", actual, expected, tolerance("stage", dtype))
 
 
 @pytest.mark.parametrize("mask_name", ["none", "random-per-head"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_fused_gradients_equal_explicit_gradients(autodiff_backend, dtype, mask_name):
+def test_fused_gradients_equal_explicit_gradients(fused_backend, dtype, mask_name):
     arrays = init_weights(SMALL, 4, dtype)
     tokens = tokens_for(5)
     mask = MASKS[mask_name]
-    loss, grads = autodiff_backend.loss_and_grads(tokens, tokens, arrays, SMALL, mask=mask)
-    fused_loss, fused_grads = autodiff_backend.loss_and_grads(tokens, tokens, arrays, FUSED, mask=mask)
+    loss, grads = fused_backend.loss_and_grads(tokens, tokens, arrays, SMALL, mask=mask)
+    fused_loss, fused_grads = fused_backend.loss_and_grads(tokens, tokens, arrays, FUSED, mask=mask)
     assert_close("loss", fused_loss, loss, tolerance("stage", dtype))
     for name, grad in grads.items():
         assert np.isfinite(fused_grads[name]).all(), name
         assert_close(f"d loss / d {name}", fused_grads[name], grad, tolerance("grad", dtype))
 
 
-def test_weights_or_a_trace_take_the_explicit_path(autodiff_backend, monkeypatch):
-    calls = _count_kernel_calls(autodiff_backend.name, monkeypatch)
+def test_weights_or_a_trace_take_the_explicit_path(fused_backend, monkeypatch):
+    calls = _count_kernel_calls(fused_backend.name, monkeypatch)
     arrays = init_weights(SMALL, 6, "float32")
     x = embeddings("float32")
-    autodiff_backend.attention(x, arrays, FUSED)
+    fused_backend.attention(x, arrays, FUSED)
     assert calls == [1]
-    out, weights = autodiff_backend.attention(x, arrays, FUSED, return_weights=True)
+    out, weights = fused_backend.attention(x, arrays, FUSED, return_weights=True)
     assert calls == [1] and weights.shape == (B, H, T, T)
-    explicit, explicit_weights = autodiff_backend.attention(x, arrays, SMALL, return_weights=True)
+    explicit, explicit_weights = fused_backend.attention(x, arrays, SMALL, return_weights=True)
     np.testing.assert_array_equal(out, explicit)
     np.testing.assert_array_equal(weights, explicit_weights)
     trace = {}
-    autodiff_backend.forward(tokens_for(), arrays, FUSED, trace=trace)
+    fused_backend.forward(tokens_for(), arrays, FUSED, trace=trace)
     assert calls == [1] and "weights" in trace
-    autodiff_backend.forward(tokens_for(), arrays, FUSED, mask=MASKS["padding"])
+    fused_backend.forward(tokens_for(), arrays, FUSED, mask=MASKS["padding"])
     assert calls == [2]
-    autodiff_backend.forward(tokens_for(), arrays, SMALL)
+    fused_backend.forward(tokens_for(), arrays, SMALL)
     assert calls == [2]  # attn_impl="explicit" never calls the kernel
 
 
-def test_float64_runs_the_kernel_in_torch_but_not_in_jax(autodiff_backend, monkeypatch):
-    # jax.nn.dot_product_attention takes its softmax in float32 whatever the input (3e-8 off in
-    # float64, against DESIGN.md's 1e-10), so the JAX block keeps float64 on the explicit path
-    calls = _count_kernel_calls(autodiff_backend.name, monkeypatch)
-    autodiff_backend.attention(embeddings("float64"), init_weights(SMALL, 6, "float64"), FUSED)
-    assert calls == [1 if autodiff_backend.name == "torch" else 0]
+# the kernel behind attn_impl="fused" in each backend that has one, and whether float64 runs it:
+# jax.nn.dot_product_attention takes its softmax in float32 whatever the input (3e-8 off in
+# float64, against the 1e-10 tolerance), so the JAX block keeps float64 on the explicit path
+KERNELS = {
+    "torch": ("torch.nn.functional", "scaled_dot_product_attention", True),
+    "jax": ("jax.nn", "dot_product_attention", False),
+}
+
+
+def test_every_fused_backend_names_its_kernel():
+    assert sorted(KERNELS) == sorted(names("fused"))
+
+
+def test_float64_runs_the_kernel_only_where_it_keeps_float64(fused_backend, monkeypatch):
+    calls = _count_kernel_calls(fused_backend.name, monkeypatch)
+    fused_backend.attention(embeddings("float64"), init_weights(SMALL, 6, "float64"), FUSED)
+    assert calls == [1 if KERNELS[fused_backend.name][2] else 0]
 
 
 def _count_kernel_calls(name, monkeypatch):
     calls = [0]
-    if name == "torch":
-        import torch.nn.functional as module
-
-        attribute = "scaled_dot_product_attention"
-    else:
-        import jax.nn as module
-
-        attribute = "dot_product_attention"
+    module_name, attribute, _ = KERNELS[name]
+    module = importlib.import_module(module_name)
     kernel = getattr(module, attribute)
 
     def counted(*args, **kwargs):
@@ -152,13 +158,7 @@ def test_fused_jax_block_under_jit_equals_explicit():
     assert_close("jitted fused vs explicit", compiled(state, x, mask), explicit, tolerance("stage", "float32"))
 
 
-@pytest.mark.parametrize("name", ["torch", "jax"])
+@pytest.mark.parametrize("name", names("layers"))
 def test_an_unknown_attn_impl_is_refused(name):
-    module = __import__(f"{name}_impl.attention", fromlist=["MultiHeadSelfAttention"])
-    extra = {}
-    if name == "jax":
-        from flax import nnx
-
-        extra["rngs"] = nnx.Rngs(0)
     with pytest.raises(ValueError, match="attn_impl must be one of explicit, fused; got 'flash'"):
-        module.MultiHeadSelfAttention(24, 4, 7, attn_impl="flash", **extra)
+        new_block(name, 24, 4, 7, attn_impl="flash")

@@ -7,7 +7,8 @@ from shared import weights
 from shared.tolerances import assert_close, stage_kind, tolerance
 from shared.trace import STAGES
 from shared.weights import init_weights
-from tests.backends import BACKENDS, SMALL, B, T
+from shared.tools import registry
+from tests.backends import ADAPTERS, SMALL, B, T, names
 
 DTYPES = ["float32", "float64"]
 
@@ -17,9 +18,9 @@ def tokens_for(seed=0):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_exchange_round_trip_is_bit_identical(autodiff_backend, dtype):
+def test_exchange_round_trip_is_bit_identical(backend, dtype):
     arrays = init_weights(SMALL, 0, dtype)
-    module = __import__(f"{autodiff_backend.name}_impl.model", fromlist=["to_exchange"])
+    module = backend.backend.model
     back = module.to_exchange(module.from_exchange(arrays, SMALL))
     assert list(back) == list(arrays)
     for name in arrays:
@@ -35,7 +36,7 @@ def test_forward_equals_numpy_ref_at_every_stage(autodiff_backend, dtype, masked
         mask = np.ones((B, 1, 1, T), dtype=bool)
         mask[0, ..., 2:] = False
     expected, actual = {}, {}
-    BACKENDS["numpy"].forward(tokens_for(), arrays, SMALL, mask=mask, trace=expected)
+    ADAPTERS["numpy"].forward(tokens_for(), arrays, SMALL, mask=mask, trace=expected)
     autodiff_backend.forward(tokens_for(), arrays, SMALL, mask=mask, trace=actual)
     assert tuple(actual) == STAGES
     for name in STAGES:
@@ -49,7 +50,7 @@ def test_bias_free_model_has_no_bias_anywhere(autodiff_backend):
     config = ModelConfig(vocab_size=11, d_model=24, n_heads=4, max_len=7, bias=False)
     arrays = init_weights(config, 0, "float64")
     assert not any(name.endswith("bias") for name in arrays)
-    expected = BACKENDS["numpy"].forward(tokens_for(), arrays, config)
+    expected = ADAPTERS["numpy"].forward(tokens_for(), arrays, config)
     assert_close("logits", autodiff_backend.forward(tokens_for(), arrays, config), expected, 1e-10)
 
 
@@ -74,7 +75,7 @@ def test_jax_mask_is_not_a_param_and_gets_no_gradient():
 
     from jax_impl.attention import CausalMask
     from jax_impl.model import from_exchange
-    from jax_impl.train import loss_fn
+    from jax_impl.model import loss_fn
 
     model = from_exchange(init_weights(SMALL, 0), SMALL)
     assert isinstance(model.attn.causal_mask, CausalMask) and not isinstance(model.attn.causal_mask, nnx.Param)
@@ -85,30 +86,28 @@ def test_jax_mask_is_not_a_param_and_gets_no_gradient():
     assert "causal_mask" not in grads["attn"]
 
 
-def test_mask_is_unchanged_by_training(autodiff_backend):
+@pytest.mark.parametrize("name", names("layers"))
+def test_mask_is_unchanged_by_training(name):
     from shared.config import TrainConfig
 
-    trainer = __import__(f"{autodiff_backend.name}_impl.train", fromlist=["train"])
-    history = trainer.train(SMALL, TrainConfig(epochs=1, n_sequences=96, lr=0.05))
-    mask = np.asarray(history.model.attn.causal_mask[...] if autodiff_backend.name == "jax" else history.model.attn.causal_mask)
-    np.testing.assert_array_equal(mask, np.tril(np.ones((SMALL.max_len, SMALL.max_len), dtype=bool)))
-    module = __import__(f"{autodiff_backend.name}_impl.model", fromlist=["to_exchange"])
-    trained = module.to_exchange(history.model)
+    backend = registry.get(name)
+    history = backend.train.train(SMALL, TrainConfig(epochs=1, n_sequences=96, lr=0.05))
+    np.testing.assert_array_equal(np.asarray(history.model.attn.causal_mask[...]), np.tril(np.ones((SMALL.max_len, SMALL.max_len), dtype=bool)))
+    trained = backend.model.to_exchange(history.model)
     assert set(trained) == set(weights.param_shapes(SMALL))  # still exactly the exchange names
     assert not np.array_equal(trained["attn.qkv_proj.weight"], init_weights(SMALL, 0)["attn.qkv_proj.weight"])
 
 
-def test_save_then_load_reproduces_the_logits_exactly(autodiff_backend, tmp_path):
+def test_save_then_load_reproduces_the_logits_exactly(trainer_backend, tmp_path):
     from shared.config import TrainConfig
 
-    trainer = __import__(f"{autodiff_backend.name}_impl.train", fromlist=["train"])
-    module = __import__(f"{autodiff_backend.name}_impl.model", fromlist=["to_exchange"])
+    trainer, module = trainer_backend.backend.train, trainer_backend.backend.model
     history = trainer.train(SMALL, TrainConfig(epochs=1, n_sequences=96, lr=0.05))
     path = tmp_path / "trained.safetensors"
     weights.save(path, module.to_exchange(history.model), SMALL)
     arrays, config = weights.load(path)
     assert config == SMALL
     tokens = tokens_for(3)
-    before, _ = trainer.predict(history.model, tokens)
-    after, _ = trainer.predict(module.from_exchange(arrays, config), tokens)
+    before = module.predict(history.model, tokens)
+    after = module.predict(module.from_exchange(arrays, config), tokens)
     np.testing.assert_array_equal(after, before)

@@ -1,11 +1,11 @@
 """Property-based checks (hypothesis) over random valid shapes and random boolean masks,
 fully masked query rows included: outputs finite, every weight row summing to 1 (or to 0 when
-no key is allowed), causality, and numpy_ref, torch_impl and jax_impl agreeing within the
-DESIGN.md tolerances.
+no key is allowed), causality, and every backend agreeing with numpy_ref within the
+docs/DESIGN.md tolerances.
 
-Deterministic (derandomize) and small. numpy_ref and torch_impl see every random shape; JAX
-compiles every new shape (about a second each on a 2-core CPU), so jax_impl is checked on
-random masks, weights and inputs within a few fixed odd shapes.
+Deterministic (derandomize) and small. Eager backends see every random shape; a backend
+whose calls compile per shape ("jit" in the registry, such as JAX: about a second per new
+shape on a 2-core CPU) is checked on random masks, weights and inputs within a few fixed odd shapes.
 """
 
 import numpy as np
@@ -16,7 +16,12 @@ from hypothesis.extra.numpy import arrays
 from shared.config import ModelConfig
 from shared.tolerances import assert_close, tolerance
 from shared.weights import init_weights
-from tests.backends import BACKENDS
+from shared.tools import registry
+from tests.backends import ADAPTERS, names
+
+REFERENCE, *OTHERS = names()
+EAGER = [name for name in OTHERS if "jit" not in registry.get(name).supports]
+JITTED = [name for name in OTHERS if "jit" in registry.get(name).supports]
 
 
 def examples(n):
@@ -24,8 +29,8 @@ def examples(n):
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
-# B, T, H, d_head, V, dtype for jax_impl: odd and distinct, one per dtype
-JAX_SHAPES = [(3, 6, 3, 5, 13, "float64"), (2, 5, 4, 2, 7, "float32")]
+# B, T, H, d_head, V, dtype for the compiled backends: odd and distinct, one per dtype
+JIT_SHAPES = [(3, 6, 3, 5, 13, "float64"), (2, 5, 4, 2, 7, "float32")]
 
 
 @st.composite
@@ -75,8 +80,8 @@ def check_block(names, case, t):
     later[:, t:] = np.random.default_rng(seed + 1).standard_normal(later[:, t:].shape)  # positions t.. change
     allowed = allowed_keys(mask, B, config.n_heads, T)
     results = {}
-    for name in ["numpy", *names]:
-        backend = BACKENDS[name]
+    for name in [REFERENCE, *names]:
+        backend = ADAPTERS[name]
         out, weights = backend.attention(x, params, config, mask=mask, return_weights=True)
         assert out.shape == x.shape and out.dtype == dtype and np.isfinite(out).all(), name
         check_weights(name, weights, allowed, dtype)
@@ -84,8 +89,8 @@ def check_block(names, case, t):
         np.testing.assert_array_equal(backend.attention(later, params, config, mask=mask)[:, :t], out[:, :t], err_msg=name)
         results[name] = out, weights
     for name in names:
-        assert_close(f"{name} out", results[name][0], results["numpy"][0], tolerance("stage", dtype))
-        assert_close(f"{name} weights", results[name][1], results["numpy"][1], tolerance("weights", dtype))
+        assert_close(f"{name} out", results[name][0], results[REFERENCE][0], tolerance("stage", dtype))
+        assert_close(f"{name} weights", results[name][1], results[REFERENCE][1], tolerance("weights", dtype))
 
 
 def check_model(names, case):
@@ -95,30 +100,30 @@ def check_model(names, case):
     tokens = np.random.default_rng(seed).integers(0, config.vocab_size, size=(B, T))
     allowed = allowed_keys(mask, B, config.n_heads, T)
     results = {}
-    for name in ["numpy", *names]:
-        logits, weights = BACKENDS[name].forward(tokens, params, config, mask=mask, return_weights=True)
+    for name in [REFERENCE, *names]:
+        logits, weights = ADAPTERS[name].forward(tokens, params, config, mask=mask, return_weights=True)
         assert logits.shape == (B, T, config.vocab_size) and np.isfinite(logits).all(), name
         check_weights(name, weights, allowed, dtype)
         results[name] = logits, weights
     for name in names:
-        assert_close(f"{name} logits", results[name][0], results["numpy"][0], tolerance("stage", dtype))
-        assert_close(f"{name} weights", results[name][1], results["numpy"][1], tolerance("weights", dtype))
+        assert_close(f"{name} logits", results[name][0], results[REFERENCE][0], tolerance("stage", dtype))
+        assert_close(f"{name} weights", results[name][1], results[REFERENCE][1], tolerance("weights", dtype))
 
 
 @examples(30)
 @given(cases(), st.data())
 def test_block_properties_over_random_shapes(case, data):
-    check_block(["torch"], case, data.draw(st.integers(0, case[2] - 1), label="first changed position"))
+    check_block(EAGER, case, data.draw(st.integers(0, case[2] - 1), label="first changed position"))
 
 
 @examples(30)
 @given(cases())
 def test_model_properties_over_random_shapes(case):
-    check_model(["torch"], case)
+    check_model(EAGER, case)
 
 
 @examples(20)
-@given(cases(JAX_SHAPES), st.data())
-def test_jax_agrees_on_random_masks_weights_and_inputs(case, data):
-    check_block(["jax"], case, data.draw(st.integers(0, case[2] - 1), label="first changed position"))
-    check_model(["jax"], case)
+@given(cases(JIT_SHAPES), st.data())
+def test_compiled_backends_agree_on_random_masks_weights_and_inputs(case, data):
+    check_block(JITTED, case, data.draw(st.integers(0, case[2] - 1), label="first changed position"))
+    check_model(JITTED, case)

@@ -13,15 +13,18 @@ from shared.config import ModelConfig, TrainConfig
 from shared.history import KEYS, History
 from shared.tolerances import assert_close, tolerance
 from shared.training import NonFiniteLossError
-from tests.backends import SMALL
+from shared.tools import registry
+from tests.backends import SMALL, names, package
+
+TRAINERS = names("train")
 
 
 def trainer(name):
-    return __import__(f"{name}_impl.train", fromlist=["train"])
+    return registry.get(name).train
 
 
 def run_cli(backend, *flags, cwd):
-    return subprocess.run([sys.executable, "-m", f"{backend}_impl.train", *flags],
+    return subprocess.run([sys.executable, "-m", f"{package(backend)}.train", *flags],
                           cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
@@ -30,7 +33,7 @@ def default_runs(tmp_path_factory):
     """The default float32 run of each backend, exactly as a user starts it."""
     folder = tmp_path_factory.mktemp("default")
     runs = {}
-    for backend in ("torch", "jax"):
+    for backend in TRAINERS:
         result = run_cli(backend, "--quiet", "--history", f"{backend}.json", "--save", f"{backend}.safetensors", cwd=folder)
         assert result.returncode == 0, result.stderr
         runs[backend] = (result, History.load(folder / f"{backend}.json"), folder)
@@ -45,9 +48,11 @@ def test_default_run_learns_the_copy_task(default_runs):
 
 
 def test_default_float32_trajectories_agree_at_every_step(default_runs):
-    torch_losses = default_runs["torch"][1].losses
-    jax_losses = default_runs["jax"][1].losses
-    assert_close("float32 loss trajectory torch vs jax", jax_losses, torch_losses, tolerance("trajectory", "float32"))
+    first, *others = TRAINERS
+    assert others, "at least two trainers to compare"
+    for other in others:
+        assert_close(f"float32 loss trajectory {other} vs {first}", default_runs[other][1].losses,
+                     default_runs[first][1].losses, tolerance("trajectory", "float32"))
 
 
 def test_cli_output_and_history_schema_are_the_same_for_both_backends(default_runs):
@@ -63,8 +68,9 @@ def test_cli_output_and_history_schema_are_the_same_for_both_backends(default_ru
         assert sorted(data) == sorted(KEYS + ("first_step",)) and data["backend"] == backend and data["first_step"] == 0
         # identical lines apart from the backend's name and the numbers
         lines[backend] = [re.sub(r"\d[\d,]*(\.\d+)?(e-?\d+)?", "N", line.replace(backend, "BACKEND")) for line in out.splitlines()]
-    assert lines["torch"] == lines["jax"]
-    heatmap_rows = [line for line in default_runs["torch"][0].stdout.splitlines() if line.strip()[:1].isdigit() and "|" in line]
+    first, *others = TRAINERS
+    assert all(lines[other] == lines[first] for other in others), lines
+    heatmap_rows = [line for line in default_runs[first][0].stdout.splitlines() if line.strip()[:1].isdigit() and "|" in line]
     assert len(heatmap_rows) == 12
 
 
@@ -75,6 +81,7 @@ def test_the_saved_weights_reload_and_the_heatmap_shows_the_causal_triangle(defa
         arrays, config = weights.load(folder / f"{backend}.safetensors")
         assert config == ModelConfig()
         rows = [line.split("|")[1] for line in result.stdout.splitlines() if line.count("|") == 2 and line.strip()[:1].isdigit()]
+        assert len(rows) == 12, f"{backend}: the heatmap has {len(rows)} query rows, expected 12"
         for query, row in enumerate(rows):
             cell = len(row) // 12
             assert row[(query + 1) * cell :].strip() == "", f"{backend}: row {query} shows a later key"
@@ -84,13 +91,13 @@ def test_the_saved_weights_reload_and_the_heatmap_shows_the_causal_triangle(defa
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_in_process_trajectories_agree(dtype):
     config = TrainConfig(epochs=2, n_sequences=320, dtype=dtype)
-    torch_history = trainer("torch").train(SMALL, config)
-    jax_history = trainer("jax").train(SMALL, config)
-    assert_close(f"{dtype} trajectory", jax_history.losses, torch_history.losses, tolerance("trajectory", dtype))
-    assert torch_history.epoch_losses[-1] < torch_history.losses[0] / 2
+    first, *others = [trainer(name).train(SMALL, config) for name in TRAINERS]
+    for name, history in zip(TRAINERS[1:], others):
+        assert_close(f"{dtype} trajectory {name} vs {TRAINERS[0]}", history.losses, first.losses, tolerance("trajectory", dtype))
+    assert first.epoch_losses[-1] < first.losses[0] / 2
 
 
-@pytest.mark.parametrize("backend", ["torch", "jax"])
+@pytest.mark.parametrize("backend", TRAINERS)
 def test_a_smaller_last_batch_is_trained_too(backend):
     steps = []
     history = trainer(backend).train(SMALL, TrainConfig(epochs=2, n_sequences=70, batch_size=32),
@@ -98,7 +105,7 @@ def test_a_smaller_last_batch_is_trained_too(backend):
     assert steps == list(range(6)) and len(history.losses) == 6  # 32 + 32 + 6 per epoch
 
 
-@pytest.mark.parametrize("backend", ["torch", "jax"])
+@pytest.mark.parametrize("backend", TRAINERS)
 def test_native_init_trains_and_differs_from_shared(backend):
     config = TrainConfig(epochs=1, n_sequences=64)
     native = trainer(backend).train(SMALL, config, init="native")
@@ -106,7 +113,7 @@ def test_native_init_trains_and_differs_from_shared(backend):
     assert np.isfinite(native.losses).all() and native.losses[0] != shared.losses[0]
 
 
-@pytest.mark.parametrize("backend", ["torch", "jax"])
+@pytest.mark.parametrize("backend", TRAINERS)
 def test_a_non_finite_loss_stops_training_and_names_the_step(backend):
     # lr 1e30: the first update overflows float32 (lr 1e6 does not: Adam moves each weight by
     # about lr per step and this model still learns the copy task when saturated)
@@ -115,7 +122,7 @@ def test_a_non_finite_loss_stops_training_and_names_the_step(backend):
     assert caught.value.step == 1
 
 
-@pytest.mark.parametrize("backend", ["torch", "jax"])
+@pytest.mark.parametrize("backend", TRAINERS)
 def test_a_nan_in_the_weights_stops_training_at_step_0(backend, tmp_path):
     from shared import weights
     from shared.weights import init_weights
@@ -127,7 +134,7 @@ def test_a_nan_in_the_weights_stops_training_at_step_0(backend, tmp_path):
         trainer(backend).train(SMALL, TrainConfig(epochs=1, n_sequences=64), init=tmp_path / "nan.safetensors")
 
 
-@pytest.mark.parametrize("backend", ["torch", "jax"])
+@pytest.mark.parametrize("backend", TRAINERS)
 def test_cli_save_then_load_continues_from_the_saved_weights(backend, tmp_path):
     first = run_cli(backend, "--epochs", "1", "--n-sequences", "128", "--seq-len", "6", "--vocab-size", "9",
                     "--save", "w.safetensors", "--history", "a.json", "--heatmap-head", "3", cwd=tmp_path)
@@ -144,7 +151,7 @@ def test_cli_save_then_load_continues_from_the_saved_weights(backend, tmp_path):
 
 
 def test_mhsa_train_runs_a_backend(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "shared.tools.cli", "train", "--backend", "torch", "--epochs", "1",
+    result = subprocess.run([sys.executable, "-m", "shared.tools.cli", "train", "--backend", TRAINERS[0], "--epochs", "1",
                              "--n-sequences", "64", "--n-heads", "8"], cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "n_heads=8 (d_head=4)" in result.stdout and "epoch 1/1" in result.stdout

@@ -7,9 +7,7 @@ Each model is built from the exchange dict through the backend's own from_exchan
 
 from __future__ import annotations
 
-import numpy as np
 
-import numpy_ref
 from shared.tools import registry
 
 
@@ -44,15 +42,17 @@ ADAPTERS = {name: Adapter(registry.get(name)) for name in registry.names()}
 
 
 def central_difference(arrays, name, index, tokens, targets, config, mask=None, step=1e-3) -> float:
-    """d loss / d arrays[name][index] on numpy_ref in float64, by the fourth-order central
+    """d loss / d arrays[name][index] of the reference backend (the registry's first, numpy_ref,
+    whose loss_fn takes NumPy) in float64, by the fourth-order central
     stencil (f(w-2h) - 8 f(w-h) + 8 f(w+h) - f(w+2h)) / 12h. Measured on the default config
     against autodiff: within 2e-12 at h = 1e-3; the plain (f(w+h) - f(w-h)) / 2h stays near
     1e-10 at best, too coarse for the float64 gradient tolerance."""
+    reference = registry.get(registry.names()[0]).model
     shifted = dict(arrays)
     values = {}
     for multiple in (-2, -1, 1, 2):
         copy = arrays[name].copy()
         copy[index] += multiple * step
         shifted[name] = copy
-        values[multiple] = float(numpy_ref.loss(shifted, tokens, targets, config, mask=mask))
+        values[multiple] = float(reference.loss_fn(reference.from_exchange(shifted, config), tokens, targets, mask=mask))
     return (values[-2] - 8 * values[-1] + 8 * values[1] - values[2]) / (12 * step)

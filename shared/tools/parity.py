@@ -1,26 +1,39 @@
-"""`mhsa parity`: load one set of weights into numpy_ref, torch_impl and jax_impl and show,
+"""`mhsa parity`: load one set of weights into every registered backend and show,
 stage by stage, gradient by gradient and step by step, where they agree and where they part.
 
 The intermediates come from each implementation's real forward pass (its `trace`), the
 gradients from torch autograd and jax.grad, checked against a fourth-order finite difference
 of numpy_ref's loss in float64 on a sample of coordinates, and the trajectories from the two
-real trainers. Tolerances are DESIGN.md's (shared.tolerances).
+real trainers. Tolerances are docs/DESIGN.md's (shared.tolerances).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from shared.config import DTYPES, ModelConfig, TrainConfig
+from shared.tools import registry
 from shared.tolerances import max_abs_diff, stage_kind, tolerance
 from shared.trace import STAGES
 
-PAIRS = ("torch-numpy", "jax-numpy", "torch-jax")
-HEADERS = {"torch-numpy": "torch vs numpy", "jax-numpy": "jax vs numpy", "torch-jax": "torch vs jax"}
+
+def pairs() -> list[tuple[str, str]]:
+    """The compared pairs: every backend against the reference (the registry's first,
+    numpy_ref), then every other pair, e.g. torch-numpy, jax-numpy, torch-jax."""
+    reference, *others = registry.names()
+    return [(name, reference) for name in others] + list(itertools.combinations(others, 2))
+
+
+def pair_key(a: str, b: str) -> str:
+    return f"{a}-{b}"
+
+
+FD = "finite difference"  # the extra column: the reference backend's gradient against a float64 finite difference
 
 
 @dataclass
@@ -36,7 +49,7 @@ class Row:
         return all(diff <= self.tol for diff in self.diffs.values() if diff is not None)
 
     def failing_pair(self) -> str | None:
-        return next((pair for pair in PAIRS if self.diffs.get(pair) is not None and not self.diffs[pair] <= self.tol), None)
+        return next((pair for pair, diff in self.diffs.items() if diff is not None and not diff <= self.tol), None)
 
 
 @dataclass
@@ -68,91 +81,113 @@ def padding_mask(config: ModelConfig, batch: int = 3) -> np.ndarray:
     return keep
 
 
-def stage_and_gradient_rows(config, dtype, seed, mask=None, samples=6, backends=None) -> list[Row]:
-    """One row per named stage and the loss, then one per parameter gradient."""
-    from shared.tools.backends import BACKENDS, central_difference
+def stage_and_gradient_rows(config, dtype, seed, mask=None, samples=6, adapters=None) -> list[Row]:
+    """One row per named stage and the loss, then one per parameter gradient.
+
+    Gradients come from each backend's own loss_and_grads (autodiff, or numpy_ref's
+    hand-written backward); the reference backend's gradient is also held against a
+    fourth-order finite difference of numpy_ref's loss in float64 at `samples` coordinates
+    of every parameter, an independent check that no backend's gradient can share a bug with.
+    A backend without gradients is compared through the finite difference alone."""
+    from shared.tools.backends import ADAPTERS, central_difference
     from shared.weights import init_weights
 
-    backends = backends or BACKENDS
+    adapters = adapters or ADAPTERS
+    names = registry.names()
+    reference = names[0]
     arrays = init_weights(config, seed, dtype)
     tokens, targets = inputs(config, seed)
-    traces = {name: {} for name in ("numpy", "torch", "jax")}
+    traces = {name: {} for name in names}
     for name, trace in traces.items():
-        backends[name].forward(tokens, arrays, config, mask=mask, trace=trace)
-    import numpy_ref
-
-    losses, grads = {"numpy": float(numpy_ref.cross_entropy(traces["numpy"]["logits"], targets))}, {}
-    for name in ("torch", "jax"):
-        losses[name], grads[name] = backends[name].loss_and_grads(tokens, targets, arrays, config, mask=mask)
+        adapters[name].forward(tokens, arrays, config, mask=mask, trace=trace)
+    losses, grads = {}, {}
+    for name in registry.names("grads"):
+        losses[name], grads[name] = adapters[name].loss_and_grads(tokens, targets, arrays, config, mask=mask)
 
     rows = []
     for stage in STAGES:
-        diffs = {pair: max_abs_diff(traces[pair.split("-")[0]][stage], traces[pair.split("-")[1]][stage]) for pair in PAIRS}
+        diffs = {pair_key(a, b): max_abs_diff(traces[a][stage], traces[b][stage]) for a, b in pairs()}
         rows.append(Row("stage", stage, diffs, tolerance(stage_kind(stage), dtype)))
-    rows.append(Row("stage", "loss", {pair: abs(losses[pair.split("-")[0]] - losses[pair.split("-")[1]]) for pair in PAIRS},
-                    tolerance("stage", dtype)))
+    rows.append(Row("stage", "loss", {pair_key(a, b): abs(losses[a] - losses[b]) if a in losses and b in losses else None
+                                      for a, b in pairs()}, tolerance("stage", dtype)))
 
-    # numpy_ref has no autodiff: a finite difference in float64 at `samples` coordinates
     arrays64 = {name: value.astype(np.float64) for name, value in arrays.items()}
     rng = np.random.default_rng(seed)
     for name, value in arrays.items():
         coords = [tuple(int(rng.integers(0, size)) for size in value.shape) for _ in range(samples)]
-        reference = np.array([central_difference(arrays64, name, c, tokens, targets, config, mask) for c in coords])
-        diffs = {
-            "torch-numpy": max_abs_diff([grads["torch"][name][c] for c in coords], reference),
-            "jax-numpy": max_abs_diff([grads["jax"][name][c] for c in coords], reference),
-            "torch-jax": max_abs_diff(grads["torch"][name], grads["jax"][name]),
-        }
-        rows.append(Row("gradient", name, diffs, tolerance("grad", dtype), note=f"numpy: finite difference at {samples} coords"))
+        estimate = np.array([central_difference(arrays64, name, c, tokens, targets, config, mask) for c in coords])
+        diffs = {}
+        for a, b in pairs():
+            if a in grads and b in grads:
+                diffs[pair_key(a, b)] = max_abs_diff(grads[a][name], grads[b][name])
+            else:  # one side has no gradient of its own: both against the finite difference
+                known = grads.get(a, grads.get(b))
+                diffs[pair_key(a, b)] = max_abs_diff([known[name][c] for c in coords], estimate) if known else None
+        if reference in grads:
+            diffs[FD] = max_abs_diff([grads[reference][name][c] for c in coords], estimate)
+            note = f"{FD}: {reference}'s gradient against a float64 finite difference at {samples} coords per parameter"
+        else:
+            note = f"{reference} has no gradient of its own: the others are held against a float64 finite difference at {samples} coords"
+        rows.append(Row("gradient", name, diffs, tolerance("grad", dtype), note=note))
     return rows
 
 
 def trajectory_rows(config, dtype, seed, epochs) -> list[Row]:
-    """The loss at every step of the default trainer in torch and in JAX, from the same init
-    and batches; in float64 also the final weights."""
-    import jax_impl.model
-    import jax_impl.train
-    import torch_impl.model
-    import torch_impl.train
-
+    """The loss at every step of every backend's trainer, from the same init and batches; in
+    float64 also the final weights."""
     train_config = TrainConfig(epochs=epochs, seed=seed, dtype=dtype)
-    runs = {name: trainer.train(config, train_config) for name, trainer in (("torch", torch_impl.train), ("jax", jax_impl.train))}
-    steps = len(runs["torch"].losses)
+    runs = {name: registry.get(name).train.train(config, train_config) for name in registry.names("train")}
+    final = {name: registry.get(name).model.to_exchange(run.model) for name, run in runs.items()}
+    steps = len(next(iter(runs.values())).losses)
+
+    def compare(measure) -> dict[str, float | None]:
+        return {pair_key(a, b): measure(a, b) if a in runs and b in runs else None for a, b in pairs()}
+
     rows = [Row("trajectory", f"loss at each of {steps} steps",
-                {"torch-numpy": None, "jax-numpy": None, "torch-jax": max_abs_diff(runs["torch"].losses, runs["jax"].losses)},
-                tolerance("trajectory", dtype))]
+                compare(lambda a, b: max_abs_diff(runs[a].losses, runs[b].losses)), tolerance("trajectory", dtype))]
     if dtype == "float64":
-        torch_weights = torch_impl.model.to_exchange(runs["torch"].model)
-        jax_weights = jax_impl.model.to_exchange(runs["jax"].model)
-        worst = max(max_abs_diff(torch_weights[name], jax_weights[name]) for name in torch_weights)
-        rows.append(Row("trajectory", f"weights after {steps} steps", {"torch-numpy": None, "jax-numpy": None, "torch-jax": worst},
+        rows.append(Row("trajectory", f"weights after {steps} steps",
+                        compare(lambda a, b: max(max_abs_diff(final[a][name], final[b][name]) for name in final[a])),
                         tolerance("stage", dtype)))
     return rows
 
 
-def build_report(config: ModelConfig, dtype="float32", seed=0, mask=None, epochs=3, samples=6, backends=None) -> Report:
+def build_report(config: ModelConfig, dtype="float32", seed=0, mask=None, epochs=3, samples=6, adapters=None) -> Report:
     title = (f"mhsa parity · {dtype} · seed {seed} · vocab_size={config.vocab_size} d_model={config.d_model} "
              f"n_heads={config.n_heads} max_len={config.max_len} bias={config.bias} · "
              f"{'padding mask (B, 1, 1, T) and causal' if mask is not None else 'causal mask only'}")
     report = Report(title)
-    report.rows += stage_and_gradient_rows(config, dtype, seed, mask=mask, samples=samples, backends=backends)
+    report.rows += stage_and_gradient_rows(config, dtype, seed, mask=mask, samples=samples, adapters=adapters)
     if epochs > 0:
         report.rows += trajectory_rows(config, dtype, seed, epochs)
     return report
 
 
+def columns(report: Report) -> list[str]:
+    """The pair columns, then the finite-difference column where some row has it."""
+    keys = [pair_key(a, b) for a, b in pairs()]
+    return keys + ([FD] if any(FD in row.diffs for row in report.rows) else [])
+
+
+def header(key: str) -> str:
+    return f"{registry.names()[0]} vs {FD}" if key == FD else key.replace("-", " vs ")
+
+
 def format_report(report: Report) -> str:
     first = report.first_failure
+    keys = columns(report)
+    widths = [max(14, len(header(key))) for key in keys]
     names = {"stage": lambda row: row.name, "gradient": lambda row: f"grad {row.name}", "trajectory": lambda row: row.name}
     width = max(len(names[row.section](row)) for row in report.rows)
-    header = f"| {'compared':<{width}} | " + " | ".join(f"{HEADERS[pair]:>14}" for pair in PAIRS) + " | tolerance | result |"
-    lines = [report.title, "", header, "|" + "-" * (width + 2) + "|" + "|".join(["-" * 15 + ":"] * 3) + "|----------:|--------|"]
+    head = f"| {'compared':<{width}} | " + " | ".join(f"{header(key):>{w}}" for key, w in zip(keys, widths)) + " | tolerance | result |"
+    rule = "|" + "-" * (width + 2) + "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|----------:|--------|"
+    lines = [report.title, "", head, rule]
     section = None
     for row in report.rows:
         if row.section != section and section is not None:
-            lines.append(f"| {'':<{width}} | " + " | ".join(" " * 14 for _ in PAIRS) + " |           |        |")
+            lines.append(f"| {'':<{width}} | " + " | ".join(" " * w for w in widths) + " |           |        |")
         section = row.section
-        cells = " | ".join(f"{'—' if row.diffs[pair] is None else f'{row.diffs[pair]:.2e}':>14}" for pair in PAIRS)
+        cells = " | ".join(f"{_cell(row.diffs.get(key)):>{w}}" for key, w in zip(keys, widths))
         result = "PASS" if row.passed else "FAIL"
         marker = "  <- the implementations part here" if row is first else ""
         lines.append(f"| {names[row.section](row):<{width}} | {cells} | {row.tol:>9.0e} | {result}   |{marker}")
@@ -160,13 +195,17 @@ def format_report(report: Report) -> str:
     notes = sorted({row.note for row in report.rows if row.note})
     lines += [f"note: {note}" for note in notes]
     if first is None:
-        lines.append(f"PASS: all {len(report.rows)} comparisons within DESIGN.md tolerances")
+        lines.append(f"PASS: all {len(report.rows)} comparisons within the tolerances of docs/DESIGN.md")
     else:
         pair = first.failing_pair()
         failures = sum(not row.passed for row in report.rows)
-        lines.append(f"FAIL: first difference at {first.section} '{first.name}': {HEADERS[pair]} "
+        lines.append(f"FAIL: first difference at {first.section} '{first.name}': {header(pair)} "
                      f"{first.diffs[pair]:.2e} > {first.tol:.0e} ({failures} of {len(report.rows)} comparisons fail)")
     return "\n".join(lines)
+
+
+def _cell(diff: float | None) -> str:
+    return "—" if diff is None else f"{diff:.2e}"
 
 
 def configure_accelerators() -> list[str]:

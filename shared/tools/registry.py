@@ -41,7 +41,7 @@ REGISTRY: dict[str, Backend] = {
     for backend in (
         Backend("numpy", "numpy_ref", frozenset()),
         Backend("torch", "torch_impl", frozenset({"layers", "grads", "train", "fused"})),
-        Backend("jax", "jax_impl", frozenset({"layers", "grads", "train", "fused"})),
+        Backend("jax", "jax_impl", frozenset({"layers", "grads", "train", "fused", "jit"})),
     )
 }
 
