@@ -93,8 +93,8 @@ def from_exchange(arrays: dict, config: ModelConfig) -> TinyLM:
 
 def _empty(config: ModelConfig, dtype: str) -> TinyLM:
     """A TinyLM with zero parameters for from_exchange to fill, built without running the random
-    initializers whose draws would only be overwritten (compiling them was 1.3 s of the 4.2 s JAX
-    demo): nnx.eval_shape gives the structure, and what is not a parameter (the causal mask) comes
+    initializers whose draws would only be overwritten (compiling them was a large share of the JAX
+    demo's start-up, see benchmarks/RESULTS.md): nnx.eval_shape gives the structure, and what is not a parameter (the causal mask) comes
     from the real constructor, compiled with the initializers cut away, once per config."""
     graphdef, params, rest = nnx.split(nnx.eval_shape(lambda: TinyLM(config, dtype=dtype, rngs=nnx.Rngs(0))), nnx.Param, ...)
     params = jax.tree.map(lambda leaf: jnp.asarray(np.zeros(leaf.shape, leaf.dtype)), params)

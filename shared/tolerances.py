@@ -1,4 +1,4 @@
-"""DESIGN.md's parity tolerances (max absolute difference) and the one way they are checked."""
+"""docs/DESIGN.md's parity tolerances (max absolute difference) and the one way they are checked."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """attn_impl="fused" (F.scaled_dot_product_attention / jax.nn.dot_product_attention) against
-the explicit path and numpy_ref, at DESIGN.md's tolerances: outputs, logits and gradients, with
+the explicit path and numpy_ref, at docs/DESIGN.md's tolerances: outputs, logits and gradients, with
 and without extra masks, including query rows that may attend to nothing."""
 
 import dataclasses

@@ -55,7 +55,7 @@ def train(model_config: ModelConfig, train_config: TrainConfig, init="shared", o
 
     # 2. optimizer: Adam with TrainConfig's lr, betas and eps
     # (torch: handed the parameters, it keeps their moments and updates them in place;
-    # fused=True updates them all in one kernel: ~12% more steps/s than the default loop on CPU)
+    # fused=True updates them all in one kernel instead of a loop over parameters: see benchmarks/RESULTS.md)
     optimizer = torch.optim.Adam(model.parameters(), lr=train_config.lr, betas=train_config.betas, eps=train_config.eps,
                                  fused=True)
     if resume is not None:
