@@ -24,11 +24,23 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mhsa",
         description="Causal multi-head self-attention in PyTorch and JAX/Flax NNX, with a NumPy reference.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
         subparser = subparsers.add_parser(name, help=help_text, description=help_text)
         subparser.set_defaults(module_name=module_name)
     return parser
+
+
+def version() -> str:
+    """The installed package's version (pyproject.toml), without importing any framework."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("mhsa-parity")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "(not installed)"
 
 
 def main(argv: list[str] | None = None) -> int:
