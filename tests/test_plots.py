@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
-from shared.tools.plots import heads_figure, save_figure, training_figure
+from shared.tools.plots import MASKED_RGBA, heads_figure, save_figure, training_figure
 from tests.samples import causal_weights
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -57,7 +57,7 @@ def test_heads_figure_has_one_titled_panel_per_head_and_one_colour_bar(H):
     for ax in panels:
         assert ax.get_xlabel() == "key position"
         assert ax.get_ylabel() == "query position"
-        (image,) = ax.get_images()
+        image, _ = ax.get_images()  # the weights, then the white cover of masked cells
         assert image.get_clim() == (0.0, 1.0)  # one fixed range: heads are comparable
         assert image.get_array().shape == (T, T)
     assert len(colorbar_axes(fig)) == 1
@@ -67,16 +67,41 @@ def test_heads_figure_has_one_titled_panel_per_head_and_one_colour_bar(H):
     assert columns == min(H, 4)
 
 
-def test_masked_cells_get_the_lowest_colour():
+def test_masked_cells_are_white_and_a_learned_zero_is_not():
     weights = causal_weights(2, 5, seed=0)
+    weights[:, 3, 1] = 0.0  # an allowed key that got weight exactly 0
     fig = heads_figure(weights)
     for ax, head in zip(head_axes(fig), weights):
-        (image,) = ax.get_images()
-        upper = np.triu_indices(5, k=1)
-        lowest = image.cmap(0.0)
-        colours = image.to_rgba(image.get_array())[upper]  # (n, 4)
-        assert np.allclose(colours, lowest)
+        image, overlay = ax.get_images()
         np.testing.assert_array_equal(image.get_array(), head)
+        cover = overlay.get_array()  # (T, T, 4) RGBA over the weights
+        upper = np.triu_indices(5, k=1)
+        assert np.allclose(cover[upper], MASKED_RGBA)  # every later key: white, opaque
+        assert (cover[np.tril_indices(5)][:, 3] == 0).all()  # allowed cells: transparent
+        assert not np.allclose(image.cmap(0.0), MASKED_RGBA)  # weight 0 keeps its own colour
+    assert "white: masked" in fig._supxlabel.get_text()
+
+
+def test_an_extra_mask_is_drawn_as_masked_too():
+    weights = causal_weights(1, 4, seed=0)
+    allowed = np.tril(np.ones((4, 4), dtype=bool))
+    allowed[2, 0] = False
+    (ax,) = head_axes(heads_figure(weights, allowed=allowed))
+    _, overlay = ax.get_images()
+    assert np.allclose(overlay.get_array()[2, 0], MASKED_RGBA)
+    with pytest.raises(ValueError, match=r"allowed of shape \(3, 3\) does not broadcast to the weights' \(1, 4, 4\)"):
+        heads_figure(weights, allowed=np.ones((3, 3), dtype=bool))
+
+
+def test_a_resumed_run_keeps_its_real_epochs_and_steps():
+    fig = training_figure(fake_losses(2 * 7), steps_per_epoch=7, weights=causal_weights(1, 3, seed=2), first_step=7)
+    ax = loss_axes(fig)
+    (curve,) = [line for line in ax.get_lines() if line.get_linestyle() == "-"]
+    np.testing.assert_array_equal(curve.get_xdata(), np.arange(7, 21))  # steps 7..20, as the text says
+    assert [text.get_text() for text in ax.texts] == ["epoch 2", "epoch 3"]
+    assert [line.get_xdata()[0] for line in ax.get_lines() if line.get_linestyle() == "--"] == [13.5]
+    with pytest.raises(ValueError, match="first_step must be a non-negative multiple of steps_per_epoch=7, got 3"):
+        training_figure(fake_losses(7), 7, causal_weights(1, 3, seed=2), first_step=3)
 
 
 def test_ticks_are_positions_and_token_ids_are_listed_once():
@@ -86,9 +111,9 @@ def test_ticks_are_positions_and_token_ids_are_listed_once():
     for ax in head_axes(fig):
         assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "1", "2", "3", "4"]
         assert [t.get_text() for t in ax.get_yticklabels()] == ["0", "1", "2", "3", "4"]
-    assert fig._supxlabel.get_text() == "input token ids by position: 7 3 9 41 2"
+    assert fig._supxlabel.get_text().startswith("input token ids by position: 7 3 9 41 2 · ")
     plain = heads_figure(causal_weights(3, 5, seed=1))
-    assert plain._supxlabel is None
+    assert "token ids" not in plain._supxlabel.get_text()
 
 
 def test_training_figure_inspected_before_saving(tmp_path):
@@ -101,10 +126,10 @@ def test_training_figure_inspected_before_saving(tmp_path):
     assert ax.get_xlabel() == "step"
     (curve,) = [line for line in ax.get_lines() if line.get_linestyle() == "-"]
     np.testing.assert_allclose(curve.get_ydata(), losses)
-    np.testing.assert_array_equal(curve.get_xdata(), np.arange(1, 22))
-    # one dashed line between each pair of epochs: after steps 7 and 14
+    np.testing.assert_array_equal(curve.get_xdata(), np.arange(0, 21))  # counted from 0, as the text output
+    # one dashed line between each pair of epochs: after steps 6 and 13
     boundaries = [line.get_xdata()[0] for line in ax.get_lines() if line.get_linestyle() == "--"]
-    assert boundaries == [7.5, 14.5]
+    assert boundaries == [6.5, 13.5]
     assert [text.get_text() for text in ax.texts] == ["epoch 1", "epoch 2", "epoch 3"]
     assert [a.get_title() for a in head_axes(fig)] == ["head 0", "head 1", "head 2", "head 3"]
     assert len(colorbar_axes(fig)) == 1
@@ -132,7 +157,7 @@ def test_many_epochs_thin_their_labels_and_lines():
     lines = [line.get_xdata()[0] for line in ax.get_lines() if line.get_linestyle() == "--"]
     assert 1 < len(lines) <= 50
     # each line sits on the boundary just before a labeled epoch
-    assert [f"epoch {int(x - 0.5) // 4 + 1}" for x in lines] == labels[1:]
+    assert [f"epoch {int(x + 0.5) // 4 + 1}" for x in lines] == labels[1:]
 
 
 def test_non_finite_losses_are_named_not_hidden():
@@ -141,7 +166,7 @@ def test_non_finite_losses_are_named_not_hidden():
     fig = training_figure(losses, 5, causal_weights(2, 4, seed=4))
     ax = loss_axes(fig)
     note = ax.get_title(loc="right")
-    assert "loss nan at step 7" in note and "4 step(s)" in note
+    assert "loss nan at step 6" in note and "4 step(s)" in note
 
 
 def test_save_figure_writes_a_png_of_the_figure_size(tmp_path):
