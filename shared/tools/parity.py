@@ -152,14 +152,22 @@ def trajectory_rows(config, dtype, seed, epochs) -> list[Row]:
     return rows
 
 
-def build_report(config: ModelConfig, dtype="float32", seed=0, mask=None, epochs=3, samples=6, adapters=None) -> Report:
+def build_report(config: ModelConfig, dtype="float32", seed=0, mask=None, epochs=3, samples=6, adapters=None,
+                 progress=None) -> Report:
+    """Every section of the report in order. progress(index, total, section), if given, is
+    called as each section starts (`mhsa parity` shows it on stderr in a terminal)."""
     title = (f"mhsa parity · {dtype} · seed {seed} · vocab_size={config.vocab_size} d_model={config.d_model} "
              f"n_heads={config.n_heads} max_len={config.max_len} bias={config.bias} · "
              f"{'padding mask (B, 1, 1, T) and causal' if mask is not None else 'causal mask only'}")
-    report = Report(title)
-    report.rows += stage_and_gradient_rows(config, dtype, seed, mask=mask, samples=samples, adapters=adapters)
+    sections = [("stages and gradients", lambda: stage_and_gradient_rows(config, dtype, seed, mask=mask, samples=samples,
+                                                                          adapters=adapters))]
     if epochs > 0:
-        report.rows += trajectory_rows(config, dtype, seed, epochs)
+        sections.append((f"trajectories ({epochs} epochs per trainer)", lambda: trajectory_rows(config, dtype, seed, epochs)))
+    report = Report(title)
+    for index, (section, rows) in enumerate(sections):
+        if progress is not None:
+            progress(index, len(sections), section)
+        report.rows += rows()
     return report
 
 
