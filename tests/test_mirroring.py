@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.tools.side_by_side import SECTION_RE
+from shared.tools.diff.sections import SECTION_RE
 
 ROOT = Path(__file__).resolve().parent.parent
 NAMES = ("attention", "model", "train")
