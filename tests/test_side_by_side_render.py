@@ -12,6 +12,7 @@ from shared.tools.diff.render_text import CONTINUED, Piece, cell_width, wrap
 from tests.side_by_side_fixtures import ANSI, FLAX, TORCH, lines
 
 NAMES = ("torch_impl/attention.py", "jax_impl/attention.py")
+LABELS = ("pytorch", "flax")  # what the summary, the legend and the badges call the sides
 
 
 def test_wrap_keeps_every_character_and_marks_the_cut():
@@ -55,7 +56,7 @@ def test_a_name_wider_than_the_column_is_still_cut_and_kept():
 
 def test_continuation_lines_are_marked_and_hang_at_the_indent():
     rows = rows_of(lines(TORCH), lines(FLAX))
-    out = render_text.render_plain(rows, 100, *NAMES, labels=("torch", "jax"))
+    out = render_text.render_plain(rows, 100, *NAMES, labels=LABELS)
     nw, cw = render_text.columns(rows, 100)
     line = next(line for line in out.splitlines() if "self.register_buffer(" in line)
     after = out.splitlines()[out.splitlines().index(line) + 1]
@@ -64,7 +65,7 @@ def test_continuation_lines_are_marked_and_hang_at_the_indent():
     indent = len(line[nw + 1:]) - len(line[nw + 1:].lstrip())
     assert after[nw + 1:].index(CONTINUED) == indent  # hangs where the code starts
     assert "…" not in out  # nothing reads as cut off
-    assert re.search(r"\d+ torch only, \d+ jax only$", out.splitlines()[-1])  # the labels name the sides
+    assert re.search(r"\d+ pytorch only, \d+ flax only$", out.splitlines()[-1])  # the labels name the sides
 
 
 def test_colour_on_a_terminal():
@@ -89,9 +90,9 @@ def test_colour_wraps_like_plain_text():
     rows = rows_of(lines(TORCH), lines(FLAX))
     buffer = StringIO()
     console = Console(file=buffer, force_terminal=True, color_system="truecolor", width=100)
-    render_rich.render_rich(rows, console, 100, *NAMES, lines(TORCH), lines(FLAX), labels=("torch", "jax"))
+    render_rich.render_rich(rows, console, 100, *NAMES, lines(TORCH), lines(FLAX), labels=LABELS)
     plain = re.sub(r"\x1b\[[0-9;]*m", "", buffer.getvalue())
-    text = render_text.render_plain(rows, 100, *NAMES, labels=("torch", "jax"))
+    text = render_text.render_plain(rows, 100, *NAMES, labels=LABELS)
     strip = [line.rstrip().replace("│", "|") for line in plain.splitlines()]
     assert strip == text.splitlines()  # the same screen lines, colour aside
 
@@ -102,7 +103,7 @@ def test_html_line_marks_the_differing_characters():
 
 
 def test_html_page_names_the_sides_by_their_labels():
-    page = render_html.render_html(lines(TORCH), lines(FLAX), *NAMES, labels=("torch", "jax"))
-    assert '<span class="left-only">torch only</span><span class="right-only">jax only</span>' in page
+    page = render_html.render_html(lines(TORCH), lines(FLAX), *NAMES, labels=LABELS)
+    assert '<span class="left-only">pytorch only</span><span class="right-only">flax only</span>' in page
     assert "(not in torch_impl)" in page
     assert "tr.gap td { height: 10px; }" in page  # page.css, read as package data
