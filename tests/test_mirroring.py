@@ -1,7 +1,10 @@
-"""torch_impl/X.py and jax_impl/X.py are written to be read side by side (DESIGN.md,
-Mirroring): the same section comments, the same public classes, methods, functions and
-argument names, and the same shape comments, in the same order. Read with ast and
-tokenize only, so no framework is imported; the checker is itself tested on a drifted pair."""
+"""Every backend with the "layers" capability (torch_impl, jax_impl) mirrors the first one
+file for file (DESIGN.md, Mirroring): for every X.py in any of them, each has X.py, with the
+same section comments, the same public classes, methods, functions and argument names, and
+the same shape comments, in the same order. The packages come from the registry and the
+files from disk at collection time, so a new file (or a deleted twin) is checked without
+editing this test. Read with ast and tokenize only, so no framework is imported; the checker
+is itself tested on a drifted pair."""
 
 import ast
 import difflib
@@ -13,10 +16,23 @@ from pathlib import Path
 
 import pytest
 
-from shared.tools.side_by_side import SECTION_RE
+from shared.tools import registry
+from shared.tools.diff.sections import SECTION_RE
 
 ROOT = Path(__file__).resolve().parent.parent
-NAMES = ("attention", "model", "train")
+MIRRORED = registry.names("layers")  # the first is the reference the others mirror
+PACKAGES = [registry.get(name).package for name in MIRRORED]
+
+
+def module_names(package: str) -> set[str]:
+    """X for every X.py of a package on disk (its __init__.py aside)."""
+    return {path.stem for path in (ROOT / package).glob("*.py") if path.name != "__init__.py"}
+
+
+# every file any mirrored package has, against the reference: a file missing on one side
+# is still collected (from the other side) and fails
+PAIRS = [(PACKAGES[0], other, name) for other in PACKAGES[1:]
+         for name in sorted(set().union(*(module_names(p) for p in (PACKAGES[0], other))))]
 ASPECTS = ("sections", "signatures", "shapes")
 # a trailing comment that states a shape: `# (B, H, T, d_head)`, `# 3 x (B, T, D)`
 SHAPE_RE = re.compile(r"^#\s*(?:\d+\s*x\s*)?\(.*\)")
@@ -123,49 +139,63 @@ def shape_comments(source: str) -> list[str]:
     return [text for _, text, trailing in comments(source) if trailing and SHAPE_RE.match(text)]
 
 
-def _difference(what: str, torch_items: list, jax_items: list) -> list[str]:
+def _difference(what: str, torch_items: list, jax_items: list, names: tuple[str, str]) -> list[str]:
     if torch_items == jax_items:
         return []
     lines = difflib.unified_diff([str(i) for i in torch_items], [str(i) for i in jax_items],
-                                 "torch_impl", "jax_impl", lineterm="", n=1)
+                                 *names, lineterm="", n=1)
     return [f"{what} differ:"] + [f"    {line}" for line in lines]
 
 
-def mirror_problems(torch_source: str, jax_source: str, aspects=ASPECTS) -> list[str]:
-    """Every way the jax file drifts from the torch file; empty when they mirror."""
+def mirror_problems(torch_source: str, jax_source: str, aspects=ASPECTS,
+                    names: tuple[str, str] = tuple(PACKAGES[:2])) -> list[str]:
+    """Every way the jax file drifts from the torch file; empty when they mirror. `names`
+    (the two packages) name the sides in the messages."""
+    left, right = names
     problems = []
     if "sections" in aspects:
-        problems += _difference("section comments", section_comments(torch_source), section_comments(jax_source))
+        problems += _difference("section comments", section_comments(torch_source), section_comments(jax_source),
+                                names)
     if "signatures" in aspects:
         torch_outline, jax_outline = outline(torch_source), outline(jax_source, jax=True)
         torch_names, jax_names = dict(torch_outline), dict(jax_outline)
         for name, args in torch_outline:
             if name not in jax_names:
-                problems.append(f"{name} is in torch_impl only")
+                problems.append(f"{name} is in {left} only")
             elif KNOWN_SIGNATURES.get(name, (None, None))[:2] == (args, jax_names[name]):
                 continue
             elif jax_names[name] != args:
-                problems.append(f"{name} takes ({', '.join(args)}) in torch_impl "
-                                f"but ({', '.join(jax_names[name])}) in jax_impl")
-        problems += [f"{name} is in jax_impl only" for name, _ in jax_outline
+                problems.append(f"{name} takes ({', '.join(args)}) in {left} "
+                                f"but ({', '.join(jax_names[name])}) in {right}")
+        problems += [f"{name} is in {right} only" for name, _ in jax_outline
                      if name not in torch_names and name not in JAX_ONLY_FUNCTIONS]
         common = [name for name, _ in torch_outline if name in jax_names]
         problems += _difference("the order of classes and functions", common,
-                                [name for name, _ in jax_outline if name in torch_names])
+                                [name for name, _ in jax_outline if name in torch_names], names)
     if "shapes" in aspects:
-        problems += _difference("shape comments", shape_comments(torch_source), shape_comments(jax_source))
+        problems += _difference("shape comments", shape_comments(torch_source), shape_comments(jax_source), names)
     return problems
 
 
+def test_there_is_something_to_mirror():
+    # the parametrizations below come from the registry and the disk: neither may be empty
+    assert len(MIRRORED) >= 2, f"registry.names('layers') = {MIRRORED}: nothing mirrors anything"
+    for package in PACKAGES:
+        assert {"attention", "model"} <= module_names(package), f"{package} lacks attention.py or model.py"
+    assert {name for _, _, name in PAIRS} >= {"attention", "model"}
+
+
 @pytest.mark.parametrize("aspect", ASPECTS)
-@pytest.mark.parametrize("name", NAMES)
-def test_jax_mirrors_torch(name, aspect):
-    paths = [ROOT / folder / f"{name}.py" for folder in ("torch_impl", "jax_impl")]
+@pytest.mark.parametrize("reference, other, name", PAIRS, ids=[f"{o}-{n}" for _, o, n in PAIRS])
+def test_each_backend_mirrors_the_reference(reference, other, name, aspect):
+    paths = [ROOT / package / f"{name}.py" for package in (reference, other)]
     missing = [str(path.relative_to(ROOT)) for path in paths if not path.exists()]
-    if missing:
-        pytest.skip(f"{' and '.join(missing)} not written yet")
-    problems = mirror_problems(*(path.read_text(encoding="utf-8") for path in paths), aspects=(aspect,))
-    assert not problems, (f"torch_impl/{name}.py and jax_impl/{name}.py have drifted apart "
+    assert not missing, (f"{' and '.join(missing)} missing: {reference}/{name}.py and {other}/{name}.py "
+                         "mirror each other file for file (write the twin, or remove both)")
+    sources = [path.read_text(encoding="utf-8") for path in paths]
+    assert outline(sources[0]), f"{reference}/{name}.py has no public class or function to mirror"
+    problems = mirror_problems(*sources, aspects=(aspect,), names=(reference, other))
+    assert not problems, (f"{reference}/{name}.py and {other}/{name}.py have drifted apart "
                           f"(see `mhsa diff {name}`):\n" + "\n".join(problems))
 
 

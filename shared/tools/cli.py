@@ -11,7 +11,7 @@ import sys
 COMMANDS = {
     "demo": ("shared.tools.demo", "train the default copy task with every backend and show a head"),
     "train": ("shared.tools.train_cli", "train the copy-task model with one backend (--backend torch|jax)"),
-    "diff": ("shared.tools.side_by_side", "show torch_impl and jax_impl side by side, aligned step by step"),
+    "diff": ("shared.tools.diff.command", "show one file of two backends side by side (--left, --right), aligned step by step"),
     "heads": ("shared.tools.heads", "show every attention head of a saved model (text, and an image with --plot)"),
     "parity": ("shared.tools.parity", "prove numpy_ref, torch_impl and jax_impl agree: every stage, gradient and step"),
     "compare": ("shared.tools.compare", "compare the per-step losses of two --history files"),
