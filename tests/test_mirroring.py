@@ -16,7 +16,7 @@ import pytest
 from shared.tools.side_by_side import SECTION_RE
 
 ROOT = Path(__file__).resolve().parent.parent
-NAMES = ("attention", "model", "train")
+NAMES = ("attention", "model", "train", "generate")
 ASPECTS = ("sections", "signatures", "shapes")
 # a trailing comment that states a shape: `# (B, H, T, d_head)`, `# 3 x (B, T, D)`
 SHAPE_RE = re.compile(r"^#\s*(?:\d+\s*x\s*)?\(.*\)")
