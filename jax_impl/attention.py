@@ -93,8 +93,7 @@ class MultiHeadSelfAttention(nnx.Module):
         record(trace, "scores", scores)
 
         # 5. mask: no query may see a later key
-        # (a chunk at offset p takes rows p..p+T-1 of the full mask: bottom-right aligned, not [:T, :T])
-        allowed = jax.lax.dynamic_slice_in_dim(self.causal_mask[...], start, T)[:, :S]  # (T, S)
+        allowed = self._causal_rows(start, T, S)  # (T, S)
         if mask is not None:
             allowed = allowed & mask  # (B, H, T, S) or broadcastable
         scores = jnp.where(allowed, scores, -jnp.inf)
@@ -119,6 +118,13 @@ class MultiHeadSelfAttention(nnx.Module):
         record(trace, "attn_out", out)
         return (out, weights) if return_weights else out
 
+    def _causal_rows(self, start, T, S):
+        """The causal mask of a chunk of T queries at positions start..start+T-1 over S keys:
+        rows start..start+T-1 of the full (max_len, max_len) mask, bottom-right aligned. Without
+        a cache (start 0, S = T) the top-left (T, T); with one, never that corner. start may be
+        traced, so the rows are a dynamic slice (a Python slice needs concrete bounds)."""
+        return jax.lax.dynamic_slice_in_dim(self.causal_mask[...], start, T)[:, :S]  # (T, S)
+
     def _fused_attention(self, q, k, v, mask, start):
         """Steps 4 to 8 in one call of the framework's kernel: q (B, H, T, d_head) and k, v
         (B, H, S, d_head) -> (B, T, D), for the chunk of queries at positions start..start+T-1.
@@ -137,7 +143,7 @@ class MultiHeadSelfAttention(nnx.Module):
         if mask is None and S == T:
             context = jax.nn.dot_product_attention(q, k, v, is_causal=True)  # (B, T, H, d_head)
             return context.reshape(B, T, H * d_head)  # (B, T, D)
-        allowed = jax.lax.dynamic_slice_in_dim(self.causal_mask[...], start, T)[:, :S]  # (T, S)
+        allowed = self._causal_rows(start, T, S)  # (T, S)
         if mask is not None:
             allowed = allowed & mask  # (B, H, T, S) or broadcastable
         context = jax.nn.dot_product_attention(q, k, v, mask=allowed)  # (B, T, H, d_head)

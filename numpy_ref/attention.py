@@ -21,6 +21,13 @@ def causal_mask(T: int) -> np.ndarray:
     return np.tril(np.ones((T, T), dtype=bool))
 
 
+def causal_rows(start: int, T: int, S: int) -> np.ndarray:
+    """The causal mask of a chunk of T queries at positions start..start+T-1 over S keys:
+    rows start..start+T-1 of the full mask, bottom-right aligned. Without a cache (start 0,
+    S = T) the top-left (T, T); with one, never that corner."""
+    return causal_mask(S)[start : start + T]  # (T, S)
+
+
 def split_heads(x: np.ndarray, n_heads: int) -> np.ndarray:
     """(B, T, D) -> (B, H, T, d_head)."""
     B, T, D = x.shape
@@ -87,8 +94,7 @@ def attention(x, params, n_heads, mask=None, return_weights=False, trace=None, c
     record(trace, "scores", scores)
 
     # 5. mask: no query may see a later key
-    # (a chunk at offset p takes rows p..p+T-1 of the full mask: bottom-right aligned, not [:T, :T])
-    allowed = causal_mask(S)[start : start + T]  # (T, S)
+    allowed = causal_rows(start, T, S)  # (T, S)
     if mask is not None:
         allowed = allowed & mask  # (B, H, T, S) or broadcastable
     scores = np.where(allowed, scores, -np.inf)

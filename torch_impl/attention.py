@@ -86,8 +86,7 @@ class MultiHeadSelfAttention(nn.Module):
         record(trace, "scores", scores)
 
         # 5. mask: no query may see a later key
-        # (a chunk at offset p takes rows p..p+T-1 of the full mask: bottom-right aligned, not [:T, :T])
-        allowed = self.causal_mask[start : start + T, :S]  # (T, S)
+        allowed = self._causal_rows(start, T, S)  # (T, S)
         if mask is not None:
             allowed = allowed & mask  # (B, H, T, S) or broadcastable
         if trace is not None:
@@ -115,6 +114,12 @@ class MultiHeadSelfAttention(nn.Module):
         record(trace, "attn_out", out)
         return (out, weights) if return_weights else out
 
+    def _causal_rows(self, start, T, S):
+        """The causal mask of a chunk of T queries at positions start..start+T-1 over S keys:
+        rows start..start+T-1 of the full (max_len, max_len) mask, bottom-right aligned. Without
+        a cache (start 0, S = T) the top-left (T, T); with one, never that corner."""
+        return self.causal_mask[start : start + T, :S]  # (T, S)
+
     def _fused_attention(self, q, k, v, mask, start):
         """Steps 4 to 8 in one call of the framework's kernel: q (B, H, T, d_head) and k, v
         (B, H, S, d_head) -> (B, T, D), for the chunk of queries at positions start..start+T-1.
@@ -131,7 +136,7 @@ class MultiHeadSelfAttention(nn.Module):
         if mask is None and S == T:
             context = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)  # (B, T, H, d_head)
             return context.reshape(B, T, H * d_head)  # (B, T, D)
-        allowed = self.causal_mask[start : start + T, :S]  # (T, S)
+        allowed = self._causal_rows(start, T, S)  # (T, S)
         if mask is not None:
             allowed = allowed & mask  # (B, H, T, S) or broadcastable
         context = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed).transpose(1, 2)  # (B, T, H, d_head)
