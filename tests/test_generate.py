@@ -206,3 +206,22 @@ def test_a_wrong_cache_is_refused_before_any_work(name):
         module.step(model, tokens, cache)
     k, _ = module.cache_arrays(cache)
     assert k.shape[2] == 6  # the refused chunk wrote nothing
+
+
+def test_the_generate_command_prints_the_tokens_and_the_last_tokens_attention(tmp_path, capsys):
+    from shared import weights
+    from shared.tools.cli import main
+
+    path = tmp_path / "run.safetensors"
+    weights.save(path, init_weights(SMALL, 10), SMALL)
+    expected = registry.get(GENERATORS[0]).module("generate").generate(
+        registry.get(GENERATORS[0]).model.from_exchange(init_weights(SMALL, 10), SMALL), np.array([[4, 4]]), 3)
+    for extra in ([], ["--no-cache"]):
+        assert main(["generate", "--backend", GENERATORS[-1], "--load", str(path), "--prompt", "4,4", "--max-new-tokens", "3",
+                     "--heatmap-head", "2", *extra]) == 0
+        out = capsys.readouterr().out
+        assert f"tokens:    {','.join(map(str, expected[0]))}\n" in out
+        assert "head 2: attention of the last token (position 4) over the context" in out
+        assert len([line for line in out.splitlines() if re.match(r"^\s+\d+\s+\d+\s+\d\.\d{3}", line)]) == 5
+    assert main(["generate", "--load", str(path), "--prompt", "4,4", "--max-new-tokens", "6"]) == 2
+    assert "prompt of 2 tokens plus max_new_tokens=6 is 8 positions, longer than max_len=7" in capsys.readouterr().err
