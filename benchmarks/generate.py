@@ -65,6 +65,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes and few runs: seconds, checks that it runs")
     parser.add_argument("--repeats", type=int, help="runs per median (default 7, 3 with --quick)")
+    parser.add_argument("--torch-threads", type=int, default=1,
+                        help="torch intra-op threads (default 1: on a busy 2-core machine a second thread made "
+                             "the cached step 30x slower, waiting for scheduler ticks at every small op)")
     args = parser.parse_args(argv)
     repeats = args.repeats or (3 if args.quick else 7)
     lengths, sizes = (QUICK_LENGTHS, QUICK_SIZES) if args.quick else (LENGTHS, SIZES)
@@ -73,7 +76,9 @@ def main(argv=None) -> int:
     from shared.tools import registry
 
     frameworks = [name for name in registry.names("generate") if name in registry.names("layers")]
-    with bench_common.torch_threads(1 if args.quick else None):
+    import torch  # noqa: F401  (imported first, so that the header names its thread count)
+
+    with bench_common.torch_threads(args.torch_threads):
         print(bench_common.header("Generation with and without the KV cache" + (" (--quick: too small to mean anything)"
                                                                                if args.quick else ""), shown))
         seconds = {}

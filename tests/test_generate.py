@@ -136,6 +136,17 @@ def test_a_planted_top_left_mask_is_named_by_the_decode_rows(monkeypatch):
             assert row.passed, f"{row.name} fails although only {planted} was planted"
 
 
+def test_a_fused_decode_step_given_the_top_left_mask_is_named_by_its_row(monkeypatch):
+    # the fused kernel's own mask: is_causal, or rows 0..t-1, on a one-token step at p > 0
+    planted = names("fused")[0]
+    block = registry.get(planted).module("attention").MultiHeadSelfAttention
+    fused = block._fused_attention
+    monkeypatch.setattr(block, "_fused_attention", lambda self, q, k, v, mask, start: fused(self, q, k, v, mask, 0))
+    failed = [row for row in decode_rows(SMALL, "float32", seed=8, prompt_len=PROMPT, names=[planted]) if not row.passed]
+    assert [row.name for row in failed] == [f"{planted} fused: cached logits vs explicit full forward, 5 steps"]
+    assert failed[0].note.startswith(f"decode: {planted} fused parts from its full forward at step 1 ")
+
+
 def test_a_trained_copy_model_continues_the_prompt_with_its_token():
     trainer = registry.get(names("train")[0]).train
     config = ModelConfig()
@@ -217,7 +228,7 @@ def test_the_generate_command_prints_the_tokens_and_the_last_tokens_attention(tm
     expected = registry.get(GENERATORS[0]).module("generate").generate(
         registry.get(GENERATORS[0]).model.from_exchange(init_weights(SMALL, 10), SMALL), np.array([[4, 4]]), 3)
     for extra in ([], ["--no-cache"]):
-        assert main(["generate", "--backend", GENERATORS[-1], "--load", str(path), "--prompt", "4,4", "--max-new-tokens", "3",
+        assert main(["generate", "--backend", GENERATORS[0], "--load", str(path), "--prompt", "4,4", "--max-new-tokens", "3",
                      "--heatmap-head", "2", *extra]) == 0
         out = capsys.readouterr().out
         assert f"tokens:    {','.join(map(str, expected[0]))}\n" in out

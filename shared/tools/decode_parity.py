@@ -59,12 +59,14 @@ def _one_backend(name: str, value: float) -> dict:
     return {pair: value if name in pair.split("-") else None for pair in PAIRS}
 
 
-def decode_rows(config: ModelConfig, dtype: str = "float32", seed: int = 0, prompt_len: int | None = None) -> list[Row]:
+def decode_rows(config: ModelConfig, dtype: str = "float32", seed: int = 0, prompt_len: int | None = None,
+                names: list[str] | None = None) -> list[Row]:
     """The decode section: rows of shared.tools.parity.Row, section "decode".
 
     prompt_len defaults to half the context; the steps run until max_len positions are filled.
+    names: the backends to run (default: every one with "generate").
     """
-    names = registry.names("generate")
+    names = names or registry.names("generate")
     prompt_len = prompt_len or max(1, config.max_len // 2)
     arrays = init_weights(config, seed, dtype)
     tokens, _ = inputs(config, seed)  # (B, max_len): the same sequence for every backend
@@ -112,9 +114,7 @@ def decode_rows(config: ModelConfig, dtype: str = "float32", seed: int = 0, prom
 
     # the fused kernel on the decode step: the offset mask goes in explicitly
     fused_config = dataclasses.replace(config, attn_impl="fused")
-    for name in registry.names("fused"):
-        if name not in names:
-            continue
+    for name in [name for name in registry.names("fused") if name in names]:
         run = decode_run(name, arrays, fused_config, tokens, prompt_len)
         explicit = runs[name]["full"]
         worst, at = _worst(zip(run["cached"], explicit), stage)
