@@ -28,6 +28,12 @@ class MultiHeadSelfAttention(nnx.Module):
     attn_impl="fused" runs steps 4 to 8 as one call of the framework's attention kernel
     whenever neither the weights nor a trace are asked for; "explicit" always runs them one by one.
     float64 always runs explicitly: the kernel computes its softmax in float32.
+
+    With a KV cache (jax_impl.generate.KVCache) x is a chunk of T new positions p..p+T-1,
+    p = cache.length: its K and V are written into the cache, its queries attend to all max_len
+    slots of the cache through rows p..p+T-1 of the causal mask (bottom-right aligned; slots
+    after p+T-1 are masked), so keys and weights have max_len columns instead of T. p may be a
+    traced value: the shapes depend on max_len only, so one compiled decode step serves every p.
     """
 
     def __init__(self, d_model, n_heads, max_len, bias=True, *, dtype="float32", attn_impl="explicit", rngs: nnx.Rngs):
@@ -45,16 +51,21 @@ class MultiHeadSelfAttention(nnx.Module):
         # True = may attend: on and below the diagonal
         self.causal_mask = CausalMask(jnp.tril(jnp.ones((max_len, max_len), dtype=bool)))
 
-    def __call__(self, x, mask=None, return_weights=False, trace=None):
-        """x (B, T, D); mask optional bool, True = may attend, broadcastable to (B, H, T, T).
+    def __call__(self, x, mask=None, return_weights=False, trace=None, cache=None):
+        """x (B, T, D); mask optional bool, True = may attend, broadcastable to (B, H, T, S);
+        cache optional KVCache of the positions before x. S = T without a cache, max_len with one.
 
-        Returns out (B, T, D), or (out, weights (B, H, T, T)) with return_weights=True.
+        Returns out (B, T, D), or (out, weights (B, H, T, S)) with return_weights=True.
         A query row that no key may attend gets all-zero weights.
         """
         checks.check_input(tuple(x.shape), str(x.dtype), self.d_model, self.max_len)
         B, T, D = x.shape
+        start = 0 if cache is None else cache.length[...]  # p: the positions already in the cache
+        if cache is not None:
+            checks.check_cache(B, str(x.dtype), cache.k.shape[0], str(cache.k.dtype), _concrete(start), T, self.max_len)
+        S = T if cache is None else self.max_len  # keys: this chunk's, or every slot of the cache
         if mask is not None:
-            checks.check_mask(tuple(mask.shape), str(mask.dtype), (B, self.n_heads, T, T))
+            checks.check_mask(tuple(mask.shape), str(mask.dtype), (B, self.n_heads, T, S))
 
         # 1. project: one matmul makes Q, K and V
         qkv = self.qkv_proj(x)  # (B, T, 3D)
@@ -64,32 +75,31 @@ class MultiHeadSelfAttention(nnx.Module):
         q, k, v = jnp.split(qkv, 3, axis=-1)  # 3 x (B, T, D)
 
         # 3. reshape into heads
-        q = q.reshape(B, T, self.n_heads, self.d_head)  # (B, T, H, d_head)
-        k = k.reshape(B, T, self.n_heads, self.d_head)  # (B, T, H, d_head)
-        v = v.reshape(B, T, self.n_heads, self.d_head)  # (B, T, H, d_head)
-        fused = self.attn_impl == "fused" and not return_weights and trace is None
-        # jax.nn.dot_product_attention always takes its softmax in float32 (3e-8 off in float64)
-        fused = fused and x.dtype != jnp.float64
-        if fused:
-            return self.out_proj(self._fused_attention(q, k, v, mask))  # (B, T, D)
-        q, k, v = q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # (B, H, T, d_head)
+        q = q.reshape(B, T, self.n_heads, self.d_head).transpose(0, 2, 1, 3)  # (B, H, T, d_head)
+        k = k.reshape(B, T, self.n_heads, self.d_head).transpose(0, 2, 1, 3)  # (B, H, T, d_head)
+        v = v.reshape(B, T, self.n_heads, self.d_head).transpose(0, 2, 1, 3)  # (B, H, T, d_head)
         record(trace, "q", q)
         record(trace, "k", k)
         record(trace, "v", v)
+        if cache is not None:  # this chunk's K and V join the cached ones in slots p..p+T-1
+            k, v = cache.update(k, v)  # (B, H, max_len, d_head)
+        # jax.nn.dot_product_attention always takes its softmax in float32 (3e-8 off in float64)
+        if self.attn_impl == "fused" and not return_weights and trace is None and x.dtype != jnp.float64:
+            return self.out_proj(self._fused_attention(q, k, v, mask, start))  # (B, T, D)
 
         # 4. score and scale: keeps the score variance independent of d_head
         q = q * (1.0 / math.sqrt(self.d_head))  # scaling Q is T / d_head times cheaper than scaling the scores
-        scores = q @ k.swapaxes(-2, -1)  # (B, H, T, T)
+        scores = q @ k.swapaxes(-2, -1)  # (B, H, T, S)
         record(trace, "scores", scores)
 
         # 5. mask: no query may see a later key
-        allowed = self.causal_mask[:T, :T]  # (T, T)
+        allowed = self._causal_rows(start, T, S)  # (T, S)
         if mask is not None:
-            allowed = allowed & mask  # (B, H, T, T) or broadcastable
+            allowed = allowed & mask  # (B, H, T, S) or broadcastable
         scores = jnp.where(allowed, scores, -jnp.inf)
 
         # 6. softmax over keys
-        weights = nnx.softmax(scores, axis=-1)  # (B, H, T, T)
+        weights = nnx.softmax(scores, axis=-1)  # (B, H, T, S)
         if mask is not None:
             # a row with no allowed key is all -inf, which softmax turns into NaN: make it 0
             weights = jnp.where(allowed.any(axis=-1, keepdims=True), weights, 0.0)
@@ -108,22 +118,34 @@ class MultiHeadSelfAttention(nnx.Module):
         record(trace, "attn_out", out)
         return (out, weights) if return_weights else out
 
-    def _fused_attention(self, q, k, v, mask):
-        """Steps 4 to 8 in one call of the framework's kernel: q, k, v (B, T, H, d_head) -> (B, T, D).
+    def _causal_rows(self, start, T, S):
+        """The causal mask of a chunk of T queries at positions start..start+T-1 over S keys:
+        rows start..start+T-1 of the full (max_len, max_len) mask, bottom-right aligned. Without
+        a cache (start 0, S = T) the top-left (T, T); with one, never that corner. start may be
+        traced, so the rows are a dynamic slice (a Python slice needs concrete bounds)."""
+        return jax.lax.dynamic_slice_in_dim(self.causal_mask[...], start, T)[:, :S]  # (T, S)
 
-        Only the causal mask: is_causal (XLA on CPU still builds the (T, T) scores; the cuDNN
-        kernel on a GPU does not). An extra mask is ANDed with the causal one exactly as in
-        step 5, and a query row with no allowed key gets a zero context, as the explicit path's
-        zero weights give.
+    def _fused_attention(self, q, k, v, mask, start):
+        """Steps 4 to 8 in one call of the framework's kernel: q (B, H, T, d_head) and k, v
+        (B, H, S, d_head) -> (B, T, D), for the chunk of queries at positions start..start+T-1.
+
+        Only the causal mask and no cache: is_causal (XLA on CPU still builds the (T, T) scores;
+        the cuDNN kernel on a GPU does not). Otherwise the mask is step 5's rows start..start+T-1
+        (is_causal with S != T would align it top-left), an extra mask is ANDed with it, and a
+        query row with no allowed key gets a zero context, as the explicit path's zero weights give.
         """
-        B, T, H, d_head = q.shape
+        B, H, T, d_head = q.shape
+        S = k.shape[2]
+        q, k, v = q.swapaxes(1, 2), k.swapaxes(1, 2), v.swapaxes(1, 2)  # jax's kernel takes positions before heads
 
         # 1. attend: score, scale, mask, softmax and weight the values in one kernel
-        # (jax.nn.dot_product_attention takes (B, T, H, d_head) as it is; its mask is (B, H, T, T))
-        if mask is None:
+        # (jax.nn.dot_product_attention takes (B, T, H, d_head); its mask is (B, H, T, S))
+        if mask is None and S == T:
             context = jax.nn.dot_product_attention(q, k, v, is_causal=True)  # (B, T, H, d_head)
             return context.reshape(B, T, H * d_head)  # (B, T, D)
-        allowed = self.causal_mask[:T, :T] & mask  # (B, H, T, T) or broadcastable
+        allowed = self._causal_rows(start, T, S)  # (T, S)
+        if mask is not None:
+            allowed = allowed & mask  # (B, H, T, S) or broadcastable
         context = jax.nn.dot_product_attention(q, k, v, mask=allowed)  # (B, T, H, d_head)
 
         # 2. a query with no allowed key gets zero context (SDPA gives 0, jax.nn.dot_product_attention the mean of V)
@@ -132,3 +154,8 @@ class MultiHeadSelfAttention(nnx.Module):
 
         # 3. merge heads
         return context.reshape(B, T, H * d_head)  # (B, T, D)
+
+
+def _concrete(value):
+    # the value of a count that is known now; None while tracing, when only its shape is
+    return None if isinstance(value, jax.core.Tracer) else int(value)

@@ -11,7 +11,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jax_impl.attention import DTYPES, MultiHeadSelfAttention
+from jax_impl.attention import DTYPES, MultiHeadSelfAttention, _concrete
 from shared import checks, weights
 from shared.config import ModelConfig
 from shared.trace import record
@@ -29,21 +29,28 @@ class TinyLM(nnx.Module):
                                            attn_impl=config.attn_impl, rngs=rngs)
         self.lm_head = nnx.Linear(config.d_model, config.vocab_size, use_bias=config.bias, **dtypes, rngs=rngs)
 
-    def __call__(self, tokens, mask=None, return_weights=False, trace=None):
-        """tokens int (B, T) -> logits (B, T, V), or (logits, weights (B, H, T, T))."""
+    def __call__(self, tokens, mask=None, return_weights=False, trace=None, cache=None):
+        """tokens int (B, T) -> logits (B, T, V), or (logits, weights (B, H, T, S)).
+
+        With a KV cache (jax_impl.generate.KVCache) the tokens sit at positions p..p+T-1,
+        p = cache.length, and the cache is extended by them; S = max_len (T without a cache)."""
         checks.check_tokens(
             tuple(tokens.shape), str(tokens.dtype), self.config.vocab_size, self.config.max_len,
             *_id_range(tokens),
         )
-        T = tokens.shape[1]
+        B, T = tokens.shape
+        start = 0 if cache is None else cache.length[...]  # p: positions continue after the cached ones
+        if cache is not None:
+            checks.check_cache(B, str(self.tok_emb.embedding.dtype), cache.k.shape[0], str(cache.k.dtype),
+                               _concrete(start), T, self.config.max_len)
 
         # 1. embed: token identity plus learned position
-        positions = jnp.arange(T)  # (T,)
+        positions = start + jnp.arange(T)  # (T,)
         x = self.tok_emb(tokens) + self.pos_emb(positions)  # (B, T, D)
         record(trace, "embed", x)
 
         # 2. attend
-        attended = self.attn(x, mask=mask, return_weights=return_weights, trace=trace)
+        attended = self.attn(x, mask=mask, return_weights=return_weights, trace=trace, cache=cache)
         x, weights = attended if return_weights else (attended, None)  # (B, T, D)
 
         # 3. read out the next token

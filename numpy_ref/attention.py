@@ -21,6 +21,13 @@ def causal_mask(T: int) -> np.ndarray:
     return np.tril(np.ones((T, T), dtype=bool))
 
 
+def causal_rows(start: int, T: int, S: int) -> np.ndarray:
+    """The causal mask of a chunk of T queries at positions start..start+T-1 over S keys:
+    rows start..start+T-1 of the full mask, bottom-right aligned. Without a cache (start 0,
+    S = T) the top-left (T, T); with one, never that corner."""
+    return causal_mask(S)[start : start + T]  # (T, S)
+
+
 def split_heads(x: np.ndarray, n_heads: int) -> np.ndarray:
     """(B, T, D) -> (B, H, T, d_head)."""
     B, T, D = x.shape
@@ -42,11 +49,14 @@ def softmax(scores: np.ndarray) -> np.ndarray:
     return exp / np.where(total == 0, 1, total)
 
 
-def attention(x, params, n_heads, mask=None, return_weights=False, trace=None):
+def attention(x, params, n_heads, mask=None, return_weights=False, trace=None, cache=None):
     """Causal self-attention of x (B, T, D) with the `attn.*` arrays of the exchange dict.
 
-    mask: optional bool, True = may attend, broadcastable to (B, H, T, T), ANDed with the
-    causal mask. Returns out (B, T, D), or (out, weights (B, H, T, T)).
+    mask: optional bool, True = may attend, broadcastable to (B, H, T, S), ANDed with the
+    causal mask. cache: optional KVCache (numpy_ref.generate) of the positions before x; x is
+    then the chunk at positions p..p+T-1, p = cache.length, whose K and V are written into the
+    cache, and S = the cache's max_len (T without a cache). Returns out (B, T, D), or
+    (out, weights (B, H, T, S)).
     """
     qkv_weight = params["attn.qkv_proj.weight"]
     D = qkv_weight.shape[1]
@@ -54,9 +64,13 @@ def attention(x, params, n_heads, mask=None, return_weights=False, trace=None):
     checks.check_input(x.shape, x.dtype.name, D, max_len=None)  # pure function: no context limit
     B, T, _ = x.shape
     d_head = D // n_heads
+    start = 0 if cache is None else cache.length  # p: the positions already in the cache
+    if cache is not None:
+        checks.check_cache(B, x.dtype.name, cache.k.shape[0], cache.k.dtype.name, start, T, cache.k.shape[2])
+    S = T if cache is None else cache.k.shape[2]  # keys: this chunk's, or every slot of the cache
     if mask is not None:
         mask = np.asarray(mask)
-        checks.check_mask(mask.shape, mask.dtype.name, (B, n_heads, T, T))
+        checks.check_mask(mask.shape, mask.dtype.name, (B, n_heads, T, S))
 
     # 1. project: one matmul makes Q, K and V
     qkv = linear(x, qkv_weight, params.get("attn.qkv_proj.bias"))  # (B, T, 3D)
@@ -72,19 +86,21 @@ def attention(x, params, n_heads, mask=None, return_weights=False, trace=None):
     record(trace, "q", q)
     record(trace, "k", k)
     record(trace, "v", v)
+    if cache is not None:  # this chunk's K and V join the cached ones in slots p..p+T-1
+        k, v = cache.update(k, v)  # (B, H, max_len, d_head)
 
     # 4. score and scale: keeps the score variance independent of d_head
-    scores = (q @ k.swapaxes(-2, -1)) * (1.0 / math.sqrt(d_head))  # (B, H, T, T)
+    scores = (q @ k.swapaxes(-2, -1)) * (1.0 / math.sqrt(d_head))  # (B, H, T, S)
     record(trace, "scores", scores)
 
     # 5. mask: no query may see a later key
-    allowed = causal_mask(T)  # (T, T)
+    allowed = causal_rows(start, T, S)  # (T, S)
     if mask is not None:
-        allowed = allowed & mask  # (B, H, T, T) or broadcastable
+        allowed = allowed & mask  # (B, H, T, S) or broadcastable
     scores = np.where(allowed, scores, -np.inf)
 
     # 6. softmax over keys
-    weights = softmax(scores)  # (B, H, T, T)
+    weights = softmax(scores)  # (B, H, T, S)
     record(trace, "weights", weights)
 
     # 7. weight the values

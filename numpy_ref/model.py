@@ -14,22 +14,29 @@ from shared.weights import validate as validate_weights
 from shared.trace import record
 
 
-def forward(tokens, params, config: ModelConfig, mask=None, return_weights=False, trace=None):
-    """tokens int (B, T) -> logits (B, T, V), or (logits, weights (B, H, T, T))."""
+def forward(tokens, params, config: ModelConfig, mask=None, return_weights=False, trace=None, cache=None):
+    """tokens int (B, T) -> logits (B, T, V), or (logits, weights (B, H, T, S)).
+
+    With a KV cache (numpy_ref.generate.KVCache) the tokens sit at positions p..p+T-1,
+    p = cache.length, and the cache is extended by them; S = max_len (T without a cache)."""
     validate_weights(params, config)  # a missing bias or a float16 array is an error, not a guess
     tokens = np.asarray(tokens)
     checks.check_tokens(
         tokens.shape, tokens.dtype.name, config.vocab_size, config.max_len,
         *((tokens.min(), tokens.max()) if tokens.size else (None, None)),
     )
-    T = tokens.shape[1]
+    B, T = tokens.shape
+    start = 0 if cache is None else cache.length  # p: positions continue after the cached ones
+    if cache is not None:
+        checks.check_cache(B, params["tok_emb.weight"].dtype.name, cache.k.shape[0], cache.k.dtype.name, start, T,
+                           config.max_len)
 
     # 1. embed: token identity plus learned position
-    x = params["tok_emb.weight"][tokens] + params["pos_emb.weight"][:T]  # (B, T, D)
+    x = params["tok_emb.weight"][tokens] + params["pos_emb.weight"][start : start + T]  # (B, T, D)
     record(trace, "embed", x)
 
     # 2. attend
-    x, weights = attention(x, params, config.n_heads, mask=mask, return_weights=True, trace=trace)  # (B, T, D)
+    x, weights = attention(x, params, config.n_heads, mask=mask, return_weights=True, trace=trace, cache=cache)  # (B, T, D)
 
     # 3. read out the next token
     logits = linear(x, params["lm_head.weight"], params.get("lm_head.bias"))  # (B, T, V)
@@ -66,8 +73,9 @@ class TinyLM:
     config: ModelConfig
     params: dict
 
-    def __call__(self, tokens, mask=None, return_weights=False, trace=None):
-        return forward(tokens, self.params, self.config, mask=mask, return_weights=return_weights, trace=trace)
+    def __call__(self, tokens, mask=None, return_weights=False, trace=None, cache=None):
+        return forward(tokens, self.params, self.config, mask=mask, return_weights=return_weights, trace=trace,
+                       cache=cache)
 
 
 def from_exchange(arrays: dict, config: ModelConfig) -> TinyLM:

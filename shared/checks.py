@@ -104,3 +104,34 @@ def check_writable(path, flag: str) -> None:
         raise ValueError(f"{flag} {str(path)!r}: folder {str(folder)!r} does not exist")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise ValueError(f"{flag} {str(path)!r}: folder {str(folder)!r} is not writable")
+
+
+def check_generate(shape: tuple, dtype_name: str, vocab_size: int, max_len: int, max_new_tokens, low=None, high=None,
+                   greedy: bool = True, temperature=1.0) -> None:
+    """A generation request, before any work: a non-empty integer prompt (B, P) with ids in
+    [0, vocab_size), max_new_tokens a non-negative int, and P + max_new_tokens <= max_len
+    (every position, the last generated one included, needs a row of pos_emb)."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)):
+        raise TypeError(f"max_new_tokens must be an int, got {max_new_tokens!r} ({type(max_new_tokens).__name__})")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be at least 0, got {max_new_tokens}")
+    if not greedy and not temperature > 0:
+        raise ValueError(f"temperature must be positive for sampling, got {temperature}")
+    if len(shape) == 2 and 0 in shape:
+        raise ValueError(f"prompt is empty (shape {tuple(shape)}); expected at least one token id in each of at least one row")
+    check_tokens(shape, dtype_name, vocab_size, max_len, low, high)
+    if shape[1] + max_new_tokens > max_len:
+        raise ValueError(f"prompt of {shape[1]} tokens plus max_new_tokens={max_new_tokens} is {shape[1] + max_new_tokens} "
+                         f"positions, longer than max_len={max_len}")
+
+
+def check_cache(batch: int, dtype_name: str, cache_batch: int, cache_dtype_name: str, start, T: int, max_len: int) -> None:
+    """A KV cache given to a forward pass: the batch and dtype of the chunk (B, T, D) it extends,
+    and room for T more positions after the `start` already filled (None while tracing)."""
+    if cache_batch != batch:
+        raise ValueError(f"KV cache holds a batch of {cache_batch} rows, the input has {batch}")
+    if _neutral(cache_dtype_name) != _neutral(dtype_name):
+        raise TypeError(f"KV cache dtype {_neutral(cache_dtype_name)} does not match the input's {_neutral(dtype_name)}")
+    if start is not None and start + T > max_len:
+        raise ValueError(f"KV cache holds {start} positions; {T} more would end at {start + T}, "
+                         f"longer than max_len={max_len}")

@@ -40,6 +40,34 @@ numpy_ref.attention.attention over the exchange dict)
                              "native" or a weights file; resume an AdamState.
     optimizer_to_exchange(optimizer, model, train_config) -> AdamState
     optimizer_from_exchange(adam_state, optimizer, model) -> None
+
+`generate`, where the registry lists "generate"
+    The cache contract: K and V of shape (B, H, max_len, d_head), zeros where not yet filled,
+    plus `length` = p, the count of filled positions. TinyLM(tokens, cache=cache) reads a
+    chunk of T tokens at positions p..p+T-1: pos_emb rows p..p+T-1, the chunk's K and V written
+    into slots p..p+T-1, its queries attending to all max_len slots through rows p..p+T-1 of the
+    full causal mask (bottom-right aligned, never causal_mask[:T, :T]); the attention weights
+    are then (B, H, T, max_len). Cached logits equal a full forward over the whole prefix
+    within shared.tolerances. The cache is state, not a parameter: never trained, never saved.
+    KVCache(batch, n_heads, max_len, d_head, *, dtype="float32")
+                             .k, .v (B, H, max_len, d_head); .length; update(k, v) writes
+                             k, v (B, H, T, d_head) at .length and returns the whole K and V.
+    new_cache(model, batch) -> KVCache
+                             empty, sized and typed for the model.
+    step(model, tokens, cache) -> logits
+                             NumPy in, NumPy out: tokens (B, T) at positions cache.length..
+                             -> logits (B, T, V); extends the cache. Refuses a cache of another
+                             batch size or dtype, or one without room for T more positions.
+    cache_arrays(cache) -> (k, v)
+                             the filled slots as NumPy, (B, H, length, d_head) each.
+    generate(model, prompt, max_new_tokens, *, greedy=True, temperature=1.0, seed=0, use_cache=True)
+                             NumPy in, NumPy out: prompt int (B, P) -> (B, P + max_new_tokens),
+                             the prompt and its continuation. The prompt goes in as one chunk
+                             (prefill), then one token per step; use_cache=False recomputes the
+                             whole prefix per token. Tokens are picked in NumPy (shared.sampling)
+                             so that equal logits give equal tokens in every backend. Refused
+                             before any work (shared.checks.check_generate): an empty prompt,
+                             ids out of range, P + max_new_tokens > max_len.
 """
 
 from __future__ import annotations
@@ -54,4 +82,5 @@ CAPABILITIES = {
     "train": {"train": ("train", "optimizer_to_exchange", "optimizer_from_exchange")},
     "fused": {},  # ModelConfig(attn_impl="fused") calls a fused attention kernel
     "jit": {},  # calls are compiled for each new input shape: tests keep such a backend to a few shapes
+    "generate": {"generate": ("KVCache", "new_cache", "step", "cache_arrays", "generate")},
 }

@@ -22,6 +22,11 @@ class MultiHeadSelfAttention(nn.Module):
     boolean buffer built once for max_len: not a parameter, not saved, sliced to (T, T).
     attn_impl="fused" runs steps 4 to 8 as one call of the framework's attention kernel
     whenever neither the weights nor a trace are asked for; "explicit" always runs them one by one.
+
+    With a KV cache (torch_impl.generate.KVCache) x is a chunk of T new positions p..p+T-1,
+    p = cache.length: its K and V are written into the cache, its queries attend to all max_len
+    slots of the cache through rows p..p+T-1 of the causal mask (bottom-right aligned; slots
+    after p+T-1 are masked), so keys and weights have max_len columns instead of T.
     """
 
     def __init__(self, d_model, n_heads, max_len, bias=True, *, dtype="float32", attn_impl="explicit"):
@@ -40,16 +45,21 @@ class MultiHeadSelfAttention(nn.Module):
         # True = may attend: on and below the diagonal
         self.register_buffer("causal_mask", torch.tril(torch.ones(max_len, max_len, dtype=torch.bool)), persistent=False)
 
-    def forward(self, x, mask=None, return_weights=False, trace=None):
-        """x (B, T, D); mask optional bool, True = may attend, broadcastable to (B, H, T, T).
+    def forward(self, x, mask=None, return_weights=False, trace=None, cache=None):
+        """x (B, T, D); mask optional bool, True = may attend, broadcastable to (B, H, T, S);
+        cache optional KVCache of the positions before x. S = T without a cache, max_len with one.
 
-        Returns out (B, T, D), or (out, weights (B, H, T, T)) with return_weights=True.
+        Returns out (B, T, D), or (out, weights (B, H, T, S)) with return_weights=True.
         A query row that no key may attend gets all-zero weights.
         """
         checks.check_input(tuple(x.shape), str(x.dtype), self.d_model, self.max_len)
         B, T, D = x.shape
+        start = 0 if cache is None else cache.length  # p: the positions already in the cache
+        if cache is not None:
+            checks.check_cache(B, str(x.dtype), cache.k.shape[0], str(cache.k.dtype), start, T, self.max_len)
+        S = T if cache is None else self.max_len  # keys: this chunk's, or every slot of the cache
         if mask is not None:
-            checks.check_mask(tuple(mask.shape), str(mask.dtype), (B, self.n_heads, T, T))
+            checks.check_mask(tuple(mask.shape), str(mask.dtype), (B, self.n_heads, T, S))
 
         # 1. project: one matmul makes Q, K and V
         qkv = self.qkv_proj(x)  # (B, T, 3D)
@@ -59,33 +69,33 @@ class MultiHeadSelfAttention(nn.Module):
         q, k, v = qkv.split(D, dim=-1)  # 3 x (B, T, D)
 
         # 3. reshape into heads
-        q = q.reshape(B, T, self.n_heads, self.d_head)  # (B, T, H, d_head)
-        k = k.reshape(B, T, self.n_heads, self.d_head)  # (B, T, H, d_head)
-        v = v.reshape(B, T, self.n_heads, self.d_head)  # (B, T, H, d_head)
-        fused = self.attn_impl == "fused" and not return_weights and trace is None
-        if fused:
-            return self.out_proj(self._fused_attention(q, k, v, mask))  # (B, T, D)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, d_head)
+        q = q.reshape(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, d_head)
+        k = k.reshape(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, d_head)
+        v = v.reshape(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, d_head)
         record(trace, "q", q)
         record(trace, "k", k)
         record(trace, "v", v)
+        if cache is not None:  # this chunk's K and V join the cached ones in slots p..p+T-1
+            k, v = cache.update(k, v)  # (B, H, max_len, d_head)
+        if self.attn_impl == "fused" and not return_weights and trace is None:
+            return self.out_proj(self._fused_attention(q, k, v, mask, start))  # (B, T, D)
 
         # 4. score and scale: keeps the score variance independent of d_head
         q = q * (1.0 / math.sqrt(self.d_head))  # scaling Q is T / d_head times cheaper than scaling the scores
-        scores = q @ k.transpose(-2, -1)  # (B, H, T, T)
+        scores = q @ k.transpose(-2, -1)  # (B, H, T, S)
         record(trace, "scores", scores)
 
         # 5. mask: no query may see a later key
-        allowed = self.causal_mask[:T, :T]  # (T, T)
+        allowed = self._causal_rows(start, T, S)  # (T, S)
         if mask is not None:
-            allowed = allowed & mask  # (B, H, T, T) or broadcastable
+            allowed = allowed & mask  # (B, H, T, S) or broadcastable
         if trace is not None:
             scores = scores.clone()  # the trace keeps the unmasked scores: the fill below is in place
         scores.masked_fill_(~allowed, float("-inf"))
 
         # 6. softmax over keys
-        # (into the scores' own memory when no gradient needs them: one (B, H, T, T) buffer, not two)
-        weights = torch.softmax(scores, dim=-1, out=None if scores.requires_grad else scores)  # (B, H, T, T)
+        # (into the scores' own memory when no gradient needs them: one (B, H, T, S) buffer, not two)
+        weights = torch.softmax(scores, dim=-1, out=None if scores.requires_grad else scores)  # (B, H, T, S)
         if mask is not None:
             # a row with no allowed key is all -inf, which softmax turns into NaN: make it 0
             weights = weights.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
@@ -104,21 +114,31 @@ class MultiHeadSelfAttention(nn.Module):
         record(trace, "attn_out", out)
         return (out, weights) if return_weights else out
 
-    def _fused_attention(self, q, k, v, mask):
-        """Steps 4 to 8 in one call of the framework's kernel: q, k, v (B, T, H, d_head) -> (B, T, D).
+    def _causal_rows(self, start, T, S):
+        """The causal mask of a chunk of T queries at positions start..start+T-1 over S keys:
+        rows start..start+T-1 of the full (max_len, max_len) mask, bottom-right aligned. Without
+        a cache (start 0, S = T) the top-left (T, T); with one, never that corner."""
+        return self.causal_mask[start : start + T, :S]  # (T, S)
 
-        Only the causal mask: is_causal, so no (T, T) scores are built at all. An extra mask is
-        ANDed with the causal one exactly as in step 5, and a query row with no allowed key gets
+    def _fused_attention(self, q, k, v, mask, start):
+        """Steps 4 to 8 in one call of the framework's kernel: q (B, H, T, d_head) and k, v
+        (B, H, S, d_head) -> (B, T, D), for the chunk of queries at positions start..start+T-1.
+
+        Only the causal mask and no cache: is_causal, so no (T, T) scores are built at all.
+        Otherwise the mask is step 5's rows start..start+T-1 (is_causal with S != T would align
+        it top-left), an extra mask is ANDed with it, and a query row with no allowed key gets
         a zero context, as the explicit path's zero weights give.
         """
-        B, T, H, d_head = q.shape
+        B, H, T, d_head = q.shape
+        S = k.shape[2]
 
         # 1. attend: score, scale, mask, softmax and weight the values in one kernel
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # torch's kernel takes heads first
-        if mask is None:
+        if mask is None and S == T:
             context = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)  # (B, T, H, d_head)
             return context.reshape(B, T, H * d_head)  # (B, T, D)
-        allowed = self.causal_mask[:T, :T] & mask  # (B, H, T, T) or broadcastable
+        allowed = self._causal_rows(start, T, S)  # (T, S)
+        if mask is not None:
+            allowed = allowed & mask  # (B, H, T, S) or broadcastable
         context = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed).transpose(1, 2)  # (B, T, H, d_head)
 
         # 2. a query with no allowed key gets zero context (SDPA gives 0, jax.nn.dot_product_attention the mean of V)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import shared
 
-SCRIPTS = {"attention": "attention.py", "train": "train.py"}
+SCRIPTS = {"attention": "attention.py", "train": "train.py", "generate": "generate.py"}
 
 
 def benchmarks_folder() -> Path:

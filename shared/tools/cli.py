@@ -14,6 +14,7 @@ COMMANDS = {
     "diff": ("shared.tools.diff.command", "show one file of two backends side by side (--left, --right), aligned step by step"),
     "heads": ("shared.tools.heads", "show every attention head of a saved model (text, and an image with --plot)"),
     "parity": ("shared.tools.parity", "prove numpy_ref, torch_impl and jax_impl agree: every stage, gradient and step"),
+    "generate": ("shared.tools.generate", "continue a prompt with a saved model, with the KV cache or without (--no-cache)"),
     "compare": ("shared.tools.compare", "compare the per-step losses of two --history files"),
     "bench": ("shared.tools.bench", "run the benchmarks (benchmarks/ of a checkout) and print their markdown tables"),
 }

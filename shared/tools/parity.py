@@ -153,7 +153,7 @@ def trajectory_rows(config, dtype, seed, epochs) -> list[Row]:
 
 
 def build_report(config: ModelConfig, dtype="float32", seed=0, mask=None, epochs=3, samples=6, adapters=None,
-                 progress=None) -> Report:
+                 progress=None, decode=True) -> Report:
     """Every section of the report in order. progress(index, total, section), if given, is
     called as each section starts (`mhsa parity` shows it on stderr in a terminal)."""
     title = (f"mhsa parity · {dtype} · seed {seed} · vocab_size={config.vocab_size} d_model={config.d_model} "
@@ -163,6 +163,10 @@ def build_report(config: ModelConfig, dtype="float32", seed=0, mask=None, epochs
                                                                           adapters=adapters))]
     if epochs > 0:
         sections.append((f"trajectories ({epochs} epochs per trainer)", lambda: trajectory_rows(config, dtype, seed, epochs)))
+    if decode:
+        from shared.tools.decode_parity import decode_rows  # it builds on this module's Row
+
+        sections.append(("decode with the KV cache", lambda: decode_rows(config, dtype, seed)))
     report = Report(title)
     for index, (section, rows) in enumerate(sections):
         if progress is not None:
@@ -185,8 +189,7 @@ def format_report(report: Report) -> str:
     first = report.first_failure
     keys = columns(report)
     widths = [max(14, len(header(key))) for key in keys]
-    names = {"stage": lambda row: row.name, "gradient": lambda row: f"grad {row.name}", "trajectory": lambda row: row.name}
-    width = max(len(names[row.section](row)) for row in report.rows)
+    width = max(len(_row_name(row)) for row in report.rows)
     head = f"| {'compared':<{width}} | " + " | ".join(f"{header(key):>{w}}" for key, w in zip(keys, widths)) + " | tolerance | result |"
     rule = "|" + "-" * (width + 2) + "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|----------:|--------|"
     lines = [report.title, "", head, rule]
@@ -198,7 +201,7 @@ def format_report(report: Report) -> str:
         cells = " | ".join(f"{_cell(row.diffs.get(key)):>{w}}" for key, w in zip(keys, widths))
         result = "PASS" if row.passed else "FAIL"
         marker = "  <- the implementations part here" if row is first else ""
-        lines.append(f"| {names[row.section](row):<{width}} | {cells} | {row.tol:>9.0e} | {result}   |{marker}")
+        lines.append(f"| {_row_name(row):<{width}} | {cells} | {row.tol:>9.0e} | {result}   |{marker}")
     lines.append("")
     notes = sorted({row.note for row in report.rows if row.note})
     lines += [f"note: {note}" for note in notes]
@@ -210,6 +213,10 @@ def format_report(report: Report) -> str:
         lines.append(f"FAIL: first difference at {first.section} '{first.name}': {header(pair)} "
                      f"{first.diffs[pair]:.2e} > {first.tol:.0e} ({failures} of {len(report.rows)} comparisons fail)")
     return "\n".join(lines)
+
+
+def _row_name(row: Row) -> str:
+    return f"grad {row.name}" if row.section == "gradient" else row.name
 
 
 def _cell(diff: float | None) -> str:

@@ -39,9 +39,9 @@ class Backend:
 REGISTRY: dict[str, Backend] = {
     backend.name: backend
     for backend in (
-        Backend("numpy", "numpy_ref", frozenset()),
-        Backend("torch", "torch_impl", frozenset({"layers", "grads", "train", "fused"})),
-        Backend("jax", "jax_impl", frozenset({"layers", "grads", "train", "fused", "jit"})),
+        Backend("numpy", "numpy_ref", frozenset({"generate"})),
+        Backend("torch", "torch_impl", frozenset({"layers", "grads", "train", "fused", "generate"})),
+        Backend("jax", "jax_impl", frozenset({"layers", "grads", "train", "fused", "jit", "generate"})),
     )
 }
 

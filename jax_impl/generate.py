@@ -1,0 +1,114 @@
+"""Generation with a KV cache in JAX/Flax NNX: the cache (K and V of every position so far in
+nnx.Cache variables, state that is not a parameter), one forward step over new positions, and
+generate(), NumPy in and NumPy out (shared.protocol, capability "generate").
+
+The cache changes the shape contract of K and V, not of Q: a chunk of T new queries at
+offset p = cache.length attends to the max_len slots of the cache through rows p..p+T-1 of
+the causal mask (jax_impl.attention, steps 3 and 5), at positions p..p+T-1. Every shape
+depends on max_len only and p is a traced value, so the one-token step compiles once.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jax_impl.attention import DTYPES
+from jax_impl.model import _id_range, predict
+from shared import checks
+from shared.sampling import next_tokens
+
+
+class KVCache(nnx.Module):
+    """K and V of the positions seen so far, (B, H, max_len, d_head) each, of which the first
+    `length` slots are filled. Fixed size, like the causal mask; nnx.Cache, not nnx.Param."""
+
+    def __init__(self, batch, n_heads, max_len, d_head, *, dtype="float32"):
+        shape = (batch, n_heads, max_len, d_head)
+        # zeros, not empty: the unfilled slots are masked, but 0 * NaN would still be NaN
+        self.k = nnx.Cache(jnp.zeros(shape, dtype=DTYPES[dtype]))
+        self.v = nnx.Cache(jnp.zeros(shape, dtype=DTYPES[dtype]))
+        self.length = nnx.Cache(jnp.array(0, dtype=jnp.int32))  # p: how many positions are filled
+
+    def update(self, k, v):
+        """Write a chunk's k, v (B, H, T, d_head) into slots length..length+T-1; returns the
+        whole cache (B, H, max_len, d_head) twice, K and V."""
+        T = k.shape[2]
+
+        # 1. write the chunk at its positions
+        # (the offset is traced under jit: dynamic_update_slice, not a slice assignment)
+        start = self.length[...]
+        self.k[...] = jax.lax.dynamic_update_slice_in_dim(self.k[...], k, start, axis=2)  # slots p..p+T-1 of (B, H, max_len, d_head)
+        self.v[...] = jax.lax.dynamic_update_slice_in_dim(self.v[...], v, start, axis=2)  # slots p..p+T-1 of (B, H, max_len, d_head)
+
+        # 2. count it
+        self.length[...] = start + T
+        return self.k[...], self.v[...]
+
+
+def new_cache(model, batch):
+    """An empty KVCache for `batch` sequences of `model` (its sizes and dtype)."""
+    config = model.config
+    dtype = str(model.tok_emb.embedding.dtype)
+    return KVCache(batch, config.n_heads, config.max_len, config.d_head, dtype=dtype)
+
+
+def step(model, tokens, cache):
+    """NumPy in, NumPy out: tokens (B, T) at positions cache.length.. -> logits (B, T, V);
+    the cache is extended by them."""
+    # checked here, where the ids and the count are known; the compiled step sees neither
+    tokens = np.asarray(tokens)
+    config = model.config
+    checks.check_tokens(tokens.shape, str(tokens.dtype), config.vocab_size, config.max_len, *_id_range(tokens))
+    checks.check_cache(tokens.shape[0], str(model.tok_emb.embedding.dtype), cache.k.shape[0], str(cache.k.dtype),
+                       int(cache.length[...]), tokens.shape[1], config.max_len)
+    cache_graphdef, cache_state = nnx.split(cache)
+    logits, cache_state = _step(*nnx.split(model), cache_graphdef, cache_state, tokens)
+    nnx.update(cache, cache_state)
+    return np.asarray(logits)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2), donate_argnums=3)
+def _step(graphdef, state, cache_graphdef, cache_state, tokens):
+    # one compilation per (B, T) and cache size: the offset p is part of cache_state, a value
+    model, cache = nnx.merge(graphdef, state), nnx.merge(cache_graphdef, cache_state)
+    logits = model(tokens, cache=cache)
+    return logits, nnx.state(cache)
+
+
+def cache_arrays(cache):
+    """The filled part of the cache as NumPy: K and V (B, H, length, d_head)."""
+    length = int(cache.length[...])
+    return np.array(cache.k[...][:, :, :length]), np.array(cache.v[...][:, :, :length])
+
+
+def generate(model, prompt, max_new_tokens, *, greedy=True, temperature=1.0, seed=0, use_cache=True):
+    """prompt int (B, P) -> (B, P + max_new_tokens): the prompt and its continuation, NumPy.
+
+    use_cache=True reads the prompt in one call (prefill), then one new token per call;
+    use_cache=False runs the whole prefix again for every token (the reference it must equal;
+    it compiles once per prefix length).
+    greedy picks the argmax; otherwise a draw from softmax(logits / temperature) with `seed`.
+    """
+    prompt = np.asarray(prompt)
+    config = model.config
+    checks.check_generate(prompt.shape, prompt.dtype.name, config.vocab_size, config.max_len, max_new_tokens,
+                          *((prompt.min(), prompt.max()) if prompt.size else (None, None)), greedy, temperature)
+    rng = np.random.default_rng(seed)
+    cache = new_cache(model, prompt.shape[0]) if use_cache else None
+    tokens = prompt  # (B, P)
+    chunk = prompt  # what the next call reads: the whole prompt first, then the newest token
+
+    for _ in range(max_new_tokens):
+        # 1. forward: with a cache only the new positions, without one the whole prefix again
+        logits = step(model, chunk, cache) if use_cache else predict(model, tokens)  # (B, t, V)
+
+        # 2. pick the next token from the last position's logits
+        chosen = next_tokens(logits[:, -1], greedy, temperature, rng).astype(prompt.dtype)  # (B,)
+        tokens = np.concatenate([tokens, chosen[:, None]], axis=1)  # (B, t + 1)
+        chunk = chosen[:, None]  # (B, 1)
+    return tokens

@@ -1,0 +1,92 @@
+"""Generation with a KV cache in PyTorch: the cache (K and V of every position so far in
+buffers that are never trained or saved), one forward step over new positions, and
+generate(), NumPy in and NumPy out (shared.protocol, capability "generate").
+
+The cache changes the shape contract of K and V, not of Q: a chunk of T new queries at
+offset p = cache.length attends to the max_len slots of the cache through rows p..p+T-1 of
+the causal mask (torch_impl.attention, steps 3 and 5), at positions p..p+T-1.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from shared import checks
+from shared.sampling import next_tokens
+from torch_impl.attention import DTYPES
+from torch_impl.model import predict
+
+
+class KVCache(nn.Module):
+    """K and V of the positions seen so far, (B, H, max_len, d_head) each, of which the first
+    `length` slots are filled. Fixed size, like the causal mask; buffers, not parameters."""
+
+    def __init__(self, batch, n_heads, max_len, d_head, *, dtype="float32"):
+        super().__init__()
+        shape = (batch, n_heads, max_len, d_head)
+        # zeros, not empty: the unfilled slots are masked, but 0 * NaN would still be NaN
+        self.register_buffer("k", torch.zeros(shape, dtype=DTYPES[dtype]), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=DTYPES[dtype]), persistent=False)
+        self.length = 0  # p: how many positions are filled; the next chunk starts here
+
+    def update(self, k, v):
+        """Write a chunk's k, v (B, H, T, d_head) into slots length..length+T-1; returns the
+        whole cache (B, H, max_len, d_head) twice, K and V."""
+        T = k.shape[2]
+
+        # 1. write the chunk at its positions
+        # (in place: a buffer is mutable)
+        self.k[:, :, self.length : self.length + T] = k  # slots p..p+T-1 of (B, H, max_len, d_head)
+        self.v[:, :, self.length : self.length + T] = v  # slots p..p+T-1 of (B, H, max_len, d_head)
+
+        # 2. count it
+        self.length = self.length + T
+        return self.k, self.v
+
+
+def new_cache(model, batch):
+    """An empty KVCache for `batch` sequences of `model` (its sizes and dtype)."""
+    config = model.config
+    dtype = str(model.tok_emb.weight.dtype).removeprefix("torch.")
+    return KVCache(batch, config.n_heads, config.max_len, config.d_head, dtype=dtype)
+
+
+def step(model, tokens, cache):
+    """NumPy in, NumPy out: tokens (B, T) at positions cache.length.. -> logits (B, T, V);
+    the cache is extended by them."""
+    with torch.no_grad():
+        return model(torch.from_numpy(np.asarray(tokens)), cache=cache).numpy()
+
+
+def cache_arrays(cache):
+    """The filled part of the cache as NumPy: K and V (B, H, length, d_head)."""
+    return cache.k[:, :, : cache.length].numpy().copy(), cache.v[:, :, : cache.length].numpy().copy()
+
+
+def generate(model, prompt, max_new_tokens, *, greedy=True, temperature=1.0, seed=0, use_cache=True):
+    """prompt int (B, P) -> (B, P + max_new_tokens): the prompt and its continuation, NumPy.
+
+    use_cache=True reads the prompt in one call (prefill), then one new token per call;
+    use_cache=False runs the whole prefix again for every token (the reference it must equal).
+    greedy picks the argmax; otherwise a draw from softmax(logits / temperature) with `seed`.
+    """
+    prompt = np.asarray(prompt)
+    config = model.config
+    checks.check_generate(prompt.shape, prompt.dtype.name, config.vocab_size, config.max_len, max_new_tokens,
+                          *((prompt.min(), prompt.max()) if prompt.size else (None, None)), greedy, temperature)
+    rng = np.random.default_rng(seed)
+    cache = new_cache(model, prompt.shape[0]) if use_cache else None
+    tokens = prompt  # (B, P)
+    chunk = prompt  # what the next call reads: the whole prompt first, then the newest token
+
+    for _ in range(max_new_tokens):
+        # 1. forward: with a cache only the new positions, without one the whole prefix again
+        logits = step(model, chunk, cache) if use_cache else predict(model, tokens)  # (B, t, V)
+
+        # 2. pick the next token from the last position's logits
+        chosen = next_tokens(logits[:, -1], greedy, temperature, rng).astype(prompt.dtype)  # (B,)
+        tokens = np.concatenate([tokens, chosen[:, None]], axis=1)  # (B, t + 1)
+        chunk = chosen[:, None]  # (B, 1)
+    return tokens
