@@ -155,7 +155,7 @@ def _neutral(model, tree) -> dict[str, object]:
     out = {}
     for path, value in _flat(tree).items():
         name, layout = _neutral_name(types.get(_join(path[:-1]), ""), str(path[-1]))
-        out[_join(path[:-1] + (name,))] = _to_torch(value, layout)
+        out[_join(path[:-1] + (name,))] = _to_torch(np.asarray(value), layout)
     return out
 
 
@@ -286,17 +286,53 @@ def _is_float_dtype(value) -> bool:
 
 
 def capture(model, inputs: tuple) -> list[tuple[str, np.ndarray]]:
-    """Call the model once, eagerly, and return (module path, output) for every submodule call in
-    the order the calls return (a child before its parent; the model itself last, path "").
-    A tuple output gives one entry per array, "path[i]". NNX: each submodule class's __call__ is
-    wrapped for this one call and restored even on error (a module called through another
-    method, or inside jit, is not seen). Linen: capture_intermediates."""
+    """Call the model once and return (module path, output) for every submodule call in the order
+    the calls return (a child before its parent; the model itself last, path ""). A tuple output
+    gives one entry per array, "path[i]". NNX: each submodule class's __call__ is wrapped for this
+    one call and restored even on error; Linen: capture_intermediates. The call is traced once and
+    compiled (eagerly, each operation would compile on its own: 4x slower for a small block); a
+    model that cannot be traced, say one that reads a value with .item(), runs eagerly instead.
+    A module called through a method other than __call__ is not seen."""
+    arrays = _arrays(model, inputs)
     if _is_linen(model):
-        return _linen_run(model, _arrays(model, inputs))[0]
+        module, variables = model
+        order = []
+
+        def linen(variables, arrays):
+            calls, _ = _linen_run((module, variables), arrays)
+            order[:] = [path for path, _ in calls]
+            return [value for _, value in calls]
+
+        values = _compiled_or_eager(jax.jit(linen), linen, _unfreeze(dict(variables)), arrays)
+        return [(path, np.array(value)) for path, value in zip(order, values)]
+    order = []
+
+    def run(model, arrays):
+        calls = []
+        with _wrapped(model, calls):
+            model(*arrays)
+        order[:] = [path for path, _ in calls]
+        return [value for _, value in calls]
+
+    values = _compiled_or_eager(nnx.jit(run), run, model, arrays)
+    return [(path, np.array(value)) for path, value in zip(order, values)]
+
+
+def _compiled_or_eager(compiled, eager, *args):
+    try:
+        return compiled(*args)
+    except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError,
+            jax.errors.TracerIntegerConversionError, jax.errors.TracerBoolConversionError):
+        return eager(*args)
+
+
+@contextlib.contextmanager
+def _wrapped(model, calls):
+    """While open, every call of a submodule of `model` appends (path, output) to `calls`."""
     paths = {id(module): _join(path) for path, module in nnx.iter_modules(model)}
     classes = {type(module) for _, module in nnx.iter_modules(model)}
     originals = {cls: (cls.__dict__.get("__call__"), cls.__call__) for cls in classes}
-    calls, active = [], []
+    active = []
 
     def wrap(original):
         def __call__(self, *args, **kwargs):
@@ -318,22 +354,20 @@ def capture(model, inputs: tuple) -> list[tuple[str, np.ndarray]]:
     try:
         for cls, (_, inherited) in originals.items():
             cls.__call__ = wrap(inherited)
-        model(*_arrays(model, inputs))
+        yield
     finally:
         for cls, (own, _) in originals.items():
             if own is None:
                 del cls.__call__
             else:
                 cls.__call__ = own
-    return calls
 
 
-def _flatten(path, output) -> list[tuple[str, np.ndarray]]:
-    if isinstance(output, jax.Array) and not isinstance(output, jax.core.Tracer):
-        return [(path, np.array(output))]
+def _flatten(path, output) -> list[tuple[str, object]]:
+    if isinstance(output, jax.Array):
+        return [(path, output)]
     if isinstance(output, (tuple, list)):
-        return [(f"{path}[{i}]", np.array(value)) for i, value in enumerate(output)
-                if isinstance(value, jax.Array) and not isinstance(value, jax.core.Tracer)]
+        return [(f"{path}[{i}]", value) for i, value in enumerate(output) if isinstance(value, jax.Array)]
     return []
 
 
@@ -378,7 +412,8 @@ def _arrays(model, inputs) -> list:
 
 
 def gradients(model, inputs: tuple) -> dict[str, np.ndarray]:
-    """d (sum of every floating-point output) / d every parameter, neutral names and layout."""
+    """d (sum of every floating-point output) / d every parameter, neutral names and layout
+    (compiled as one function, as capture is)."""
     arrays = _arrays(model, inputs)
 
     def total(output):
@@ -388,9 +423,17 @@ def gradients(model, inputs: tuple) -> dict[str, np.ndarray]:
     if _is_linen(model):
         module, variables = model
         variables = _unfreeze(dict(variables))
-        grads = jax.grad(lambda params: total(module.apply({**variables, "params": params}, *arrays)))(variables["params"])
+
+        def linen(params, arrays):
+            return jax.grad(lambda p: total(module.apply({**variables, "params": p}, *arrays)))(params)
+
+        grads = _compiled_or_eager(jax.jit(linen), linen, variables["params"], arrays)
         return {name: np.array(value) for name, value in _neutral(model, grads).items()}
-    grads = nnx.grad(lambda m: total(m(*arrays)))(model)
+
+    def run(model, arrays):
+        return nnx.grad(lambda m: total(m(*arrays)))(model)
+
+    grads = _compiled_or_eager(nnx.jit(run), run, model, arrays)
     return {name: np.array(value) for name, value in _neutral(model, nnx.to_pure_dict(grads)).items()}
 
 
