@@ -21,7 +21,7 @@ from jax_impl.model import from_exchange
 from shared.weights import init_weights
 
 # the same sizes and inputs as the torch twin
-from examples.torch_block import B, D, H, T, TINY, example_inputs  # noqa: F401  (B: part of the pair's contract)
+from examples.torch_block import D, H, T, TINY, example_inputs
 
 
 class MLP(nnx.Module):

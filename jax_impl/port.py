@@ -186,7 +186,7 @@ def _neutral_name(kind, name):
 def _to_torch(value, layout):
     if layout == "linear":
         return value.T
-    if layout == "conv":  # (k..., in, out) -> (out, in, k...)
+    if layout == "conv":  # Flax (k..., in, out) -> torch (out, in, k...)
         n = value.ndim
         return value.transpose(n - 1, n - 2, *range(n - 2))
     return value
@@ -195,7 +195,7 @@ def _to_torch(value, layout):
 def _from_torch(value, layout):
     if layout == "linear":
         return value.T
-    if layout == "conv":  # (out, in, k...) -> (k..., in, out)
+    if layout == "conv":  # torch (out, in, k...) -> Flax (k..., in, out)
         n = value.ndim
         return value.transpose(*range(2, n), 1, 0)
     return value

@@ -279,3 +279,29 @@ def test_tinylm_through_the_generic_path_reaches_the_parity_verdict_stage_for_st
     assert report.passed is (not fault) and all(parity.values()) is (not fault)
     if fault:
         assert first(report) == "attn.out_proj" and parity["qkv"] and not parity["weights"]
+
+
+class TwiceTorch(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(D, D)
+
+    def forward(self, x):
+        return self.fc(torch.tanh(self.fc(x)))  # one layer called twice
+
+
+class TwiceFlax(nnx.Module):
+    def __init__(self, bug=False):
+        self.fc = nnx.Linear(D, D, rngs=nnx.Rngs(0))
+        self.bug = bug
+
+    def __call__(self, x):
+        hidden = self.fc(x)
+        return self.fc(jax.nn.relu(hidden) if self.bug else jnp.tanh(hidden))
+
+
+@pytest.mark.parametrize("bug", [False, True])
+def test_a_module_called_twice_is_compared_per_call(bug):
+    report = check_port(TwiceTorch(), TwiceFlax(bug), torch_block.example_inputs(), probes=False)
+    assert outputs(report) == ["fc (call 1)", "fc (call 2)", "(model output)"]
+    assert [row.passed for row in report.rows] == [True, not bug, not bug]
