@@ -27,23 +27,24 @@ from examples.torch_block import D, H, T, TINY, example_inputs
 class MLP(nnx.Module):
     """(B, T, D) -> (B, T, D): widen 4x, exact GELU, narrow, dropout."""
 
-    def __init__(self, d_model, dropout=0.1, *, rngs: nnx.Rngs):
+    def __init__(self, d_model, dropout=0.1, approximate=False, *, rngs: nnx.Rngs):
         self.fc1 = nnx.Linear(d_model, 4 * d_model, rngs=rngs)
         self.fc2 = nnx.Linear(4 * d_model, d_model, rngs=rngs)
         self.drop = nnx.Dropout(dropout, deterministic=True, rngs=rngs)
+        self.approximate = approximate
 
     def __call__(self, x):
-        return self.drop(self.fc2(jax.nn.gelu(self.fc1(x), approximate=False)))  # (B, T, D)
+        return self.drop(self.fc2(jax.nn.gelu(self.fc1(x), approximate=self.approximate)))  # (B, T, D)
 
 
 class Block(nnx.Module):
     """(B, T, D) -> (B, T, D): pre-LayerNorm attention and MLP, each with a residual."""
 
-    def __init__(self, d_model=D, n_heads=H, max_len=T, dropout=0.1, *, rngs: nnx.Rngs):
-        self.ln1 = nnx.LayerNorm(d_model, epsilon=1e-5, rngs=rngs)  # torch's default eps
+    def __init__(self, d_model=D, n_heads=H, max_len=T, dropout=0.1, eps=1e-5, approximate=False, *, rngs: nnx.Rngs):
+        self.ln1 = nnx.LayerNorm(d_model, epsilon=eps, rngs=rngs)  # torch's default eps: 1e-5
         self.attn = MultiHeadSelfAttention(d_model, n_heads, max_len, rngs=rngs)
-        self.ln2 = nnx.LayerNorm(d_model, epsilon=1e-5, rngs=rngs)
-        self.mlp = MLP(d_model, dropout, rngs=rngs)
+        self.ln2 = nnx.LayerNorm(d_model, epsilon=eps, rngs=rngs)
+        self.mlp = MLP(d_model, dropout, approximate, rngs=rngs)
 
     def __call__(self, x):
         x = x + self.attn(self.ln1(x))  # (B, T, D)
@@ -53,6 +54,12 @@ class Block(nnx.Module):
 def block():
     """The NNX block and the torch twin's input batch: a factory for `mhsa port-check`."""
     return Block(rngs=nnx.Rngs(0)), example_inputs()
+
+
+def naive_block():
+    """What a first port often looks like: Flax's defaults kept, LayerNorm eps 1e-6 and the tanh
+    GELU. `mhsa port-check examples.torch_block:block examples.flax_block:naive_block` names both."""
+    return Block(eps=1e-6, approximate=True, rngs=nnx.Rngs(0)), example_inputs()
 
 
 class LinenAttention(nn.Module):

@@ -98,7 +98,7 @@ def test_dropout_left_active_is_named_by_the_lint_and_at_the_dropout():
     source, target, x = nnx_pair()
     target.mlp.drop = nnx.Dropout(0.1, deterministic=False, rngs=nnx.Rngs(1))
     report = check_port(source, target, x)
-    assert "mlp.drop: Dropout dropout active in jax only (train mode in torch / deterministic=False in Flax)" in report.lint
+    assert "mlp.drop: Dropout active in jax only (train mode in torch / deterministic=False in Flax)" in report.lint
     assert first(report) == "mlp.drop"
 
 

@@ -171,7 +171,7 @@ def lint(source_desc: dict, target_desc: dict, sides: tuple[str, str], name_map=
                 continue
             why = WHY.get((kind, key), "")
             if key in ("bias", "active"):
-                what = {"bias": "bias", "active": "dropout active"}[key]
+                what = {"bias": "bias", "active": "active"}[key]
                 side = sides[0] if value else sides[1]
                 findings.append(f"{where}: {kind} {what} in {side} only" + (f" ({why})" if why else ""))
             else:
@@ -343,7 +343,8 @@ def _type_name(model) -> str:
 def run_probes(report, source_side, target_side, source_desc, target_desc, name_map, dtype) -> list[str]:
     """Re-run with one likely cause switched at a time and say whether the gap closes at the first
     failing output: matmul precision 'highest' (TF32 off); the first failing Linear's kernel
-    transposed in the port; the first failing norm's eps set to the reference's."""
+    transposed in the port, where it is square (otherwise the transfer report already names it);
+    the first failing norm's eps set to the reference's, where the two differ."""
     source, source_port, inputs = source_side
     target, target_port, target_inputs = target_side
     first = report.first_failure
@@ -365,22 +366,17 @@ def run_probes(report, source_side, target_side, source_desc, target_desc, name_
                               source_port.capture(source, inputs), target_port.capture(target, target_inputs)))
     source_calls = source_port.capture(source, inputs)
     linear = next((row for row in failing if row.kind == "Linear"), None)
-    if linear is not None:
-        switched = target_port.switched(target, "transpose", _path(linear.target))
+    switched = None if linear is None else target_port.switched(target, "transpose", _path(linear.target))
+    if switched is not None:  # a square kernel: a transposed one has the right shape and wrong values
         what = f"the kernel of '{_path(linear.target)}' transposed in {report.sides[1]}"
-        if switched is None:
-            probes.append(f"probe: {what}: not applicable (not a square kernel)")
-        else:
-            probes.append(verdict(what, source_calls, target_port.capture(switched, target_inputs)))
+        probes.append(verdict(what, source_calls, target_port.capture(switched, target_inputs)))
     norm = next((row for row in failing if row.kind in NORMS), None)
     if norm is not None:
         eps = source_desc.get(_path(norm.name), {}).get("eps")
         other = target_desc.get(_path(norm.target), {}).get("eps")
-        switched = None if eps is None else target_port.switched(target, "eps", _path(norm.target), eps)
-        what = f"the eps of '{_path(norm.target)}' set to {report.sides[0]}'s {eps!r} (was {other!r})"
-        if switched is None:
-            probes.append(f"probe: {what}: not applicable here")
-        else:
+        switched = None if eps is None or eps == other else target_port.switched(target, "eps", _path(norm.target), eps)
+        if switched is not None:
+            what = f"the eps of '{_path(norm.target)}' set to {report.sides[0]}'s {eps!r} (was {other!r})"
             probes.append(verdict(what, source_calls, target_port.capture(switched, target_inputs)))
     return probes
 
