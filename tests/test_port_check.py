@@ -305,3 +305,11 @@ def test_a_module_called_twice_is_compared_per_call(bug):
     report = check_port(TwiceTorch(), TwiceFlax(bug), torch_block.example_inputs(), probes=False)
     assert outputs(report) == ["fc (call 1)", "fc (call 2)", "(model output)"]
     assert [row.passed for row in report.rows] == [True, not bug, not bug]
+
+
+def test_a_first_port_with_flax_defaults_gets_both_of_its_bugs_named():
+    report = check_port(torch_block.block()[0], flax_block.naive_block()[0], torch_block.example_inputs())
+    assert [finding.split(":")[0] for finding in report.lint] == ["ln1", "ln2"] and first(report) == "ln1"
+    # the GELU hides behind the first cause: named where the difference grows most
+    assert any("from 'mlp.fc1' to 'mlp.fc2'" in hint for hint in report.hints), report.hints
+    assert any(hint.startswith("'mlp.act' (GELU") for hint in report.hints), report.hints

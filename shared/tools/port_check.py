@@ -84,6 +84,7 @@ class Row:
     rel_diff: float
     tol: float
     note: str = ""
+    position: int = -1  # index of the output in the reference's calls
 
     @property
     def passed(self) -> bool:
@@ -216,7 +217,7 @@ def output_rows(source_calls, target_calls, source_desc, dtype, name_map=None):
         counts[path] = counts.get(path, 0) + 1
     rows, unmatched, used = [], [], set()
     tol = tolerance("stage", dtype)
-    for (path, call), value in source:
+    for position, ((path, call), value) in enumerate(source):
         key = (map_name(path, name_map), call)
         label = _label(path, call, counts[path])
         if key not in target:
@@ -225,7 +226,7 @@ def output_rows(source_calls, target_calls, source_desc, dtype, name_map=None):
         used.add(key)
         kind = source_desc.get(path.split("[")[0], {}).get("type", "")
         abs_diff, rel_diff, note = _diffs(value, target[key])
-        rows.append(Row("output", label, _label(*key, counts[path]), kind, abs_diff, rel_diff, tol, note))
+        rows.append(Row("output", label, _label(*key, counts[path]), kind, abs_diff, rel_diff, tol, note, position))
     unmatched_target = [_label(path, call, 1 + max(c for p, c in target if p == path)) for path, call in target
                         if (path, call) not in used]
     return rows, unmatched, unmatched_target
@@ -253,33 +254,46 @@ def _path(label: str) -> str:
     return "" if path.startswith("(model output)") else path.split("[")[0]
 
 
-def _hints(report: PortReport, source_calls, source_desc, name_map) -> list[str]:
-    """Where to look around the first failing output row: the code between it and the last
-    agreeing call, and reference modules with no counterpart that ran in between."""
+def _hints(report: PortReport, source_calls, source_desc) -> list[str]:
+    """Where to look: the code between the first failing output and the last agreeing one, the
+    reference modules without a counterpart that ran in between, and the same for the largest
+    growth of the difference after the first failure (a second cause behind the first)."""
     first = report.first_failure
     if first is None or first.section != "output":
         return []
     outputs = [row for row in report.rows if row.section == "output"]
-    before = outputs[: outputs.index(first)]
-    last_good = next((row for row in reversed(before) if row.passed), None)
+    at = outputs.index(first)
+    last_good = next((row for row in reversed(outputs[:at]) if row.passed), None)
     hints = []
     if last_good is not None:
-        parent = os.path.commonprefix([_path(last_good.name).split("."), _path(first.name).split(".")])
-        inside = ".".join(parent)
+        parent = ".".join(os.path.commonprefix([_path(last_good.name).split("."), _path(first.name).split(".")]))
         hints.append(f"the difference enters between '{last_good.name}' (last agreeing output) and '{first.name}'"
-                     + (f": look at the code of '{inside}' that runs between those calls" if inside else ""))
-    # reference modules without a counterpart, called after the last agreeing row and up to the first failure
-    calls = [path for path, _ in source_calls]
-    start = calls.index(_path(last_good.name)) + 1 if last_good is not None and _path(last_good.name) in calls else 0
-    end = calls.index(_path(first.name)) if _path(first.name) in calls else len(calls)
-    matched = {_path(row.name) for row in outputs}
-    for path in calls[start:end]:
-        if path not in matched and path in source_desc:
+                     + (f": look at the code of '{parent}' that runs between those calls" if parent else ""))
+    hints += _unmatched_between(report, source_calls, source_desc, last_good, first)
+    jumps = [(row.abs_diff / before.abs_diff, before, row) for before, row in zip(outputs[at:], outputs[at + 1:])
+             if before.abs_diff > 0 and np.isfinite(row.abs_diff)]
+    if jumps:
+        ratio, before, row = max(jumps, key=lambda jump: jump[0])
+        if ratio >= 10:
+            hints.append(f"the difference grows {ratio:.0f}x from '{before.name}' to '{row.name}': "
+                         f"a second cause may sit between them")
+            hints += _unmatched_between(report, source_calls, source_desc, before, row)
+    return hints
+
+
+def _unmatched_between(report, source_calls, source_desc, before, row) -> list[str]:
+    """Reference modules without a counterpart called after row `before` (None: the start) and before `row`."""
+    matched = {row.position for row in report.rows if row.section == "output"}
+    start = before.position + 1 if before is not None else 0
+    hints = []
+    for position in range(start, row.position):
+        path = source_calls[position][0]
+        if path in source_desc and position not in matched:
             info = source_desc[path]
             settings = ", ".join(f"{key}={value!r}" for key, value in info.items() if key != "type")
             why = next((text for (kind, _), text in WHY.items() if kind == info["type"]), "")
             hints.append(f"'{path}' ({info['type']}{': ' + settings if settings else ''}) ran in {report.sides[0]} "
-                         f"just before and has no counterpart in {report.sides[1]}" + (f"; {why}" if why else ""))
+                         f"just before '{row.name}' and has no counterpart in {report.sides[1]}" + (f"; {why}" if why else ""))
     return hints
 
 
@@ -319,7 +333,7 @@ def check_port(source, target, inputs, *, target_inputs=None, name_map=None, tra
     if grads:
         report.rows += gradient_rows(source_port.gradients(source, inputs), target_port.gradients(target, target_inputs),
                                      dtype, name_map)
-    report.hints = _hints(report, source_calls, source_desc, name_map)
+    report.hints = _hints(report, source_calls, source_desc)
     if probes and report.first_failure is not None and report.first_failure.section == "output":
         report.probes = run_probes(report, (source, source_port, inputs), (target, target_port, target_inputs),
                                    source_desc, target_desc, name_map, dtype)
