@@ -109,9 +109,18 @@ def _padding(value, n):
 
 
 def _modules(model, inputs=None) -> dict:
-    """path -> module: every submodule of an NNX module, or of a Linen module as called once."""
+    """path -> module: every submodule of an NNX module, or of a Linen module as called once (only
+    traced, by jax.eval_shape: the modules are known at trace time and nothing is compiled)."""
     if _is_linen(model):
-        return _linen_run(model, _arrays(model, inputs))[1]
+        modules = {}
+
+        def run(variables, arrays):
+            calls, seen = _linen_run((model[0], variables), arrays)
+            modules.update(seen)
+            return [value for _, value in calls]
+
+        jax.eval_shape(run, _unfreeze(dict(model[1])), _arrays(model, inputs))
+        return modules
     return {_join(path): module for path, module in nnx.iter_modules(model)}
 
 
@@ -260,9 +269,10 @@ def cast(model, dtype: str):
         jax.config.update("jax_enable_x64", True)
     target = DTYPES[dtype]
 
-    def convert(leaf):
-        leaf = jnp.asarray(leaf)
-        return leaf.astype(target) if jnp.issubdtype(leaf.dtype, jnp.floating) else leaf
+    def convert(leaf):  # in NumPy: an XLA convert would compile once per shape
+        if not jnp.issubdtype(jnp.result_type(leaf), jnp.floating):
+            return leaf  # integers, booleans, PRNG keys
+        return jnp.asarray(np.asarray(leaf).astype(target))
 
     if _is_linen(model):
         # Linen modules are frozen dataclasses: their `dtype` fields stay; the default None
