@@ -300,8 +300,9 @@ def capture(model, inputs: tuple) -> list[tuple[str, np.ndarray]]:
     the calls return (a child before its parent; the model itself last, path ""). A tuple output
     gives one entry per array, "path[i]". NNX: each submodule class's __call__ is wrapped for this
     one call and restored even on error; Linen: capture_intermediates. The call is traced once and
-    compiled (eagerly, each operation would compile on its own: 4x slower for a small block); a
-    model that cannot be traced, say one that reads a value with .item(), runs eagerly instead.
+    compiled (eagerly, every operation compiles on its own for each new shape and dtype, several
+    times slower for a first call); a model that cannot be traced, say one that reads a value
+    with float(), runs eagerly instead.
     A module called through a method other than __call__ is not seen."""
     arrays = _arrays(model, inputs)
     if _is_linen(model):

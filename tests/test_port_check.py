@@ -313,3 +313,16 @@ def test_a_first_port_with_flax_defaults_gets_both_of_its_bugs_named():
     # the GELU hides behind the first cause: named where the difference grows most
     assert any("from 'mlp.fc1' to 'mlp.fc2'" in hint for hint in report.hints), report.hints
     assert any(hint.startswith("'mlp.act' (GELU") for hint in report.hints), report.hints
+
+
+def test_a_model_that_reads_values_in_python_is_captured_eagerly():
+    class ReadsValues(nnx.Module):
+        def __init__(self):
+            self.fc = nnx.Linear(D, D, rngs=nnx.Rngs(0))
+
+        def __call__(self, x):
+            hidden = self.fc(x)
+            return hidden if float(hidden.sum()) > -1e9 else -hidden  # fails under jit
+
+    calls = jax_port.capture(ReadsValues(), (torch_block.example_inputs(),))
+    assert [path for path, _ in calls] == ["fc", ""] and calls[0][1].shape == (3, T, D)

@@ -530,6 +530,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
+    if args.int_range and not args.input_shape:
+        args.parser.error("--int-range goes with --input-shape")
     try:
         source, source_inputs = load_factory(args.torch_factory)
         target, target_inputs = load_factory(args.flax_factory)
