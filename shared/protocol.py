@@ -68,6 +68,23 @@ numpy_ref.attention.attention over the exchange dict)
                              so that equal logits give equal tokens in every backend. Refused
                              before any work (shared.checks.check_generate): an empty prompt,
                              ids out of range, P + max_new_tokens > max_len.
+`port`, where the registry lists "port" (shared.tools.port_check: any user model, not TinyLM)
+    owns(model) -> bool      whether this backend can read the model
+    describe(model, inputs) -> {module path: {"type": neutral name, setting: value}}
+                             settings in torch's conventions (eps, bias, dropout active, ...)
+    parameters(model) -> dict[str, np.ndarray]
+                             every parameter in the exchange convention: torch state_dict
+                             names and layouts (Linear (out, in), Conv (out, in, k...))
+    load_parameters(model, arrays) -> model
+    cast(model, dtype) -> model      a copy in "float32" or "float64"
+    capture(model, inputs) -> [(module path, np.ndarray)]
+                             NumPy in, NumPy out: every submodule's output, in the order the
+                             calls return; the model itself last, path ""
+    gradients(model, inputs) -> dict[str, np.ndarray]
+                             d (sum of the outputs) / d every parameter, exchange convention
+    switched(model, switch, path, value=None) -> model or None
+                             a copy with "transpose" (square Linear kernel) or "eps" switched
+    highest_precision()      context manager: full float32 matmuls (TF32 off)
 """
 
 from __future__ import annotations
@@ -83,4 +100,6 @@ CAPABILITIES = {
     "fused": {},  # ModelConfig(attn_impl="fused") calls a fused attention kernel
     "jit": {},  # calls are compiled for each new input shape: tests keep such a backend to a few shapes
     "generate": {"generate": ("KVCache", "new_cache", "step", "cache_arrays", "generate")},
+    "port": {"port": ("owns", "describe", "parameters", "load_parameters", "cast", "capture", "gradients",
+                      "switched", "highest_precision")},  # any user model: shared.tools.port_check
 }

@@ -15,6 +15,7 @@ COMMANDS = {
     "heads": ("shared.tools.heads", "show every attention head of a saved model (text, and an image with --plot)"),
     "parity": ("shared.tools.parity", "prove numpy_ref, torch_impl and jax_impl agree: every stage, gradient and step"),
     "generate": ("shared.tools.generate", "continue a prompt with a saved model, with the KV cache or without (--no-cache)"),
+    "port-check": ("shared.tools.port_check", "check your own port: a torch model against its Flax port, module by module"),
     "compare": ("shared.tools.compare", "compare the per-step losses of two --history files"),
     "bench": ("shared.tools.bench", "run the benchmarks (benchmarks/ of a checkout) and print their markdown tables"),
 }
