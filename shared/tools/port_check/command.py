@@ -1,0 +1,116 @@
+"""`mhsa port-check TORCH_FACTORY FLAX_FACTORY`: factories, inputs and the command."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+
+import numpy as np
+
+from shared.config import DTYPES
+from shared.tools.port_check.compare import check_port
+from shared.tools.port_check.records import backend_of
+from shared.tools.port_check.report import format_report
+
+
+def load_factory(spec: str):
+    """'package.module:function' -> what the function returns: a model, or (model, inputs)."""
+    module_name, _, function = spec.partition(":")
+    if not module_name or not function:
+        raise ValueError(f"factory must be package.module:function; got {spec!r}")
+    if os.getcwd() not in sys.path:  # the user's own package, as `python -m` would find it
+        sys.path.insert(0, os.getcwd())
+    try:
+        factory = getattr(importlib.import_module(module_name), function)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"cannot load factory {spec!r}: {error}") from None
+    result = factory()
+    if _readable(result):
+        return result, None
+    if isinstance(result, tuple) and len(result) == 2 and _readable(result[0]):
+        return result
+    raise ValueError(f"factory {spec!r} returned {type(result).__name__}; expected a model or (model, inputs)")
+
+
+def _readable(model) -> bool:
+    try:
+        backend_of(model)
+    except TypeError:
+        return False
+    return True
+
+
+def read_inputs(args, source_inputs, target_inputs):
+    """(inputs for the reference, inputs for the port) from --inputs, --input-shape or the factories."""
+    if args.inputs:
+        if args.inputs.endswith(".npz"):
+            with np.load(args.inputs) as archive:
+                arrays = tuple(archive[key] for key in archive.files)
+        else:
+            arrays = (np.load(args.inputs),)
+        return arrays, arrays
+    if args.input_shape:
+        rng = np.random.default_rng(args.seed)
+        if args.int_range:
+            x = rng.integers(0, args.int_range, args.input_shape)
+        else:
+            x = rng.standard_normal(args.input_shape).astype(np.float32)
+        return (x,), (x,)
+    if source_inputs is None and target_inputs is None:
+        raise ValueError("no inputs: give --input-shape or --inputs, or let a factory return (model, inputs)")
+    return source_inputs if source_inputs is not None else target_inputs, target_inputs
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(part) for part in text.replace("x", ",").split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"input shape must be positive integers like 3,5,24; got {text!r}") from None
+    if not shape or min(shape) < 1:
+        raise argparse.ArgumentTypeError(f"input shape must be positive integers like 3,5,24; got {text!r}")
+    return shape
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from shared.tools.train_cli import non_negative_int, positive_int
+
+    parser.add_argument("torch_factory", metavar="TORCH_FACTORY",
+                        help="package.module:function returning the reference model, or (model, inputs)")
+    parser.add_argument("flax_factory", metavar="FLAX_FACTORY",
+                        help="package.module:function returning the port (nnx.Module or Linen (module, variables)), "
+                             "or (model, inputs)")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--input-shape", type=_shape, help="random normal float32 inputs of this shape, e.g. 3,5,24")
+    source.add_argument("--inputs", help="inputs from a .npy file, or a .npz file (one array per positional argument)")
+    parser.add_argument("--int-range", type=positive_int, help="with --input-shape: integer ids in [0, N) instead")
+    parser.add_argument("--map", help="JSON file {reference prefix: port prefix} for names that do not correspond")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="cast both models and the inputs (default float32)")
+    parser.add_argument("--grads", action="store_true", help="also compare d sum(output) / d every parameter")
+    parser.add_argument("--no-transfer", action="store_true", help="keep the port's own weights and compare them")
+    parser.add_argument("--no-probes", action="store_true", help="skip the re-runs with likely causes switched")
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="seed of --input-shape's inputs (default 0)")
+    parser.set_defaults(parser=parser)
+
+
+def run(args) -> int:
+    if args.int_range and not args.input_shape:
+        args.parser.error("--int-range goes with --input-shape")
+    try:
+        source, source_inputs = load_factory(args.torch_factory)
+        target, target_inputs = load_factory(args.flax_factory)
+        inputs, target_inputs = read_inputs(args, source_inputs, target_inputs)
+        name_map = None
+        if args.map:
+            with open(args.map) as file:
+                name_map = json.load(file)
+            if not isinstance(name_map, dict) or not all(isinstance(v, str) for v in name_map.values()):
+                raise ValueError(f"--map {args.map} must hold a JSON object of names to names")
+    except (ValueError, TypeError, OSError) as error:
+        args.parser.error(str(error))
+    report = check_port(source, target, inputs, target_inputs=target_inputs, name_map=name_map,
+                        transfer=not args.no_transfer, dtype=args.dtype, grads=args.grads, probes=not args.no_probes)
+    print(format_report(report))
+    return 0 if report.passed else 1
