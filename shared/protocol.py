@@ -35,11 +35,27 @@ numpy_ref.attention.attention over the exchange dict)
                              NumPy in, NumPy out: the loss and d loss / d every exchange array.
 
 `train`, where the registry lists "train"
-    train(model_config, train_config, init="shared", on_step=None, resume=None) -> History
+    train(model_config, train_config, init="shared", on_step=None, resume=None, dp=1) -> History
                              the copy task on shared.training's batch stream; init is "shared",
-                             "native" or a weights file; resume an AdamState.
+                             "native" or a weights file; resume an AdamState; dp > 1 only
+                             where the registry lists "dp".
     optimizer_to_exchange(optimizer, model, train_config) -> AdamState
     optimizer_from_exchange(adam_state, optimizer, model) -> None
+
+`parallel`, where the registry lists "dp" (data parallel on the framework's own engine)
+    train(model_config, train_config, dp, init="shared", on_step=None, resume=None, *, shard=shard) -> History
+                             what train.train(..., dp=dp) delegates to: every global batch
+                             (B, T) split into dp equal shards (B // dp, T), one per rank or
+                             device, gradients averaged, one Adam step per global batch: the
+                             single-device run's mathematics, so its trajectory within the
+                             trajectory tolerances. Same seed and init on every rank. The
+                             History holds ordinary single-device objects (checkpoints load
+                             with any dp, in any backend). ValueError/TypeError before any
+                             work (shared.training.check_data_parallel); a failed rank stops
+                             every rank and raises shared.training.RankFailedError.
+    shard(x, rank, dp)       x (..., B, T) -> rank's rows (..., B // dp, T).
+    prepare(dp)              what must happen before the framework starts (JAX on CPU: ask XLA
+                             for dp host devices); call it before the first framework use.
 """
 
 from __future__ import annotations
@@ -53,4 +69,5 @@ CAPABILITIES = {
     "grads": {"model": ("grads_to_exchange", "loss_and_grads")},
     "train": {"train": ("train", "optimizer_to_exchange", "optimizer_from_exchange")},
     "fused": {},  # ModelConfig(attn_impl="fused") calls a fused attention kernel
+    "dp": {"parallel": ("train", "shard", "prepare")},  # data parallel: train(..., dp=N) over N ranks/devices
 }

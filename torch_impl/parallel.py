@@ -73,7 +73,7 @@ def train(model_config: ModelConfig, train_config: TrainConfig, dp, init="shared
     # 1. ranks: dp processes on a free port of 127.0.0.1, rank 0 reporting on a queue
     context = mp.get_context(START_METHOD)
     if START_METHOD == "forkserver":
-        context.set_forkserver_preload(["torch_impl.parallel"])
+        context.set_forkserver_preload(["torch"])  # not this package: a `python -m` main would run twice
     results = context.Queue()
     port = free_port()
     ranks = [context.Process(target=_run_rank, daemon=True,

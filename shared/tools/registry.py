@@ -40,8 +40,8 @@ REGISTRY: dict[str, Backend] = {
     backend.name: backend
     for backend in (
         Backend("numpy", "numpy_ref", frozenset()),
-        Backend("torch", "torch_impl", frozenset({"layers", "grads", "train", "fused"})),
-        Backend("jax", "jax_impl", frozenset({"layers", "grads", "train", "fused"})),
+        Backend("torch", "torch_impl", frozenset({"layers", "grads", "train", "fused", "dp"})),
+        Backend("jax", "jax_impl", frozenset({"layers", "grads", "train", "fused", "dp"})),
     )
 }
 
