@@ -35,6 +35,9 @@ from torch_impl.train import optimizer_from_exchange, optimizer_to_exchange, tra
 # forkserver: the ranks fork from one server that imported torch once, so a second run in the
 # same process starts in a fraction of a second and no rank inherits the launcher's threads
 START_METHOD = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+# what the server imports once: torch, and torch._dynamo that every optimizer imports on creation
+# (seconds per rank otherwise); not this package, or a `python -m torch_impl.train` main would run twice
+PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel", "shared.training"]
 
 
 def shard(x, rank, dp):
@@ -73,7 +76,7 @@ def train(model_config: ModelConfig, train_config: TrainConfig, dp, init="shared
     # 1. ranks: dp processes on a free port of 127.0.0.1, rank 0 reporting on a queue
     context = mp.get_context(START_METHOD)
     if START_METHOD == "forkserver":
-        context.set_forkserver_preload(["torch"])  # not this package: a `python -m` main would run twice
+        context.set_forkserver_preload(PRELOAD)
     results = context.Queue()
     port = free_port()
     ranks = [context.Process(target=_run_rank, daemon=True,
