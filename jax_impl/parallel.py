@@ -72,7 +72,8 @@ def train(model_config: ModelConfig, train_config: TrainConfig, dp, init="shared
     if train_config.dtype == "float64":
         jax.config.update("jax_enable_x64", True)  # off by default: float64 would silently become float32
 
-    # 1. ranks: a one-axis mesh over the first dp devices; the shared init and Adam replicated on each
+    # 1. ranks: dp replicas of the same init and Adam state, each to train on its shard of every batch
+    # (a one-axis mesh over the first dp devices; XLA all-reduces the gradients inside the scan)
     mesh = Mesh(np.array(jax.devices()[:dp]), ("data",))
     rngs = nnx.Rngs(train_config.seed)
     arrays = training.initial_weights(init, model_config, train_config)
@@ -83,7 +84,7 @@ def train(model_config: ModelConfig, train_config: TrainConfig, dp, init="shared
     graphdef, state = nnx.split((model, optimizer))
     state = jax.device_put(state, NamedSharding(mesh, P()))  # replicated
 
-    # 2. epochs: every device its shard of the same global batches, one compiled scan per epoch
+    # 2. epochs: the global batch's loss at every step, checked and reported here alone
     losses = []
     for batches in training.epochs(model_config, train_config, start=start_epoch):
         state, epoch_losses = train_epoch(graphdef, state, batches, mesh, shard)

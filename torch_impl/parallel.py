@@ -73,7 +73,8 @@ def train(model_config: ModelConfig, train_config: TrainConfig, dp, init="shared
     if init not in training.INITS:
         training.initial_weights(init, model_config, train_config)  # a bad weights file fails here, not in N ranks
 
-    # 1. ranks: dp processes on a free port of 127.0.0.1, rank 0 reporting on a queue
+    # 1. ranks: dp replicas of the same init and Adam state, each to train on its shard of every batch
+    # (dp processes on a free port of 127.0.0.1; rank 0 reports on a queue, this process prints)
     context = mp.get_context(START_METHOD)
     if START_METHOD == "forkserver":
         context.set_forkserver_preload(PRELOAD)
@@ -85,7 +86,7 @@ def train(model_config: ModelConfig, train_config: TrainConfig, dp, init="shared
     for rank in ranks:
         rank.start()
 
-    # 2. epochs: rank 0's global losses, checked and reported here, the only place that prints
+    # 2. epochs: the global batch's loss at every step, checked and reported here alone
     losses, final = [], None
     try:
         while final is None:
@@ -99,7 +100,7 @@ def train(model_config: ModelConfig, train_config: TrainConfig, dp, init="shared
     finally:
         _stop(ranks, wait=final is not None)
 
-    # 3. result: the trained weights and Adam state as ordinary single-process objects
+    # 3. result: the trained weights and Adam state as ordinary single-device objects
     arrays, adam_state = final
     model = from_exchange(arrays, model_config)
     optimizer = torch.optim.Adam(model.parameters(), lr=train_config.lr, betas=train_config.betas, eps=train_config.eps,
@@ -131,7 +132,7 @@ def train_rank(rank, dp, model_config: ModelConfig, train_config: TrainConfig, i
     # 3. epochs: every rank its shard of the same global batches
     for batches in training.epochs(model_config, train_config, start=start_epoch):
         local = [(shard(x, rank, dp), shard(y, rank, dp)) for x, y in batches]
-        epoch_losses = train_epoch(replica, optimizer, local, device)  # (steps,) this shard's means
+        epoch_losses = train_epoch(replica, optimizer, local, device)  # this shard's mean loss at every step
         dist.all_reduce(epoch_losses)  # the mean over equal shards is the global batch's mean
         if rank == 0:
             results.put(("epoch", (epoch_losses / dp).cpu().numpy()))
