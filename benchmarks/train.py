@@ -286,7 +286,10 @@ def dp_epochs(backend, dp, batch_size, repeats, quick):
         if step % config.steps_per_epoch == 0:
             stamps.append(time.perf_counter())
 
-    registry.get(backend).train.train(ModelConfig(), config, on_step=on_step, dp=dp)
+    # one torch thread per rank, as each DDP rank sets for itself: on 2 busy cores a dp=1 run with
+    # 2 threads waits scheduler ticks at every parallel region and would flatter dp=2 (measured: 7 steps/s)
+    with bench_common.torch_threads(1 if backend == "torch" else None):
+        registry.get(backend).train.train(ModelConfig(), config, on_step=on_step, dp=dp)
     return [b - a for a, b in zip(stamps, stamps[1:])], steps
 
 
