@@ -4,6 +4,7 @@ default demo's wall time from process start to exit, and the torch-vs-JAX loss g
 
     python benchmarks/train.py            # the full tables (a few minutes on 2 cores)
     python benchmarks/train.py --quick    # small runs, seconds: checks that it all runs
+    python benchmarks/train.py --only dp  # data parallel at dp = 1, 2 (its own process: JAX's devices)
 """
 
 from __future__ import annotations
@@ -270,6 +271,50 @@ def gap_table(quick):
             + table(["dtype", "steps", "max abs gap", "at step", "DESIGN.md tolerance"], rows))
 
 
+# --- data parallel: the frameworks' own engines at dp = 1, 2 -------------------------------------
+
+def dp_epochs(backend, dp, batch_size, repeats, quick):
+    """Seconds per epoch (epochs 2.., as project_epochs) of train(..., dp=dp) at a global batch."""
+    from shared.config import ModelConfig, TrainConfig
+    from shared.tools import registry
+
+    steps = 8 if quick else 64
+    config = TrainConfig(epochs=repeats + 1, batch_size=batch_size, n_sequences=steps * batch_size)
+    stamps = []
+
+    def on_step(step, loss):
+        if step % config.steps_per_epoch == 0:
+            stamps.append(time.perf_counter())
+
+    # one torch thread per rank, as each DDP rank sets for itself: on 2 busy cores a dp=1 run with
+    # 2 threads waits scheduler ticks at every parallel region and would flatter dp=2 (measured: 7 steps/s)
+    with bench_common.torch_threads(1 if backend == "torch" else None):
+        registry.get(backend).train.train(ModelConfig(), config, on_step=on_step, dp=dp)
+    return [b - a for a, b in zip(stamps, stamps[1:])], steps
+
+
+def dp_table(repeats, quick):
+    """steps/s at dp = 1, 2 for each backend and two global batches, and the overhead share: how
+    much of a dp=2 step is not the dp=1 step on one shard (B/2), i.e. communication and waiting."""
+    from shared.tools import registry
+
+    rows = []
+    for backend in registry.names("dp"):
+        for batch in (32, 256):
+            speed = {}
+            for label, dp, size in (("dp=1", 1, batch), ("dp=1, one shard", 1, batch // 2), ("dp=2", 2, batch)):
+                seconds, steps = dp_epochs(backend, dp, size, repeats, quick)
+                speed[label] = median(_steps_per_s(seconds, steps))
+            overhead = 1 - speed["dp=2"] / speed["dp=1, one shard"]
+            rows.append([backend, str(batch), f"{speed['dp=1']:,.0f}", f"{speed['dp=2']:,.0f}",
+                         f"{speed['dp=2'] / speed['dp=1']:.2f}x", f"{speed['dp=1, one shard']:,.0f}", f"{overhead:.0%}"])
+    return (f"### Data parallel: steady-state steps/s at dp = 1 and 2 (global batch B, median of {repeats} epochs)\n\n"
+            + table(["backend", "B", "dp=1", "dp=2", "dp=2 vs dp=1", "dp=1 on B/2 (one shard)", "dp=2 overhead share"], rows)
+            + "\n\n- overhead share = 1 - (dp=2 steps/s) / (dp=1 steps/s on one shard of B/2): the part of a dp=2 step "
+              "spent on the gradient all-reduce, the loss reduction and waiting for the slower rank "
+              "(an upper bound: on 2 cores the two ranks also compete with each other)")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
@@ -277,8 +322,12 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=None, help="epochs per median (default 7, 3 with --quick)")
     parser.add_argument("--demo-runs", type=int, default=5, help="process runs per backend for the demo table")
     parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile row")
-    parser.add_argument("--only", choices=["speed", "demo", "gap"], action="append", help="run only this table (repeatable)")
+    parser.add_argument("--only", choices=["speed", "demo", "gap", "dp"], action="append", help="run only this table (repeatable)")
     args = parser.parse_args(argv)
+    if args.only == ["dp"]:  # JAX needs its 2 CPU devices before it starts (other tables run without)
+        from shared.tools import dp_parity
+
+        dp_parity.prepare(2)
     repeats = args.repeats or (3 if args.quick else 7)
     shown = ["benchmarks/train.py"] + (argv if argv is not None else sys.argv[1:])
     with bench_common.torch_threads(1 if args.quick else None):
@@ -287,12 +336,19 @@ def main(argv=None) -> int:
 
 
 def run(args, repeats, shown):
-    parts = args.only or ["speed", "demo", "gap"]
+    parts = args.only or ["speed", "demo", "gap"] + ([] if args.quick else ["dp"])
     print(bench_common.header("Training" + (" (--quick: too short to mean anything)" if args.quick else ""), shown))
     if "speed" in parts:
         print("\n" + speed_tables(repeats, args.quick, with_compile=not (args.quick or args.no_compile)), flush=True)
     if "demo" in parts:
         print("\n" + (demo_table(args.demo_runs) if not args.quick else "### The default demo\n\nskipped with --quick"), flush=True)
+    if "dp" in parts:
+        if args.only == ["dp"]:
+            print("\n" + dp_table(repeats, args.quick), flush=True)
+        else:  # its own process: the JAX device count is fixed when JAX starts
+            command = [sys.executable, __file__, "--only", "dp", "--repeats", str(repeats)] + (["--quick"] if args.quick else [])
+            output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+            print("\n" + output[output.index("### "):].rstrip(), flush=True)  # the table, without its header
     if "gap" in parts:
         print("\n" + gap_table(args.quick), flush=True)
 

@@ -60,15 +60,21 @@ def train_epoch(graphdef, state, batches):
     return state, np.asarray(losses)
 
 
-def train(model_config: ModelConfig, train_config: TrainConfig, init="shared", on_step=None, resume=None) -> History:
+def train(model_config: ModelConfig, train_config: TrainConfig, init="shared", on_step=None, resume=None,
+          dp=1) -> History:
     """Train from `init` ("shared", "native" or a weights file); returns the History with the
     model and optimizer.
 
     resume: an AdamState saved with those weights (by either backend): the run continues
     where it stopped, with the same moments, step count and remaining batches.
     on_step(step, loss) is called for every step once its epoch has finished.
+    dp: data-parallel ranks; dp > 1 splits every batch over dp devices (jax_impl.parallel).
     Raises training.NonFiniteLossError naming the first step whose loss was NaN or infinite.
     """
+    if dp != 1:  # the same run over dp devices: the framework's own data-parallel engine
+        from jax_impl import parallel
+
+        return parallel.train(model_config, train_config, dp, init, on_step, resume)
     started = time.perf_counter()
     start_epoch = training.first_epoch(resume, train_config)
     if train_config.dtype == "float64":

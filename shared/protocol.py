@@ -35,9 +35,10 @@ numpy_ref.attention.attention over the exchange dict)
                              NumPy in, NumPy out: the loss and d loss / d every exchange array.
 
 `train`, where the registry lists "train"
-    train(model_config, train_config, init="shared", on_step=None, resume=None) -> History
+    train(model_config, train_config, init="shared", on_step=None, resume=None, dp=1) -> History
                              the copy task on shared.training's batch stream; init is "shared",
-                             "native" or a weights file; resume an AdamState.
+                             "native" or a weights file; resume an AdamState; dp > 1 only
+                             where the registry lists "dp".
     optimizer_to_exchange(optimizer, model, train_config) -> AdamState
     optimizer_from_exchange(adam_state, optimizer, model) -> None
 
@@ -85,6 +86,20 @@ numpy_ref.attention.attention over the exchange dict)
     switched(model, switch, path, value=None) -> model or None
                              a copy with "transpose" (square Linear kernel) or "eps" switched
     highest_precision()      context manager: full float32 matmuls (TF32 off)
+`parallel`, where the registry lists "dp" (data parallel on the framework's own engine)
+    train(model_config, train_config, dp, init="shared", on_step=None, resume=None, *, shard=shard) -> History
+                             what train.train(..., dp=dp) delegates to: every global batch
+                             (B, T) split into dp equal shards (B // dp, T), one per rank or
+                             device, gradients averaged, one Adam step per global batch: the
+                             single-device run's mathematics, so its trajectory within the
+                             trajectory tolerances. Same seed and init on every rank. The
+                             History holds ordinary single-device objects (checkpoints load
+                             with any dp, in any backend). ValueError/TypeError before any
+                             work (shared.training.check_data_parallel); a failed rank stops
+                             every rank and raises shared.training.RankFailedError.
+    shard(x, rank, dp)       x (..., B, T) -> rank's rows (..., B // dp, T).
+    prepare(dp)              what must happen before the framework starts (JAX on CPU: ask XLA
+                             for dp host devices); call it before the first framework use.
 """
 
 from __future__ import annotations
@@ -102,4 +117,5 @@ CAPABILITIES = {
     "generate": {"generate": ("KVCache", "new_cache", "step", "cache_arrays", "generate")},
     "port": {"port": ("owns", "describe", "parameters", "load_parameters", "cast", "capture", "gradients",
                       "switched", "highest_precision")},  # any user model: shared.tools.port_check
+    "dp": {"parallel": ("train", "shard", "prepare")},  # data parallel: train(..., dp=N) over N ranks/devices
 }

@@ -30,6 +30,14 @@ class NonFiniteLossError(RuntimeError):
         )
 
 
+class RankFailedError(RuntimeError):
+    """One rank (process or device) of a data-parallel run failed; every rank was stopped."""
+
+    def __init__(self, rank: int, dp: int, reason: str):
+        self.rank, self.dp, self.reason = rank, dp, reason
+        super().__init__(f"data-parallel rank {rank} of {dp} failed: {reason}; all {dp} ranks were stopped")
+
+
 def initial_weights(init, model_config: ModelConfig, train_config: TrainConfig) -> dict | None:
     """Exchange arrays to start from: "shared" = init_weights(config, seed), identical for every
     backend; "native" = None (the framework's own initializers); a path = a saved weights file."""
@@ -90,3 +98,26 @@ def history(backend: str, model_config, train_config, losses: list[float], start
     epoch_losses = [float(np.mean(losses[start : start + size])) for start in range(0, len(losses), size)]
     return History(backend, model_config, train_config, losses, epoch_losses, time.perf_counter() - started,
                    first_step=start_epoch * size, model=model, optimizer=optimizer)
+
+
+# --- data parallel (torch_impl.parallel, jax_impl.parallel) ------------------------------------
+
+def check_data_parallel(train_config: TrainConfig, dp, devices: int | None = None, where: str = "devices") -> int:
+    """dp shards per global batch: every batch, the last smaller one included, must split into
+    dp equal shards, and dp must not exceed the `devices` available (None: no limit, as for
+    gloo ranks on CPU). Returns the shard size of a full batch. Raised before any work."""
+    if isinstance(dp, bool) or not isinstance(dp, int):
+        raise TypeError(f"dp must be an int, got {dp!r} ({type(dp).__name__})")
+    if dp < 1:
+        raise ValueError(f"dp must be a positive integer, got {dp}")
+    if train_config.batch_size % dp != 0:
+        raise ValueError(f"batch_size={train_config.batch_size} is not divisible by dp={dp}: "
+                         f"every global batch is split into {dp} equal shards")
+    last = train_config.n_sequences % train_config.batch_size
+    if last % dp != 0:
+        raise ValueError(f"the last batch of each epoch has {last} sequences (n_sequences={train_config.n_sequences} "
+                         f"% batch_size={train_config.batch_size}), not divisible by dp={dp}: "
+                         f"choose n_sequences so that every batch splits into {dp} equal shards")
+    if devices is not None and dp > devices:
+        raise ValueError(f"dp={dp} needs {dp} devices, but only {devices} are available ({where})")
+    return train_config.batch_size // dp

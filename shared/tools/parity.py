@@ -56,6 +56,7 @@ class Row:
 class Report:
     title: str
     rows: list[Row] = field(default_factory=list)
+    headers: dict[str, str] = field(default_factory=dict)  # column headers of a section with its own columns
 
     @property
     def first_failure(self) -> Row | None:
@@ -132,11 +133,23 @@ def stage_and_gradient_rows(config, dtype, seed, mask=None, samples=6, adapters=
     return rows
 
 
-def trajectory_rows(config, dtype, seed, epochs) -> list[Row]:
+def trained(name: str, config: ModelConfig, train_config: TrainConfig, dp: int = 1, cache: dict | None = None):
+    """The History of one backend's real trainer; `cache` keeps each run for the sections that
+    read the same one (the trajectories and the data-parallel dp=1 runs)."""
+    key = (name, config, train_config, dp)
+    if cache is None or key not in cache:
+        run = registry.get(name).train.train(config, train_config, **({"dp": dp} if dp != 1 else {}))
+        if cache is None:
+            return run
+        cache[key] = run
+    return cache[key]
+
+
+def trajectory_rows(config, dtype, seed, epochs, cache: dict | None = None) -> list[Row]:
     """The loss at every step of every backend's trainer, from the same init and batches; in
     float64 also the final weights."""
     train_config = TrainConfig(epochs=epochs, seed=seed, dtype=dtype)
-    runs = {name: registry.get(name).train.train(config, train_config) for name in registry.names("train")}
+    runs = {name: trained(name, config, train_config, cache=cache) for name in registry.names("train")}
     final = {name: registry.get(name).model.to_exchange(run.model) for name, run in runs.items()}
     steps = len(next(iter(runs.values())).losses)
 
@@ -153,21 +166,31 @@ def trajectory_rows(config, dtype, seed, epochs) -> list[Row]:
 
 
 def build_report(config: ModelConfig, dtype="float32", seed=0, mask=None, epochs=3, samples=6, adapters=None,
-                 progress=None, decode=True) -> Report:
+                 progress=None, decode=True, dp=0) -> Report:
     """Every section of the report in order. progress(index, total, section), if given, is
-    called as each section starts (`mhsa parity` shows it on stderr in a terminal)."""
+    called as each section starts (`mhsa parity` shows it on stderr in a terminal).
+
+    dp >= 2 adds the data-parallel section (needs epochs > 0, and shared.tools.dp_parity.prepare(dp)
+    called before JAX starts)."""
+    runs: dict = {}  # trained runs, shared by the sections that need the same one
     title = (f"mhsa parity · {dtype} · seed {seed} · vocab_size={config.vocab_size} d_model={config.d_model} "
              f"n_heads={config.n_heads} max_len={config.max_len} bias={config.bias} · "
              f"{'padding mask (B, 1, 1, T) and causal' if mask is not None else 'causal mask only'}")
     sections = [("stages and gradients", lambda: stage_and_gradient_rows(config, dtype, seed, mask=mask, samples=samples,
                                                                           adapters=adapters))]
     if epochs > 0:
-        sections.append((f"trajectories ({epochs} epochs per trainer)", lambda: trajectory_rows(config, dtype, seed, epochs)))
+        sections.append((f"trajectories ({epochs} epochs per trainer)",
+                         lambda: trajectory_rows(config, dtype, seed, epochs, cache=runs)))
     if decode:
         from shared.tools.decode_parity import decode_rows  # it builds on this module's Row
 
         sections.append(("decode with the KV cache", lambda: decode_rows(config, dtype, seed)))
     report = Report(title)
+    if dp >= 2 and epochs > 0:
+        from shared.tools import dp_parity  # it builds on this module's Row
+
+        report.headers.update(dp_parity.columns(registry.names("dp"), dp))
+        sections.append((f"data-parallel (dp={dp} against dp=1)", lambda: dp_parity.section(config, dtype, seed, epochs, dp, cache=runs)))
     for index, (section, rows) in enumerate(sections):
         if progress is not None:
             progress(index, len(sections), section)
@@ -186,22 +209,20 @@ def header(key: str) -> str:
 
 
 def format_report(report: Report) -> str:
+    """The report as markdown: one table for the sections compared pair by pair, then one per
+    section with columns of its own (data-parallel), the notes and the verdict."""
     first = report.first_failure
-    keys = columns(report)
-    widths = [max(14, len(header(key))) for key in keys]
-    width = max(len(_row_name(row)) for row in report.rows)
-    head = f"| {'compared':<{width}} | " + " | ".join(f"{header(key):>{w}}" for key, w in zip(keys, widths)) + " | tolerance | result |"
-    rule = "|" + "-" * (width + 2) + "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|----------:|--------|"
-    lines = [report.title, "", head, rule]
-    section = None
+    main = columns(report)
+    tables: list[tuple[list[str], list[Row]]] = []
     for row in report.rows:
-        if row.section != section and section is not None:
-            lines.append(f"| {'':<{width}} | " + " | ".join(" " * w for w in widths) + " |           |        |")
-        section = row.section
-        cells = " | ".join(f"{_cell(row.diffs.get(key)):>{w}}" for key, w in zip(keys, widths))
-        result = "PASS" if row.passed else "FAIL"
-        marker = "  <- the implementations part here" if row is first else ""
-        lines.append(f"| {_row_name(row):<{width}} | {cells} | {row.tol:>9.0e} | {result}   |{marker}")
+        keys = main if set(row.diffs) <= set(main) else list(row.diffs)
+        if tables and tables[-1][0] == keys:
+            tables[-1][1].append(row)
+        else:
+            tables.append((keys, [row]))
+    lines = [report.title]
+    for keys, rows in tables:
+        lines += [""] + _table(keys, rows, first, lambda key: report.headers.get(key) or header(key))
     lines.append("")
     notes = sorted({row.note for row in report.rows if row.note})
     lines += [f"note: {note}" for note in notes]
@@ -210,9 +231,28 @@ def format_report(report: Report) -> str:
     else:
         pair = first.failing_pair()
         failures = sum(not row.passed for row in report.rows)
-        lines.append(f"FAIL: first difference at {first.section} '{first.name}': {header(pair)} "
+        lines.append(f"FAIL: first difference at {first.section} '{first.name}': {report.headers.get(pair) or header(pair)} "
                      f"{first.diffs[pair]:.2e} > {first.tol:.0e} ({failures} of {len(report.rows)} comparisons fail)")
     return "\n".join(lines)
+
+
+def _table(keys: list[str], rows: list[Row], first: Row | None, header_of) -> list[str]:
+    # one markdown table; a blank row between sections
+    widths = [max(14, len(header_of(key))) for key in keys]
+    width = max(len(_row_name(row)) for row in rows)
+    head = f"| {'compared':<{width}} | " + " | ".join(f"{header_of(key):>{w}}" for key, w in zip(keys, widths)) + " | tolerance | result |"
+    rule = "|" + "-" * (width + 2) + "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|----------:|--------|"
+    lines = [head, rule]
+    section = None
+    for row in rows:
+        if row.section != section and section is not None:
+            lines.append(f"| {'':<{width}} | " + " | ".join(" " * w for w in widths) + " |           |        |")
+        section = row.section
+        cells = " | ".join(f"{_cell(row.diffs.get(key)):>{w}}" for key, w in zip(keys, widths))
+        result = "PASS" if row.passed else "FAIL"
+        marker = "  <- the implementations part here" if row is first else ""
+        lines.append(f"| {_row_name(row):<{width}} | {cells} | {row.tol:>9.0e} | {result}   |{marker}")
+    return lines
 
 
 def _row_name(row: Row) -> str:
@@ -246,6 +286,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = ModelConfig()
     parser.add_argument("--dtype", choices=DTYPES, default="float32")
     parser.add_argument("--seed", type=non_negative_int, default=0, help="weights, inputs and training seed (default 0)")
+    parser.add_argument("--dp", type=non_negative_int, default=2,
+                        help="ranks or devices of the data-parallel section (default 2; 0 skips it)")
+    parser.add_argument("--no-decode", action="store_true", help="skip the decode (KV cache) section")
     parser.add_argument("--mask", choices=("causal", "padding"), default="causal",
                         help="causal only (default), or also a (B, 1, 1, T) padding mask")
     parser.add_argument("--epochs", type=non_negative_int, default=3,
@@ -266,18 +309,25 @@ def run(args) -> int:
                              max_len=args.seq_len, bias=not args.no_bias)
     except (ValueError, TypeError) as error:
         args.parser.error(str(error))
+    if args.dp == 1:
+        args.parser.error("--dp 1 compares a run with itself: give 2 or more, or 0 to skip the data-parallel section")
+    if args.dp:
+        from shared.tools import dp_parity
+
+        dp_parity.prepare(args.dp)  # before JAX starts: it fixes its CPU device count then
     if args.dtype == "float64":
         import jax
 
         jax.config.update("jax_enable_x64", True)  # off by default: float64 would silently become float32
     notes = configure_accelerators()
     mask = padding_mask(config) if args.mask == "padding" else None
-    report = build_report(config, args.dtype, args.seed, mask=mask, epochs=args.epochs, samples=args.samples)
+    report = build_report(config, args.dtype, args.seed, mask=mask, epochs=args.epochs, samples=args.samples,
+                          progress=_progress if sys.stderr.isatty() else None, decode=not args.no_decode, dp=args.dp)
     print(format_report(report))
     for note in notes:
         print(f"note: {note}")
     return 0 if report.passed else 1
 
 
-if __name__ == "__main__":
-    sys.exit(run(argparse.Namespace()))
+def _progress(index: int, total: int, section: str) -> None:
+    print(f"\rparity [{index + 1}/{total}] {section} ...\033[K", end="\n" if index + 1 == total else "", file=sys.stderr, flush=True)

@@ -15,7 +15,7 @@ from shared import adam_state, checks, weights
 from shared.config import DTYPES, ModelConfig, TrainConfig
 from shared.tools import registry
 from shared.tools.heatmap import ascii_heatmap
-from shared.training import INITS, NonFiniteLossError
+from shared.training import INITS, NonFiniteLossError, RankFailedError
 
 BACKENDS = ("torch", "jax")
 MODEL_FLAGS = {"vocab_size": "--vocab-size", "d_model": "--d-model", "n_heads": "--n-heads", "max_len": "--seq-len"}
@@ -73,6 +73,8 @@ def add_arguments(parser: argparse.ArgumentParser, backend: str | None = None) -
     run.add_argument("--lr", type=positive_float, default=defaults_train.lr, help="Adam learning rate (default 0.01)")
     run.add_argument("--seed", type=non_negative_int, default=defaults_train.seed, help="data, shuffling and init seed (default 0)")
     run.add_argument("--dtype", choices=DTYPES, default=defaults_train.dtype, help="float32 (default) or float64 everywhere")
+    run.add_argument("--dp", type=positive_int, default=1,
+                     help="data parallel: split every batch over N ranks (torch) or devices (jax) (default 1)")
     run.add_argument("--init", choices=INITS, default="shared",
                      help="shared: NumPy init identical for every backend (default); native: the framework's own")
     files = parser.add_argument_group("files")
@@ -150,9 +152,13 @@ def run(args) -> int:
     except (ValueError, TypeError, FileNotFoundError) as error:
         parser.error(str(error))
     backend = registry.get(args.backend)
+    if args.dp > 1:  # before the framework starts: JAX fixes its CPU device count then
+        if "dp" not in backend.supports:
+            parser.error(f"--dp {args.dp}: the {args.backend} backend has no data-parallel trainer")
+        backend.module("parallel").prepare(args.dp)
     trainer, model_module = backend.train, backend.model
     print(f"backend {args.backend}")
-    print(describe(model_config, train_config, init), flush=True)
+    print(describe(model_config, train_config, init) + (f" dp={args.dp}" if args.dp > 1 else ""), flush=True)
 
     total = train_config.epochs * train_config.steps_per_epoch
     if resume is not None:
@@ -173,8 +179,9 @@ def run(args) -> int:
             epoch_sum[0] = 0.0
 
     try:
-        history = trainer.train(model_config, train_config, init=init, on_step=on_step, resume=resume)
-    except NonFiniteLossError as error:
+        history = trainer.train(model_config, train_config, init=init, on_step=on_step, resume=resume,
+                                **({"dp": args.dp} if args.dp > 1 else {}))
+    except (NonFiniteLossError, RankFailedError) as error:
         bar.close()
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -1,0 +1,210 @@
+"""Data-parallel training with PyTorch's own engine: N processes, torch.distributed and
+DistributedDataParallel (gloo on CPU, nccl when every rank has a CUDA device).
+
+Every rank starts from the same weights with the same seed (nanoGPT seeds rank r with
+1337 + r, which makes a run differ from the single-device one) and takes its shard of the
+same global batch of shared.training.epochs; DDP averages the gradients, so each step is the
+single-device step: the same mathematics, only the order of the sums differs.
+
+The launcher (train) starts the ranks itself on a free port of 127.0.0.1; rank 0 sends each
+epoch's losses and the final weights and Adam state back, and the launcher alone prints,
+saves and writes history. A rank that raises, or Ctrl-C, stops every rank: one message, no hang.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import socket
+import sys
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel
+
+from shared import training
+from shared.config import ModelConfig, TrainConfig
+from shared.history import History
+from torch_impl.model import TinyLM, from_exchange, to_exchange
+from torch_impl.train import optimizer_from_exchange, optimizer_to_exchange, train_step
+
+# forkserver: the ranks fork from one server that imported torch once, so a second run in the
+# same process starts in a fraction of a second and no rank inherits the launcher's threads
+START_METHOD = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+# what the server imports once: torch, and torch._dynamo that every optimizer imports on creation
+# (seconds per rank otherwise); not this package, or a `python -m torch_impl.train` main would run twice
+PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel", "shared.training"]
+
+
+def shard(x, rank, dp):
+    """Rank `rank`'s equal share of a global batch: x (..., B, T) -> (..., B // dp, T)."""
+    size = x.shape[-2] // dp
+    return x[..., rank * size : (rank + 1) * size, :]  # (..., B // dp, T)
+
+
+def prepare(dp):
+    """Nothing to set before torch starts: ranks are processes (JAX's twin makes CPU devices)."""
+
+
+def devices(dp):
+    """(how many ranks can run, what they run on): CUDA devices, or any number of CPU processes."""
+    if torch.cuda.is_available():
+        return torch.cuda.device_count(), "CUDA devices (torch.cuda.device_count())"
+    return None, "CPU processes"
+
+
+def train(model_config: ModelConfig, train_config: TrainConfig, dp, init="shared", on_step=None, resume=None,
+          *, shard=shard) -> History:
+    """torch_impl.train.train over dp ranks; returns the same History (the model and Adam
+    rebuilt in this process from rank 0's final state: ordinary objects, saved as usual).
+
+    shard(x, rank, dp): the rows of a global batch that rank trains on (a named hook, so a
+    test can plant a wrong split and watch the data-parallel parity rows fail).
+    Raises ValueError before any work when the batches do not split or dp exceeds the devices,
+    training.RankFailedError when a rank fails (all ranks are then stopped).
+    """
+    started = time.perf_counter()
+    training.check_data_parallel(train_config, dp, *devices(dp))
+    start_epoch = training.first_epoch(resume, train_config)
+    if init not in training.INITS:
+        training.initial_weights(init, model_config, train_config)  # a bad weights file fails here, not in N ranks
+
+    # 1. ranks: dp replicas of the same init and Adam state, each to train on its shard of every batch
+    # (dp processes on a free port of 127.0.0.1; rank 0 reports on a queue, this process prints)
+    context = mp.get_context(START_METHOD)
+    if START_METHOD == "forkserver":
+        context.set_forkserver_preload(PRELOAD)
+    results = context.Queue()
+    port = free_port()
+    ranks = [context.Process(target=_run_rank, daemon=True,
+                             args=(rank, dp, port, model_config, train_config, init, resume, shard, results))
+             for rank in range(dp)]
+    for rank in ranks:
+        rank.start()
+
+    # 2. epochs: the global batch's loss at every step, checked and reported here alone
+    losses, final = [], None
+    try:
+        while final is None:
+            message = _next_message(results, ranks)
+            if message[0] == "epoch":
+                training.finish_epoch(losses, message[1], train_config, start_epoch, on_step)
+            elif message[0] == "failed":
+                raise training.RankFailedError(message[1], dp, message[2])
+            else:
+                final = message[1:]
+    finally:
+        _stop(ranks, wait=final is not None)
+
+    # 3. result: the trained weights and Adam state as ordinary single-device objects
+    arrays, adam_state = final
+    model = from_exchange(arrays, model_config)
+    optimizer = torch.optim.Adam(model.parameters(), lr=train_config.lr, betas=train_config.betas, eps=train_config.eps,
+                                 fused=True)
+    optimizer_from_exchange(adam_state, optimizer, model)
+    return training.history("torch", model_config, train_config, losses, started, model, optimizer, start_epoch)
+
+
+def train_rank(rank, dp, model_config: ModelConfig, train_config: TrainConfig, init, resume, shard, results) -> None:
+    """One rank's run, inside an initialized process group: the single-device train() with the
+    model wrapped in DistributedDataParallel and each batch cut to this rank's shard."""
+    start_epoch = training.first_epoch(resume, train_config)
+    device = torch.device("cuda", rank) if torch.cuda.is_available() else torch.device("cpu")
+
+    # 1. model: the same seed and shared init on every rank (not nanoGPT's seed + rank)
+    torch.manual_seed(train_config.seed)
+    arrays = training.initial_weights(init, model_config, train_config)
+    model = TinyLM(model_config, dtype=train_config.dtype) if arrays is None else from_exchange(arrays, model_config)
+    model = model.to(device)
+    replica = DistributedDataParallel(model, device_ids=[rank] if device.type == "cuda" else None)
+
+    # 2. optimizer: Adam with TrainConfig's lr, betas and eps, on every rank
+    # (each rank applies the same averaged gradients, so the replicas stay equal without a broadcast)
+    optimizer = torch.optim.Adam(model.parameters(), lr=train_config.lr, betas=train_config.betas, eps=train_config.eps,
+                                 fused=True)
+    if resume is not None:
+        optimizer_from_exchange(resume, optimizer, model)
+
+    # 3. epochs: every rank its shard of the same global batches
+    for batches in training.epochs(model_config, train_config, start=start_epoch):
+        local = [(shard(x, rank, dp), shard(y, rank, dp)) for x, y in batches]
+        epoch_losses = train_epoch(replica, optimizer, local, device)  # this shard's mean loss at every step
+        dist.all_reduce(epoch_losses)  # the mean over equal shards is the global batch's mean
+        if rank == 0:
+            results.put(("epoch", (epoch_losses / dp).cpu().numpy()))
+
+    if rank == 0:
+        model.cpu()
+        for state in optimizer.state.values():
+            state.update({key: value.cpu() for key, value in state.items()})
+        results.put(("done", to_exchange(model), optimizer_to_exchange(optimizer, model, train_config)))
+
+
+def train_epoch(model, optimizer, batches, device):
+    """Every step of one epoch on this rank's shards; returns the per-step losses (steps,)."""
+    losses = [train_step(model, optimizer, torch.from_numpy(x).to(device), torch.from_numpy(y).to(device))
+              for x, y in batches]
+    return torch.stack(losses)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (bound to port 0, the system's choice, then released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _run_rank(rank, dp, port, model_config, train_config, init, resume, shard, results) -> None:
+    # Ctrl-C reaches every process of the terminal: the launcher alone handles it and stops the ranks
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # gloo talks over the loopback interface only
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // dp))  # dp processes share the cores
+    try:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=dp)
+        try:
+            train_rank(rank, dp, model_config, train_config, init, resume, shard, results)
+        finally:
+            dist.destroy_process_group()
+    except BaseException as error:  # noqa: BLE001 - every failure becomes one line for the launcher
+        frame = traceback.extract_tb(error.__traceback__)[-1] if error.__traceback__ else None
+        where = f" ({os.path.basename(frame.filename)}:{frame.lineno})" if frame else ""
+        results.put(("failed", rank, f"{type(error).__name__}: {error}{where}"))
+        results.close()
+        results.join_thread()
+        sys.exit(1)
+    results.close()
+    results.join_thread()
+
+
+def _next_message(results, ranks):
+    """The next message from the ranks; a rank that died without one (killed) fails the run."""
+    while True:
+        try:
+            return results.get(timeout=0.05)
+        except queue.Empty:
+            for rank, process in enumerate(ranks):
+                if process.exitcode not in (None, 0):
+                    try:  # its own message may have arrived just now
+                        return results.get(timeout=0.5)
+                    except queue.Empty:
+                        raise training.RankFailedError(rank, len(ranks), f"exit code {process.exitcode}") from None
+
+
+def _stop(ranks, wait: bool) -> None:
+    """Let finished ranks exit (wait), or end them: SIGTERM, then SIGKILL."""
+    for process in ranks:
+        process.join(timeout=10 if wait else 0)
+    for process in ranks:
+        if process.is_alive():
+            process.terminate()
+    for process in ranks:
+        process.join(timeout=5)
+        if process.is_alive():
+            process.kill()
+            process.join()
+
