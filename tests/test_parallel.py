@@ -148,7 +148,7 @@ def section(torch_runs, jax_runs, dtype, dp, kind=None):
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_two_torch_ranks_and_two_jax_devices_match_their_single_device_runs_and_each_other(torch_runs, jax_runs, dtype):
     rows = section(torch_runs, jax_runs, dtype, 2)
-    assert set(rows[0].diffs) == {"torch", "jax", "torch-jax"}
+    assert set(rows[0].diffs) == {"dp torch", "dp jax", "dp torch-jax"}
     for row in rows:
         assert row.passed, dp_parity.format_rows(rows, dp_parity.columns(["torch", "jax"], 2))
     steps = 2 * config(dtype).steps_per_epoch
@@ -159,7 +159,7 @@ def test_two_torch_ranks_and_two_jax_devices_match_their_single_device_runs_and_
 
 def test_four_jax_devices_match_the_single_device_run_in_float64(torch_runs, jax_runs):
     rows = section({}, jax_runs, "float64", 4)
-    assert [set(row.diffs) for row in rows] == [{"jax"}, {"jax"}]
+    assert [set(row.diffs) for row in rows] == [{"dp jax"}, {"dp jax"}]
     assert all(row.passed for row in rows), [(row.name, row.diffs) for row in rows]
     losses, exchange = jax_runs[0][("float64", 4)]
     reference, reference_weights = jax_runs[0][("float64", 1)]

@@ -51,8 +51,9 @@ def runs(model_config: ModelConfig, train_config: TrainConfig, dp: int, cache: d
 
 def columns(names: list[str], dp: int) -> dict[str, str]:
     """Row.diffs key -> column header: each backend's dp=N against its dp=1, then every pair at dp=N."""
-    headers = {name: f"{name} dp={dp} vs 1" for name in names}
-    headers.update({f"{a}-{b}": f"{a} vs {b} dp={dp}" for a, b in itertools.combinations(names, 2)})
+    # keys of their own ("dp ..."): the report's pair columns keep theirs
+    headers = {f"dp {name}": f"{name} dp={dp} vs 1" for name in names}
+    headers.update({f"dp {a}-{b}": f"{a} vs {b} dp={dp}" for a, b in itertools.combinations(names, 2)})
     return headers
 
 
@@ -60,8 +61,8 @@ def rows(found: dict[str, dict[int, tuple]], dtype: str, dp: int) -> list[Row]:
     """The section's rows from runs(): the loss at every step (a failing row names the first
     step beyond tolerance) and, in float64, the final weights."""
     names = list(found)
-    compared = {name: (found[name][dp], found[name][1]) for name in names}
-    compared.update({f"{a}-{b}": (found[a][dp], found[b][dp]) for a, b in itertools.combinations(names, 2)})
+    compared = {f"dp {name}": (found[name][dp], found[name][1]) for name in names}
+    compared.update({f"dp {a}-{b}": (found[a][dp], found[b][dp]) for a, b in itertools.combinations(names, 2)})
     steps = len(found[names[0]][1][0])
     tol = tolerance("trajectory", dtype)
     gaps = {key: np.abs(np.asarray(a[0], np.float64) - np.asarray(b[0], np.float64)) for key, (a, b) in compared.items()}
