@@ -49,6 +49,22 @@ KNOWN_SIGNATURES = {
     "train_epoch": (("model", "optimizer", "batches"), ("graphdef", "state", "batches"),
                     "as train_step"),
 }
+# per file: functions only one framework needs, by side ("left" = the reference package), with
+# why; their section and shape comments are theirs alone and are not compared
+ONE_SIDED = {
+    "parallel": {
+        "train_rank": ("left", "torch runs one process per rank: this is the body of each process"),
+        "free_port": ("left", "the processes meet on a loopback port; a JAX mesh lives in one process"),
+        "place": ("right", "JAX puts each shard on its device by hand (make_array_from_single_device_arrays)"),
+    },
+}
+# per file: signatures that differ for the same reason as train_step's
+FILE_SIGNATURES = {
+    "parallel": {
+        "train_epoch": (("model", "optimizer", "batches", "device"), ("graphdef", "state", "batches", "mesh", "shard"),
+                        "torch: in-place state, this rank's shard already chosen; JAX: split state, every shard placed on the mesh"),
+    },
+}
 JAX_ONLY_FUNCTIONS = {
     "scan_steps": "the compiled jax.lax.scan over an epoch; torch loops eagerly",
     "assign_exchange": "Flax kernels are transposed on the way in; torch's layout is the exchange layout "
@@ -124,19 +140,24 @@ def scopes(source: str) -> list[tuple[int, int, str]]:
     return spans
 
 
-def section_comments(source: str) -> list[str]:
-    """'scope: N. words' for every section comment, in order (numbering restarts per function)."""
+def section_comments(source: str, skip=()) -> list[str]:
+    """'scope: N. words' for every section comment, in order (numbering restarts per function),
+    except inside the top-level functions named in `skip`."""
     spans = scopes(source)
     out = []
     for line, text, trailing in comments(source):
         if not trailing and SECTION_RE.match(text):
             inside = [name for first, last, name in spans if first <= line <= last]
+            if inside and inside[0] in skip:
+                continue
             out.append(f"{inside[-1] if inside else '<module>'}: {text[1:].strip()}")
     return out
 
 
-def shape_comments(source: str) -> list[str]:
-    return [text for _, text, trailing in comments(source) if trailing and SHAPE_RE.match(text)]
+def shape_comments(source: str, skip=()) -> list[str]:
+    spans = [(first, last) for first, last, name in scopes(source) if name in skip]
+    return [text for line, text, trailing in comments(source) if trailing and SHAPE_RE.match(text)
+            and not any(first <= line <= last for first, last in spans)]
 
 
 def _difference(what: str, torch_items: list, jax_items: list, names: tuple[str, str]) -> list[str]:
@@ -148,21 +169,28 @@ def _difference(what: str, torch_items: list, jax_items: list, names: tuple[str,
 
 
 def mirror_problems(torch_source: str, jax_source: str, aspects=ASPECTS,
-                    names: tuple[str, str] = tuple(PACKAGES[:2])) -> list[str]:
+                    names: tuple[str, str] = tuple(PACKAGES[:2]), file: str | None = None) -> list[str]:
     """Every way the jax file drifts from the torch file; empty when they mirror. `names`
-    (the two packages) name the sides in the messages."""
+    (the two packages) name the sides in the messages; `file` (e.g. "parallel") picks the
+    known one-sided functions and signatures of that file."""
     left, right = names
+    one_sided = ONE_SIDED.get(file, {})
+    left_only = {name for name, (side, _) in one_sided.items() if side == "left"}
+    right_only = {name for name, (side, _) in one_sided.items() if side == "right"}
+    known = {**KNOWN_SIGNATURES, **FILE_SIGNATURES.get(file, {})}
     problems = []
     if "sections" in aspects:
-        problems += _difference("section comments", section_comments(torch_source), section_comments(jax_source),
-                                names)
+        problems += _difference("section comments", section_comments(torch_source, left_only),
+                                section_comments(jax_source, right_only), names)
     if "signatures" in aspects:
         torch_outline, jax_outline = outline(torch_source), outline(jax_source, jax=True)
+        torch_outline = [(name, args) for name, args in torch_outline if name not in left_only]
+        jax_outline = [(name, args) for name, args in jax_outline if name not in right_only]
         torch_names, jax_names = dict(torch_outline), dict(jax_outline)
         for name, args in torch_outline:
             if name not in jax_names:
                 problems.append(f"{name} is in {left} only")
-            elif KNOWN_SIGNATURES.get(name, (None, None))[:2] == (args, jax_names[name]):
+            elif known.get(name, (None, None))[:2] == (args, jax_names[name]):
                 continue
             elif jax_names[name] != args:
                 problems.append(f"{name} takes ({', '.join(args)}) in {left} "
@@ -173,7 +201,8 @@ def mirror_problems(torch_source: str, jax_source: str, aspects=ASPECTS,
         problems += _difference("the order of classes and functions", common,
                                 [name for name, _ in jax_outline if name in torch_names], names)
     if "shapes" in aspects:
-        problems += _difference("shape comments", shape_comments(torch_source), shape_comments(jax_source), names)
+        problems += _difference("shape comments", shape_comments(torch_source, left_only),
+                                shape_comments(jax_source, right_only), names)
     return problems
 
 
@@ -194,7 +223,7 @@ def test_each_backend_mirrors_the_reference(reference, other, name, aspect):
                          "mirror each other file for file (write the twin, or remove both)")
     sources = [path.read_text(encoding="utf-8") for path in paths]
     assert outline(sources[0]), f"{reference}/{name}.py has no public class or function to mirror"
-    problems = mirror_problems(*sources, aspects=(aspect,), names=(reference, other))
+    problems = mirror_problems(*sources, aspects=(aspect,), names=(reference, other), file=name)
     assert not problems, (f"{reference}/{name}.py and {other}/{name}.py have drifted apart "
                           f"(see `mhsa diff {name}`):\n" + "\n".join(problems))
 
@@ -296,3 +325,11 @@ def test_a_section_moved_to_another_function_is_drift():
     moved = JAX.replace("        # 1. project\n", "").replace("    # 1. build\n", "    # 1. project\n    # 1. build\n")
     assert moved.count("# 1. project") == 1
     assert mirror_problems(TORCH, moved, aspects=("sections",))
+
+
+def test_a_known_one_sided_function_is_allowed_only_in_its_file(monkeypatch):
+    extra = TORCH + "\n\ndef spawn_ranks(n):\n    # 1. start\n    return n  # (B, T)\n"
+    monkeypatch.setitem(ONE_SIDED, "demo", {"spawn_ranks": ("left", "processes in torch only")})
+    assert mirror_problems(extra, JAX, file="demo") == []
+    problems = "\n".join(mirror_problems(extra, JAX, file="other"))
+    assert "spawn_ranks is in torch_impl only" in problems and "section comments differ" in problems
