@@ -39,7 +39,7 @@ class Backend:
 REGISTRY: dict[str, Backend] = {
     backend.name: backend
     for backend in (
-        Backend("numpy", "numpy_ref", frozenset()),
+        Backend("numpy", "numpy_ref", frozenset({"grads", "train"})),
         Backend("torch", "torch_impl", frozenset({"layers", "grads", "train", "fused"})),
         Backend("jax", "jax_impl", frozenset({"layers", "grads", "train", "fused"})),
     )
