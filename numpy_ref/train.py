@@ -65,9 +65,11 @@ def train(model_config: ModelConfig, train_config: TrainConfig, init="shared", o
         optimizer_from_exchange(resume, optimizer, model)
 
     # 3. epochs: the same batches as every other backend
+    # (an overflow is not warned about: finish_epoch names the first non-finite step, as in torch and JAX)
     losses = []
     for batches in training.epochs(model_config, train_config, start=start_epoch):
-        epoch_losses = train_epoch(model, optimizer, batches)
+        with np.errstate(over="ignore", invalid="ignore"):
+            epoch_losses = train_epoch(model, optimizer, batches)
         training.finish_epoch(losses, epoch_losses, train_config, start_epoch, on_step)
     return training.history("numpy", model_config, train_config, losses, started, model, optimizer, start_epoch)
 
