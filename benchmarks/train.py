@@ -1,6 +1,7 @@
 """Training benchmarks on the default config (H=4, D=32, T=12, V=64, batch 32): steady-state
-steps per second of each project trainer against the usual ways of writing the loop, the
-default demo's wall time from process start to exit, and the torch-vs-JAX loss gap.
+steps per second of each project trainer against the usual ways of writing the loop (and of
+the NumPy trainer against the framework trainers, in the same process), the default demo's
+wall time from process start to exit, and the loss gaps between the trainers.
 
     python benchmarks/train.py            # the full tables (a few minutes on 2 cores)
     python benchmarks/train.py --quick    # small runs, seconds: checks that it all runs
@@ -18,7 +19,7 @@ import time
 import bench_common
 from bench_common import interleaved, median, table
 
-TARGETS = {"torch": 1500, "jax": 2500}  # steps/s, issue 8
+TARGETS = {"torch": 1500, "jax": 2500, "numpy": 1000}  # steps/s, issues 8 and 14
 DEMO_LIMIT_S = 4.0
 
 
@@ -36,7 +37,9 @@ def _steps_per_s(values, steps):
 def project_epochs(backend, repeats, quick, attn_impl="explicit"):
     """Seconds per epoch of the project's own train(), epochs 2.. of one run (epoch 1 holds
     set-up and, in JAX, compilation), timed between the on_step calls that open each epoch."""
-    trainer = __import__(f"{backend}_impl.train", fromlist=["train"])
+    from shared.tools import registry
+
+    trainer = registry.get(backend).train
     model_config, config = _configs(quick, epochs=repeats + 1, attn_impl=attn_impl)
     stamps = []
 
@@ -224,7 +227,56 @@ def speed_tables(repeats, quick, with_compile):
             f"(median of {repeats} epochs of {steps} steps)\n\n"
             + table(["loop", "steps/s", "range", "vs tutorial loop", f"vs target {target:,}"], body)
             + "\n\n" + "\n".join(f"- {note}" for note in notes))
+    sections.append(numpy_table(repeats, quick))
     return "\n\n".join(sections)
+
+
+def numpy_table(repeats, quick):
+    """numpy_ref's trainer (the backward pass by hand, Adam in NumPy) against the framework
+    trainers, every epoch function interleaved in one process; then the project's train()."""
+    from numpy_ref.adam import Adam
+    from numpy_ref.model import from_exchange
+    from numpy_ref.train import train_epoch
+    from shared import training
+    from shared.config import TrainConfig
+
+    model_config, train_config = _configs(quick)
+    torch_loops, steps = torch_peers(quick)
+    jax_loops, _ = jax_peers(quick)
+
+    def numpy_loop(dtype):
+        config = TrainConfig(**{**train_config.to_dict(), "dtype": dtype, "betas": train_config.betas})
+        epochs = list(training.epochs(model_config, config))
+        model = from_exchange(training.initial_weights("shared", model_config, config), model_config)
+        optimizer = Adam(model.params, lr=config.lr, betas=config.betas, eps=config.eps)
+        counter = [0]
+
+        def epoch():
+            batches = epochs[counter[0] % len(epochs)]
+            counter[0] += 1
+            return train_epoch(model, optimizer, batches)
+
+        return epoch
+
+    reference = "torch: Adam(fused=True), no host sync (the torch trainer's loop)"
+    candidates = {
+        "numpy_ref.train.train_epoch, float32": numpy_loop("float32"),
+        "numpy_ref.train.train_epoch, float64": numpy_loop("float64"),
+        reference: torch_loops["Adam(fused=True), no host sync"],
+        "torch: tutorial loop, loss.item() every step": torch_loops["tutorial loop: Adam(), loss.item() every step"],
+        "jax: jax.jit(train_step), one call per step": jax_loops["jax.jit(train_step) on nnx.split state, one call per step"],
+    }
+    times = interleaved(candidates, repeats, warmup=1, warmup_s=0.0 if quick else 0.2)
+    rows = {name: _steps_per_s(values, steps) for name, values in times.items()}
+    project, first = project_epochs("numpy", repeats, quick)
+    rows["numpy_ref.train.train (the project's trainer), float32"] = _steps_per_s(project, steps)
+    baseline, target = median(rows[reference]), TARGETS["numpy"]
+    body = [[name, f"{median(values):,.0f}", f"{min(values):,.0f}-{max(values):,.0f}", f"{median(values) / baseline:.2f}x",
+             f"{median(values) / target:.2f}x"] for name, values in rows.items()]
+    return (f"### numpy: steady-state training steps per second against the framework loops, default config "
+            f"(median of {repeats} epochs of {steps} steps, interleaved)\n\n"
+            + table(["loop", "steps/s", "range", "vs torch's loop", f"vs target {target:,}"], body)
+            + f"\n\n- the project's trainer: {first:.2f} s from train() to the end of epoch 1 (set-up)")
 
 
 # --- the demo, process start to exit ---------------------------------------------------------
@@ -255,19 +307,20 @@ def gap_table(quick):
     import numpy as np
 
     from shared.config import ModelConfig, TrainConfig
+    from shared.tools import registry
 
     rows = []
     for dtype in ("float32",) if quick else ("float32", "float64"):  # float64 turns jax_enable_x64 on: last
         # --quick: the speed table's shapes, so JAX reuses its compiled epoch
         config = TrainConfig(dtype=dtype, **({"epochs": 1, "n_sequences": 128} if quick else {}))
-        losses = {}
-        for backend in ("torch", "jax"):
-            trainer = __import__(f"{backend}_impl.train", fromlist=["train"])
-            losses[backend] = np.asarray(trainer.train(ModelConfig(), config).losses)
+        losses = {backend: np.asarray(registry.get(backend).train.train(ModelConfig(), config).losses)
+                  for backend in ("torch", "jax", "numpy")}
         gap = np.abs(losses["torch"] - losses["jax"])
-        rows.append([dtype, len(gap), f"{gap.max():.1e}", f"{int(gap.argmax())}", "1e-04" if dtype == "float32" else "1e-10"])
-    return ("### Loss trajectories, torch against JAX, every step of the default run\n\n"
-            + table(["dtype", "steps", "max abs gap", "at step", "DESIGN.md tolerance"], rows))
+        numpy_gap = np.abs(losses["numpy"] - losses["torch"])
+        rows.append([dtype, len(gap), f"{gap.max():.1e}", f"{int(gap.argmax())}", "1e-04" if dtype == "float32" else "1e-10",
+                     f"{numpy_gap.max():.1e}", f"{int(numpy_gap.argmax())}"])
+    return ("### Loss trajectories, torch against JAX and numpy against torch, every step of the default run\n\n"
+            + table(["dtype", "steps", "max abs gap", "at step", "DESIGN.md tolerance", "numpy vs torch", "at step"], rows))
 
 
 def main(argv=None) -> int:

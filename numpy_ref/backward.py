@@ -21,35 +21,40 @@ from shared.config import ModelConfig
 
 # --- model.py, step 3 and the loss ----------------------------------------------------------
 
-def cross_entropy_backward(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    """[B, T, V], int [B, T] -> g_logits [B, T, V].
+def cross_entropy_backward(logits: np.ndarray, targets: np.ndarray):
+    """[B, T, V], int [B, T] -> (loss, a 0-d array; g_logits [B, T, V]).
 
     L = -(1/N) sum_n log p_n[t_n] with p_n = softmax(z_n). Since log p_n[t] = z_n[t] - logsumexp(z_n),
     dL/dz_n[j] = (p_n[j] - [j == t_n]) / N: the predicted probabilities minus the one-hot target,
     averaged over the N positions. No softmax Jacobian is needed: it cancels against the log.
+    The loss comes from the same exponentials (numpy_ref.cross_entropy's arithmetic, once).
     """
-    shifted = logits - logits.max(axis=-1, keepdims=True)  # (B, T, V), same softmax as the forward's loss
-    probs = np.exp(shifted)
-    probs /= probs.sum(axis=-1, keepdims=True)  # (B, T, V)
     B, T = targets.shape
-    rows, cols = np.indices((B, T))
-    probs[rows, cols, targets] -= 1  # subtract the one-hot target
-    return probs / (B * T)
+    shifted = logits - logits.max(axis=-1, keepdims=True)  # (B, T, V)
+    exp = np.exp(shifted)  # (B, T, V)
+    total = exp.sum(axis=-1, keepdims=True)  # (B, T, 1)
+    rows, cols = np.indices((B, T))  # (B, T) each: with targets, the index of every target logit
+    loss = -(shifted[rows, cols, targets] - np.log(total[..., 0])).mean()  # -mean log p[target]
+    g_logits = exp / total  # (B, T, V) probabilities
+    g_logits[rows, cols, targets] -= 1  # minus the one-hot target
+    g_logits /= B * T
+    return loss, g_logits
 
 
 def linear_backward(g_out: np.ndarray, x: np.ndarray, weight: np.ndarray, bias: bool = True):
-    """g_out [..., out], x [..., in], weight [out, in] -> (g_x [..., in], g_weight [out, in], g_bias [out] or None).
+    """g_out [B, T, out], x [B, T, in], weight [out, in] -> (g_x [B, T, in], g_weight [out, in], g_bias [out] or None).
 
     y = x W^T + b, so dy_o/dx_i = W[o, i], dy_o/dW[o, i] = x_i, dy_o/db_o = 1. Hence
     g_x = g_out W; g_W = sum over every position of g_out^T x (an outer product per position);
     g_b = sum over every position of g_out. The weight is shared by all B * T positions, so its
     gradient adds their contributions.
     """
-    g_flat = g_out.reshape(-1, g_out.shape[-1])  # (N, out)
-    x_flat = x.reshape(-1, x.shape[-1])  # (N, in)
-    g_x = g_out @ weight  # (..., out) @ (out, in) -> (..., in)
-    g_weight = g_flat.T @ x_flat  # (out, N) @ (N, in) -> (out, in)
-    g_bias = g_flat.sum(axis=0) if bias else None  # (out,)
+    g_x = g_out @ weight  # (B, T, out) @ (out, in) -> (B, T, in)
+    # one (out, T) @ (T, in) product per sequence, then summed: the same sum over all B * T
+    # positions as one (out, B * T) @ (B * T, in) product, in matrices small enough that
+    # OpenBLAS does not hand them to a second thread (which waits on a busy machine)
+    g_weight = (g_out.swapaxes(-2, -1) @ x).sum(axis=0)  # (B, out, T) @ (B, T, in) -> (B, out, in) -> (out, in)
+    g_bias = g_out.sum(axis=(0, 1)) if bias else None  # (out,)
     return g_x, g_weight, g_bias
 
 
@@ -93,7 +98,7 @@ def softmax_backward(g_weights: np.ndarray, weights: np.ndarray) -> np.ndarray:
     softmax unchanged, so the row's gradients must sum to zero: the subtraction is what does it.
     A masked key has w_k = 0 and gets 0; a fully masked row (all w = 0) gets 0 throughout.
     """
-    row_average = (weights * g_weights).sum(axis=-1, keepdims=True)  # (B, H, T, 1): sum_j w_j g_j
+    row_average = np.einsum("...j,...j->...", weights, g_weights)[..., None]  # (B, H, T, 1): sum_j w_j g_j
     return weights * (g_weights - row_average)  # (B, H, T, T)
 
 
@@ -202,13 +207,13 @@ def embed_backward(g_x: np.ndarray, tokens: np.ndarray, vocab_size: int, max_len
 
 # --- the whole model ------------------------------------------------------------------------
 
-def backward(tokens, targets, params, config: ModelConfig, trace, mask=None) -> dict[str, np.ndarray]:
-    """d loss / d every exchange array, from one forward pass's trace (numpy_ref.forward(...,
+def backward(tokens, targets, params, config: ModelConfig, trace, mask=None):
+    """(loss, d loss / d every exchange array), from one forward pass's trace (numpy_ref.forward(...,
     trace=trace) records every stage it needs): the loss, then steps 3, 2 (the block) and 1."""
     tokens, targets = np.asarray(tokens), np.asarray(targets)
 
     # the loss: mean cross-entropy of the logits
-    g_logits = cross_entropy_backward(trace["logits"], targets)  # (B, T, V)
+    loss, g_logits = cross_entropy_backward(trace["logits"], targets)  # (B, T, V)
 
     # 3. read out the next token
     g_attn_out, grads = read_out_backward(g_logits, trace["attn_out"], params)  # (B, T, D)
@@ -219,7 +224,7 @@ def backward(tokens, targets, params, config: ModelConfig, trace, mask=None) -> 
 
     # 1. embed
     grads["tok_emb.weight"], grads["pos_emb.weight"] = embed_backward(g_x, tokens, config.vocab_size, config.max_len)
-    return {name: grads[name] for name in params}  # the exchange order
+    return loss, {name: grads[name] for name in params}  # the exchange order
 
 
 def _named(prefix, g_weight, g_bias):

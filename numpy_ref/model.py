@@ -110,6 +110,6 @@ def loss_and_grads(model: TinyLM, tokens, targets, *, mask=None):
     from numpy_ref.backward import backward  # backward imports this package's attention module
 
     trace = {}
-    logits = forward(tokens, model.params, model.config, mask=mask, trace=trace)
-    targets = np.asarray(targets)
-    return float(cross_entropy(logits, targets)), backward(tokens, targets, model.params, model.config, trace, mask=mask)
+    forward(tokens, model.params, model.config, mask=mask, trace=trace)
+    loss, grads = backward(tokens, targets, model.params, model.config, trace, mask=mask)
+    return float(loss), grads

@@ -5,6 +5,7 @@ planted fault that the gradient comparison names at the right parameter."""
 import numpy as np
 import pytest
 
+import numpy_ref
 import numpy_ref.backward as backward
 from numpy_ref.attention import softmax
 from shared.config import ModelConfig
@@ -67,8 +68,6 @@ def test_masked_scores_and_a_fully_masked_row_get_zero_gradient():
     arrays = init_weights(SMALL, 2, "float64")
     tokens, targets, mask = inputs()
     trace = {}
-    import numpy_ref
-
     numpy_ref.forward(tokens, arrays, SMALL, mask=mask, trace=trace)
     g_weights = np.random.default_rng(0).standard_normal(trace["weights"].shape)
     g_scores = backward.softmax_backward(g_weights, trace["weights"])
@@ -92,7 +91,8 @@ def test_cross_entropy_backward_is_probabilities_minus_one_hot():
     rng = np.random.default_rng(5)
     logits = rng.standard_normal((B, T, 11))
     targets = rng.integers(0, 11, (B, T))
-    g = backward.cross_entropy_backward(logits, targets)
+    loss, g = backward.cross_entropy_backward(logits, targets)
+    assert loss == numpy_ref.cross_entropy(logits, targets)  # the same arithmetic as the forward's loss
     np.testing.assert_allclose(g.sum(axis=-1), 0, atol=1e-16)  # probabilities sum to 1, the one-hot too
     probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
     expected = (probs - np.eye(11)[targets]) / (B * T)
