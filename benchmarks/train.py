@@ -227,7 +227,6 @@ def speed_tables(repeats, quick, with_compile):
             f"(median of {repeats} epochs of {steps} steps)\n\n"
             + table(["loop", "steps/s", "range", "vs tutorial loop", f"vs target {target:,}"], body)
             + "\n\n" + "\n".join(f"- {note}" for note in notes))
-    sections.append(numpy_table(repeats, quick))
     return "\n\n".join(sections)
 
 
@@ -330,7 +329,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=None, help="epochs per median (default 7, 3 with --quick)")
     parser.add_argument("--demo-runs", type=int, default=5, help="process runs per backend for the demo table")
     parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile row")
-    parser.add_argument("--only", choices=["speed", "demo", "gap"], action="append", help="run only this table (repeatable)")
+    parser.add_argument("--only", choices=["speed", "numpy", "demo", "gap"], action="append",
+                        help="run only this table (repeatable)")
     args = parser.parse_args(argv)
     repeats = args.repeats or (3 if args.quick else 7)
     shown = ["benchmarks/train.py"] + (argv if argv is not None else sys.argv[1:])
@@ -340,10 +340,12 @@ def main(argv=None) -> int:
 
 
 def run(args, repeats, shown):
-    parts = args.only or ["speed", "demo", "gap"]
+    parts = args.only or ["speed", "numpy", "demo", "gap"]
     print(bench_common.header("Training" + (" (--quick: too short to mean anything)" if args.quick else ""), shown))
     if "speed" in parts:
         print("\n" + speed_tables(repeats, args.quick, with_compile=not (args.quick or args.no_compile)), flush=True)
+    if "numpy" in parts:
+        print("\n" + numpy_table(repeats, args.quick), flush=True)
     if "demo" in parts:
         print("\n" + (demo_table(args.demo_runs) if not args.quick else "### The default demo\n\nskipped with --quick"), flush=True)
     if "gap" in parts:

@@ -199,7 +199,10 @@ def embed_backward(g_x: np.ndarray, tokens: np.ndarray, vocab_size: int, max_len
     """
     B, T, D = g_x.shape
     g_tok = np.zeros((vocab_size, D), dtype=g_x.dtype)
-    np.add.at(g_tok, tokens.reshape(-1), g_x.reshape(-1, D))  # scatter-add (N, D) rows into (V, D)
+    # scatter-add the N rows of g_x into the (V, D) table. ufunc.at has its fast loop for a
+    # one-dimensional target only, so the table is addressed as V * D numbers: (id, d) -> id * D + d
+    flat_index = (tokens.reshape(-1, 1) * D + np.arange(D)).reshape(-1)  # (N * D,)
+    np.add.at(g_tok.reshape(-1), flat_index, g_x.reshape(-1))  # (V * D,) += (N * D,)
     g_pos = np.zeros((max_len, D), dtype=g_x.dtype)
     g_pos[:T] = g_x.sum(axis=0)  # (T, D)
     return g_tok, g_pos
