@@ -15,9 +15,8 @@ import math
 
 import numpy as np
 
-from numpy_ref.attention import causal_mask, merge_heads, softmax, split_heads
+from numpy_ref.attention import causal_mask, merge_heads, split_heads
 from shared.config import ModelConfig
-
 
 # --- model.py, step 3 and the loss ----------------------------------------------------------
 
@@ -197,7 +196,7 @@ def embed_backward(g_x: np.ndarray, tokens: np.ndarray, vocab_size: int, max_len
     assignment `g[tokens] += g_x` would keep only one). Ids never used get 0. Position t is used
     once per sequence: its gradient is the sum over the batch; positions >= T get 0.
     """
-    B, T, D = g_x.shape
+    T, D = g_x.shape[1:]
     g_tok = np.zeros((vocab_size, D), dtype=g_x.dtype)
     # scatter-add the N rows of g_x into the (V, D) table. ufunc.at has its fast loop for a
     # one-dimensional target only, so the table is addressed as V * D numbers: (id, d) -> id * D + d

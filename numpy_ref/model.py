@@ -107,7 +107,7 @@ def grads_to_exchange(grads: dict) -> dict[str, np.ndarray]:
 def loss_and_grads(model: TinyLM, tokens, targets, *, mask=None):
     """NumPy in, NumPy out: (loss, d loss / d every exchange array) by the analytic backward
     of numpy_ref.backward, from the stages one forward pass records."""
-    from numpy_ref.backward import backward  # backward imports this package's attention module
+    from numpy_ref.backward import backward
 
     trace = {}
     forward(tokens, model.params, model.config, mask=mask, trace=trace)

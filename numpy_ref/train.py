@@ -85,7 +85,7 @@ def optimizer_to_exchange(optimizer: Adam, model: TinyLM, train_config: TrainCon
 
 def optimizer_from_exchange(adam_state: AdamState, optimizer: Adam, model: TinyLM) -> None:
     """Give a fresh Adam the saved moments and step count of every parameter."""
-    for name, param in model.params.items():
+    for name in model.params:
         optimizer.exp_avg[name][...] = adam_state.exp_avg[name]
         optimizer.exp_avg_sq[name][...] = adam_state.exp_avg_sq[name]
     optimizer.step_count = adam_state.step

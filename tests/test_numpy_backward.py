@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import numpy_ref
-import numpy_ref.backward as backward
+from numpy_ref import backward
 from numpy_ref.attention import softmax
 from shared.config import ModelConfig
 from shared.tolerances import assert_close, tolerance
@@ -66,7 +66,7 @@ def test_every_gradient_matches_the_fourth_order_finite_difference():
 
 def test_masked_scores_and_a_fully_masked_row_get_zero_gradient():
     arrays = init_weights(SMALL, 2, "float64")
-    tokens, targets, mask = inputs()
+    tokens, _, mask = inputs()
     trace = {}
     numpy_ref.forward(tokens, arrays, SMALL, mask=mask, trace=trace)
     g_weights = np.random.default_rng(0).standard_normal(trace["weights"].shape)

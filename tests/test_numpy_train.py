@@ -15,10 +15,10 @@ from numpy_ref.adam import Adam
 from shared import adam_state, weights
 from shared.config import ModelConfig, TrainConfig
 from shared.history import History
-from shared.tolerances import assert_close, max_abs_diff, tolerance
+from shared.tolerances import assert_close, tolerance
+from shared.tools import registry
 from shared.training import NonFiniteLossError
 from tests.backends import SMALL, names
-from shared.tools import registry
 
 OTHERS = [name for name in names("train") if name != "numpy"]
 NUMPY = registry.get("numpy")
