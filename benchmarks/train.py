@@ -10,6 +10,7 @@ wall time from process start to exit, and the loss gaps between the trainers.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
@@ -270,14 +271,20 @@ def numpy_table(repeats, quick):
     project, first = project_epochs("numpy", repeats, quick)
     rows["numpy_ref.train.train (the project's trainer), float32"] = _steps_per_s(project, steps)
     baselines = {}
-    if keep_freed_memory():  # last: it changes malloc for the rest of the process
+    with freed_memory_kept() as kept_memory:
+        if not kept_memory:
+            return numpy_section(rows, baselines, reference, repeats, steps, first)
         kept = {"numpy_ref.train.train_epoch, float32, malloc keeps freed memory": numpy_loop("float32"),
                 "numpy_ref.train.train_epoch, float64, malloc keeps freed memory": numpy_loop("float64"),
                 reference: candidates[reference]}
         again = interleaved(kept, repeats, warmup=1, warmup_s=0.0 if quick else 0.2)
-        beside = median(_steps_per_s(again[reference], steps))  # the torch loop measured beside these rows
-        rows.update({name: _steps_per_s(values, steps) for name, values in again.items() if name != reference})
-        baselines.update({name: beside for name in again if name != reference})
+    beside = median(_steps_per_s(again[reference], steps))  # the torch loop measured beside these rows
+    rows.update({name: _steps_per_s(values, steps) for name, values in again.items() if name != reference})
+    baselines.update({name: beside for name in again if name != reference})
+    return numpy_section(rows, baselines, reference, repeats, steps, first)
+
+
+def numpy_section(rows, baselines, reference, repeats, steps, first):
     target = TARGETS["numpy"]
     body = [[name, f"{median(values):,.0f}", f"{min(values):,.0f}-{max(values):,.0f}",
              f"{median(values) / baselines.get(name, median(rows[reference])):.2f}x", f"{median(values) / target:.2f}x"]
@@ -286,24 +293,32 @@ def numpy_table(repeats, quick):
             f"(median of {repeats} epochs of {steps} steps, interleaved)\n\n"
             + table(["loop", "steps/s", "range", "vs torch's loop", f"vs target {target:,}"], body)
             + f"\n\n- the project's trainer: {first:.2f} s from train() to the end of epoch 1 (set-up)"
-            + "\n- malloc keeps freed memory: glibc's mallopt(M_TRIM_THRESHOLD) and mallopt(M_MMAP_THRESHOLD) at"
-              " 256 MiB, set after the other rows were measured (the environment's MALLOC_TRIM_THRESHOLD_ does the same"
-              " for a whole process); their ratio is to the torch loop measured again beside them")
+            + ("\n- malloc keeps freed memory: glibc's mallopt(M_TRIM_THRESHOLD) and mallopt(M_MMAP_THRESHOLD) at"
+               " 256 MiB while these rows ran, after the others (the environment's MALLOC_TRIM_THRESHOLD_ does it"
+               " for a whole process); their ratio is to the torch loop measured again beside them" if baselines else ""))
 
 
-def keep_freed_memory() -> bool:
-    """Tell glibc's malloc to keep freed memory for reuse: by default it hands the top of the heap
-    back to the kernel once more than ~128 KiB-2x the largest freed block is free, and every step
-    of the NumPy trainer then page-faults its temporaries back in. False where there is no glibc."""
+@contextlib.contextmanager
+def freed_memory_kept():
+    """Inside the block glibc's malloc keeps freed memory for reuse (yields True; False where there
+    is no glibc). By default it hands the top of the heap back to the kernel once enough of it is
+    free, and each step of the NumPy trainer then page-faults its temporaries back in. After the
+    block both thresholds are back at glibc's defaults, 128 KiB (no longer adjusted dynamically)."""
     import ctypes
     import ctypes.util
 
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
-        return bool(libc.mallopt(M_TRIM_THRESHOLD, 256 << 20) and libc.mallopt(M_MMAP_THRESHOLD, 256 << 20))
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
     except (OSError, AttributeError):
-        return False
+        yield False
+        return
+    kept = bool(mallopt(M_TRIM_THRESHOLD, 256 << 20) and mallopt(M_MMAP_THRESHOLD, 256 << 20))
+    try:
+        yield kept
+    finally:
+        mallopt(M_TRIM_THRESHOLD, 128 << 10)
+        mallopt(M_MMAP_THRESHOLD, 128 << 10)
 
 
 # --- the demo, process start to exit ---------------------------------------------------------
