@@ -59,7 +59,7 @@ def train(model_config: ModelConfig, train_config: TrainConfig, init="shared", o
     model = from_exchange(arrays, model_config)
 
     # 2. optimizer: Adam with TrainConfig's lr, betas and eps
-    # (NumPy: three arrays per parameter, exp_avg, exp_avg_sq and a step count, updated in place)
+    # (NumPy: two arrays per parameter, exp_avg and exp_avg_sq, and one step count, all updated in place)
     optimizer = Adam(model.params, lr=train_config.lr, betas=train_config.betas, eps=train_config.eps)
     if resume is not None:
         optimizer_from_exchange(resume, optimizer, model)
