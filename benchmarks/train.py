@@ -264,6 +264,7 @@ def numpy_table(repeats, quick):
         "numpy_ref.train.train_epoch, float64": numpy_loop("float64"),
         reference: torch_loops["Adam(fused=True), no host sync"],
         "torch: tutorial loop, loss.item() every step": torch_loops["tutorial loop: Adam(), loss.item() every step"],
+        "torch: Adam(fused=True), no host sync, 1 thread": torch_loops["Adam(fused=True), no host sync, 1 thread"],
         "jax: jax.jit(train_step), one call per step": jax_loops["jax.jit(train_step) on nnx.split state, one call per step"],
     }
     times = interleaved(candidates, repeats, warmup=1, warmup_s=0.0 if quick else 0.2)
