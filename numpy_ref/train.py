@@ -14,6 +14,8 @@ if __name__ == "__main__":  # the command line belongs to the tools layer: parse
 
     raise SystemExit(main("numpy"))
 
+import ctypes
+import ctypes.util
 import time
 
 import numpy as np
@@ -50,6 +52,7 @@ def train(model_config: ModelConfig, train_config: TrainConfig, init="shared", o
     """
     started = time.perf_counter()
     start_epoch = training.first_epoch(resume, train_config)
+    keep_freed_memory()
 
     # 1. model: the shared NumPy init, identical for every backend, unless init says otherwise
     arrays = training.initial_weights(init, model_config, train_config)
@@ -72,6 +75,24 @@ def train(model_config: ModelConfig, train_config: TrainConfig, init="shared", o
             epoch_losses = train_epoch(model, optimizer, batches)
         training.finish_epoch(losses, epoch_losses, train_config, start_epoch, on_step)
     return training.history("numpy", model_config, train_config, losses, started, model, optimizer, start_epoch)
+
+
+def keep_freed_memory() -> bool:
+    """Let glibc's malloc keep the memory NumPy frees, as it does by itself once a large buffer
+    has been freed (after `import torch`, for one). Returns False where there is no glibc.
+
+    Every training step allocates and frees the same temporaries (~100 KiB each). With glibc's
+    starting thresholds (128 KiB) the larger ones are mmap-ed and unmapped every step and the
+    top of the heap is handed back to the kernel, so each step page-faults its memory in again;
+    frameworks keep theirs in their own allocators. The values set are glibc's own ceilings for
+    its dynamic thresholds on 64-bit (mmap 32 MiB, trim twice that), so nothing unusual is kept.
+    """
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
+    return bool(mallopt(M_MMAP_THRESHOLD, 32 << 20) and mallopt(M_TRIM_THRESHOLD, 64 << 20))
 
 
 def optimizer_to_exchange(optimizer: Adam, model: TinyLM, train_config: TrainConfig) -> AdamState:
