@@ -10,7 +10,6 @@ wall time from process start to exit, and the loss gaps between the trainers.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import subprocess
 import sys
@@ -236,13 +235,14 @@ def numpy_table(repeats, quick):
     trainers, every epoch function interleaved in one process; then the project's train()."""
     from numpy_ref.adam import Adam
     from numpy_ref.model import from_exchange
-    from numpy_ref.train import train_epoch
+    from numpy_ref.train import keep_freed_memory, train_epoch
     from shared import training
     from shared.config import TrainConfig
 
     model_config, train_config = _configs(quick)
     torch_loops, steps = torch_peers(quick)
     jax_loops, _ = jax_peers(quick)
+    keep_freed_memory()
 
     def numpy_loop(dtype):
         config = TrainConfig(**{**train_config.to_dict(), "dtype": dtype, "betas": train_config.betas})
@@ -271,72 +271,39 @@ def numpy_table(repeats, quick):
     rows = {name: _steps_per_s(values, steps) for name, values in times.items()}
     project, first = project_epochs("numpy", repeats, quick)
     rows["numpy_ref.train.train (the project's trainer), float32"] = _steps_per_s(project, steps)
-    baselines = {}
-    with freed_memory_kept() as kept_memory:
-        if not kept_memory:
-            return numpy_section(rows, baselines, reference, repeats, steps, first)
-        kept = {"numpy_ref.train.train_epoch, float32, malloc keeps freed memory": numpy_loop("float32"),
-                "numpy_ref.train.train_epoch, float64, malloc keeps freed memory": numpy_loop("float64"),
-                reference: candidates[reference]}
-        again = interleaved(kept, repeats, warmup=1, warmup_s=0.0 if quick else 0.2)
-    beside = median(_steps_per_s(again[reference], steps))  # the torch loop measured beside these rows
-    rows.update({name: _steps_per_s(values, steps) for name, values in again.items() if name != reference})
-    baselines.update({name: beside for name in again if name != reference})
-    return numpy_section(rows, baselines, reference, repeats, steps, first)
+    return numpy_section(rows, reference, repeats, steps, first)
 
 
-def numpy_section(rows, baselines, reference, repeats, steps, first):
+def numpy_section(rows, reference, repeats, steps, first):
     target = TARGETS["numpy"]
-    body = [[name, f"{median(values):,.0f}", f"{min(values):,.0f}-{max(values):,.0f}",
-             f"{median(values) / baselines.get(name, median(rows[reference])):.2f}x", f"{median(values) / target:.2f}x"]
-            for name, values in rows.items()]
+    baseline = median(rows[reference])
+    body = [[name, f"{median(values):,.0f}", f"{min(values):,.0f}-{max(values):,.0f}", f"{median(values) / baseline:.2f}x",
+             f"{median(values) / target:.2f}x"] for name, values in rows.items()]
     return (f"### numpy: steady-state training steps per second against the framework loops, default config "
             f"(median of {repeats} epochs of {steps} steps, interleaved)\n\n"
             + table(["loop", "steps/s", "range", "vs torch's loop", f"vs target {target:,}"], body)
             + f"\n\n- the project's trainer: {first:.2f} s from train() to the end of epoch 1 (set-up)"
-            + ("\n- malloc keeps freed memory: glibc's mallopt(M_TRIM_THRESHOLD) and mallopt(M_MMAP_THRESHOLD) at"
-               " 256 MiB while these rows ran, after the others (the environment's MALLOC_TRIM_THRESHOLD_ does it"
-               " for a whole process); their ratio is to the torch loop measured again beside them" if baselines else ""))
-
-
-@contextlib.contextmanager
-def freed_memory_kept():
-    """Inside the block glibc's malloc keeps freed memory for reuse (yields True; False where there
-    is no glibc). By default it hands the top of the heap back to the kernel once enough of it is
-    free, and each step of the NumPy trainer then page-faults its temporaries back in. After the
-    block both thresholds are back at glibc's defaults, 128 KiB (no longer adjusted dynamically)."""
-    import ctypes
-    import ctypes.util
-
-    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
-    try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
-    except (OSError, AttributeError):
-        yield False
-        return
-    kept = bool(mallopt(M_TRIM_THRESHOLD, 256 << 20) and mallopt(M_MMAP_THRESHOLD, 256 << 20))
-    try:
-        yield kept
-    finally:
-        mallopt(M_TRIM_THRESHOLD, 128 << 10)
-        mallopt(M_MMAP_THRESHOLD, 128 << 10)
+            + "\n- the numpy rows run with glibc keeping freed memory, as numpy_ref.train.train sets it"
+              " (keep_freed_memory); in this process torch's and JAX's imports have done so already")
 
 
 # --- the demo, process start to exit ---------------------------------------------------------
 
 def demo_table(runs):
-    times = {"torch": [], "jax": []}
+    from shared.tools import registry
+
+    times = {backend: [] for backend in registry.names("train")}
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(bench_common.ROOT), os.environ.get("PYTHONPATH", "")]))
     with tempfile.TemporaryDirectory() as folder:
         for _ in range(runs):
             for backend in times:
                 started = time.perf_counter()
-                result = subprocess.run([sys.executable, "-m", f"{backend}_impl.train", "--quiet"], cwd=folder,
-                                        env=env, capture_output=True, text=True)
+                result = subprocess.run([sys.executable, "-m", f"{registry.get(backend).package}.train", "--quiet"],
+                                        cwd=folder, env=env, capture_output=True, text=True)
                 times[backend].append(time.perf_counter() - started)
                 if result.returncode != 0:
                     raise RuntimeError(f"{backend} demo failed:\n{result.stderr}")
-    rows = [[f"`python -m {backend}_impl.train --quiet`", f"{median(values):.2f}",
+    rows = [[f"`python -m {registry.get(backend).package}.train --quiet`", f"{median(values):.2f}",
              f"{min(values):.2f}-{max(values):.2f}", f"{median(values) / DEMO_LIMIT_S:.2f}x"]
             for backend, values in times.items()]
     return (f"### The default demo, process start to exit: imports, 3 epochs, compilation, the heatmap "
