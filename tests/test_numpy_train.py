@@ -171,3 +171,8 @@ def test_cli_trains_saves_and_another_backend_resumes(tmp_path):
     assert resumed.first_step == 3 and len(resumed.losses) == 3
     native = run_cli(NUMPY.package, "--epochs", "1", "--init", "native", cwd=tmp_path)
     assert native.returncode == 1 and "numpy_ref has none" in native.stderr
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_glibc_is_told_to_keep_freed_memory():
+    assert NUMPY.train.keep_freed_memory() is True
