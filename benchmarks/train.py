@@ -1,6 +1,7 @@
 """Training benchmarks on the default config (H=4, D=32, T=12, V=64, batch 32): steady-state
-steps per second of each project trainer against the usual ways of writing the loop, the
-default demo's wall time from process start to exit, and the torch-vs-JAX loss gap.
+steps per second of each project trainer against the usual ways of writing the loop (and of
+the NumPy trainer against the framework trainers, in the same process), the default demo's
+wall time from process start to exit, and the loss gaps between the trainers.
 
     python benchmarks/train.py            # the full tables (a few minutes on 2 cores)
     python benchmarks/train.py --quick    # small runs, seconds: checks that it all runs
@@ -19,7 +20,7 @@ import time
 import bench_common
 from bench_common import interleaved, median, table
 
-TARGETS = {"torch": 1500, "jax": 2500}  # steps/s, issue 8
+TARGETS = {"torch": 1500, "jax": 2500, "numpy": 1000}  # steps/s, issues 8 and 14
 DEMO_LIMIT_S = 4.0
 
 
@@ -37,7 +38,9 @@ def _steps_per_s(values, steps):
 def project_epochs(backend, repeats, quick, attn_impl="explicit"):
     """Seconds per epoch of the project's own train(), epochs 2.. of one run (epoch 1 holds
     set-up and, in JAX, compilation), timed between the on_step calls that open each epoch."""
-    trainer = __import__(f"{backend}_impl.train", fromlist=["train"])
+    from shared.tools import registry
+
+    trainer = registry.get(backend).train
     model_config, config = _configs(quick, epochs=repeats + 1, attn_impl=attn_impl)
     stamps = []
 
@@ -228,21 +231,80 @@ def speed_tables(repeats, quick, with_compile):
     return "\n\n".join(sections)
 
 
+def numpy_table(repeats, quick):
+    """numpy_ref's trainer (the backward pass by hand, Adam in NumPy) against the framework
+    trainers, every epoch function interleaved in one process; then the project's train()."""
+    from numpy_ref.adam import Adam
+    from numpy_ref.model import from_exchange
+    from numpy_ref.train import keep_freed_memory, train_epoch
+    from shared import training
+    from shared.config import TrainConfig
+
+    model_config, train_config = _configs(quick)
+    torch_loops, steps = torch_peers(quick)
+    jax_loops, _ = jax_peers(quick)
+    keep_freed_memory()
+
+    def numpy_loop(dtype):
+        config = TrainConfig(**{**train_config.to_dict(), "dtype": dtype, "betas": train_config.betas})
+        epochs = list(training.epochs(model_config, config))
+        model = from_exchange(training.initial_weights("shared", model_config, config), model_config)
+        optimizer = Adam(model.params, lr=config.lr, betas=config.betas, eps=config.eps)
+        counter = [0]
+
+        def epoch():
+            batches = epochs[counter[0] % len(epochs)]
+            counter[0] += 1
+            return train_epoch(model, optimizer, batches)
+
+        return epoch
+
+    reference = "torch: Adam(fused=True), no host sync (the torch trainer's loop)"
+    candidates = {
+        "numpy_ref.train.train_epoch, float32": numpy_loop("float32"),
+        "numpy_ref.train.train_epoch, float64": numpy_loop("float64"),
+        reference: torch_loops["Adam(fused=True), no host sync"],
+        "torch: tutorial loop, loss.item() every step": torch_loops["tutorial loop: Adam(), loss.item() every step"],
+        "torch: Adam(fused=True), no host sync, 1 thread": torch_loops["Adam(fused=True), no host sync, 1 thread"],
+        "jax: jax.jit(train_step), one call per step": jax_loops["jax.jit(train_step) on nnx.split state, one call per step"],
+    }
+    times = interleaved(candidates, repeats, warmup=1, warmup_s=0.0 if quick else 0.2)
+    rows = {name: _steps_per_s(values, steps) for name, values in times.items()}
+    project, first = project_epochs("numpy", repeats, quick)
+    rows["numpy_ref.train.train (the project's trainer), float32"] = _steps_per_s(project, steps)
+    return numpy_section(rows, reference, repeats, steps, first)
+
+
+def numpy_section(rows, reference, repeats, steps, first):
+    target = TARGETS["numpy"]
+    baseline = median(rows[reference])
+    body = [[name, f"{median(values):,.0f}", f"{min(values):,.0f}-{max(values):,.0f}", f"{median(values) / baseline:.2f}x",
+             f"{median(values) / target:.2f}x"] for name, values in rows.items()]
+    return (f"### numpy: steady-state training steps per second against the framework loops, default config "
+            f"(median of {repeats} epochs of {steps} steps, interleaved)\n\n"
+            + table(["loop", "steps/s", "range", "vs torch's loop", f"vs target {target:,}"], body)
+            + f"\n\n- the project's trainer: {first:.2f} s from train() to the end of epoch 1 (set-up)"
+            + "\n- the numpy rows run with glibc keeping freed memory, as numpy_ref.train.train sets it"
+              " (keep_freed_memory); in this process torch's and JAX's imports have done so already")
+
+
 # --- the demo, process start to exit ---------------------------------------------------------
 
 def demo_table(runs):
-    times = {"torch": [], "jax": []}
+    from shared.tools import registry
+
+    times = {backend: [] for backend in registry.names("train")}
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(bench_common.ROOT), os.environ.get("PYTHONPATH", "")]))
     with tempfile.TemporaryDirectory() as folder:
         for _ in range(runs):
             for backend in times:
                 started = time.perf_counter()
-                result = subprocess.run([sys.executable, "-m", f"{backend}_impl.train", "--quiet"], cwd=folder,
-                                        env=env, capture_output=True, text=True)
+                result = subprocess.run([sys.executable, "-m", f"{registry.get(backend).package}.train", "--quiet"],
+                                        cwd=folder, env=env, capture_output=True, text=True)
                 times[backend].append(time.perf_counter() - started)
                 if result.returncode != 0:
                     raise RuntimeError(f"{backend} demo failed:\n{result.stderr}")
-    rows = [[f"`python -m {backend}_impl.train --quiet`", f"{median(values):.2f}",
+    rows = [[f"`python -m {registry.get(backend).package}.train --quiet`", f"{median(values):.2f}",
              f"{min(values):.2f}-{max(values):.2f}", f"{median(values) / DEMO_LIMIT_S:.2f}x"]
             for backend, values in times.items()]
     return (f"### The default demo, process start to exit: imports, 3 epochs, compilation, the heatmap "
@@ -256,19 +318,20 @@ def gap_table(quick):
     import numpy as np
 
     from shared.config import ModelConfig, TrainConfig
+    from shared.tools import registry
 
     rows = []
     for dtype in ("float32",) if quick else ("float32", "float64"):  # float64 turns jax_enable_x64 on: last
         # --quick: the speed table's shapes, so JAX reuses its compiled epoch
         config = TrainConfig(dtype=dtype, **({"epochs": 1, "n_sequences": 128} if quick else {}))
-        losses = {}
-        for backend in ("torch", "jax"):
-            trainer = __import__(f"{backend}_impl.train", fromlist=["train"])
-            losses[backend] = np.asarray(trainer.train(ModelConfig(), config).losses)
+        losses = {backend: np.asarray(registry.get(backend).train.train(ModelConfig(), config).losses)
+                  for backend in ("torch", "jax", "numpy")}
         gap = np.abs(losses["torch"] - losses["jax"])
-        rows.append([dtype, len(gap), f"{gap.max():.1e}", f"{int(gap.argmax())}", "1e-04" if dtype == "float32" else "1e-10"])
-    return ("### Loss trajectories, torch against JAX, every step of the default run\n\n"
-            + table(["dtype", "steps", "max abs gap", "at step", "DESIGN.md tolerance"], rows))
+        numpy_gap = np.abs(losses["numpy"] - losses["torch"])
+        rows.append([dtype, len(gap), f"{gap.max():.1e}", f"{int(gap.argmax())}", "1e-04" if dtype == "float32" else "1e-10",
+                     f"{numpy_gap.max():.1e}", f"{int(numpy_gap.argmax())}"])
+    return ("### Loss trajectories, torch against JAX and numpy against torch, every step of the default run\n\n"
+            + table(["dtype", "steps", "max abs gap", "at step", "DESIGN.md tolerance", "numpy vs torch", "at step"], rows))
 
 
 # --- data parallel: the frameworks' own engines at dp = 1, 2 -------------------------------------
@@ -322,7 +385,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=None, help="epochs per median (default 7, 3 with --quick)")
     parser.add_argument("--demo-runs", type=int, default=5, help="process runs per backend for the demo table")
     parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile row")
-    parser.add_argument("--only", choices=["speed", "demo", "gap", "dp"], action="append", help="run only this table (repeatable)")
+    parser.add_argument("--only", choices=["speed", "numpy", "demo", "gap", "dp"], action="append",
+                        help="run only this table (repeatable)")
     args = parser.parse_args(argv)
     if args.only == ["dp"]:  # JAX needs its 2 CPU devices before it starts (other tables run without)
         from shared.tools import dp_parity
@@ -336,10 +400,12 @@ def main(argv=None) -> int:
 
 
 def run(args, repeats, shown):
-    parts = args.only or ["speed", "demo", "gap"] + ([] if args.quick else ["dp"])
+    parts = args.only or ["speed", "numpy", "demo", "gap"] + ([] if args.quick else ["dp"])
     print(bench_common.header("Training" + (" (--quick: too short to mean anything)" if args.quick else ""), shown))
     if "speed" in parts:
         print("\n" + speed_tables(repeats, args.quick, with_compile=not (args.quick or args.no_compile)), flush=True)
+    if "numpy" in parts:
+        print("\n" + numpy_table(repeats, args.quick), flush=True)
     if "demo" in parts:
         print("\n" + (demo_table(args.demo_runs) if not args.quick else "### The default demo\n\nskipped with --quick"), flush=True)
     if "dp" in parts:

@@ -105,3 +105,19 @@ def attend(model: TinyLM, x, *, mask=None, return_weights=False):
     x = np.asarray(x)
     checks.check_input(x.shape, x.dtype.name, model.config.d_model, model.config.max_len)
     return attention(x, model.params, model.config.n_heads, mask=mask, return_weights=return_weights)
+
+
+def grads_to_exchange(grads: dict) -> dict[str, np.ndarray]:
+    """Gradients from loss_and_grads (already exchange-named NumPy arrays) as copies."""
+    return {name: value.copy() for name, value in grads.items()}
+
+
+def loss_and_grads(model: TinyLM, tokens, targets, *, mask=None):
+    """NumPy in, NumPy out: (loss, d loss / d every exchange array) by the analytic backward
+    of numpy_ref.backward, from the stages one forward pass records."""
+    from numpy_ref.backward import backward
+
+    trace = {}
+    forward(tokens, model.params, model.config, mask=mask, trace=trace)
+    loss, grads = backward(tokens, targets, model.params, model.config, trace, mask=mask)
+    return float(loss), grads

@@ -105,7 +105,7 @@ def test_a_smaller_last_batch_is_trained_too(backend):
     assert steps == list(range(6)) and len(history.losses) == 6  # 32 + 32 + 6 per epoch
 
 
-@pytest.mark.parametrize("backend", TRAINERS)
+@pytest.mark.parametrize("backend", names("layers"))  # the framework layers' own initializers
 def test_native_init_trains_and_differs_from_shared(backend):
     config = TrainConfig(epochs=1, n_sequences=64)
     native = trainer(backend).train(SMALL, config, init="native")

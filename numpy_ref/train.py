@@ -1,0 +1,112 @@
+"""Train TinyLM on the copy task in pure NumPy: train_step, train_epoch, train (loss_fn and
+loss_and_grads are in model.py, the backward pass in backward.py, Adam in adam.py).
+
+What the frameworks hide is spelled out here: the gradient is numpy_ref.backward's analytic
+backward pass, the optimizer state is three plain arrays per parameter, the update is in place.
+
+Run it: `python -m numpy_ref.train --help`.
+"""
+
+from __future__ import annotations
+
+if __name__ == "__main__":  # the command line belongs to the tools layer: parse flags before importing the backend
+    from shared.tools.train_cli import main
+
+    raise SystemExit(main("numpy"))
+
+import ctypes
+import ctypes.util
+import time
+
+import numpy as np
+
+from numpy_ref.adam import Adam
+from numpy_ref.model import TinyLM, from_exchange, loss_and_grads
+from shared import training
+from shared.adam_state import AdamState
+from shared.config import ModelConfig, TrainConfig
+from shared.history import History
+
+
+def train_step(model: TinyLM, optimizer: Adam, x, y) -> float:
+    """One Adam step; returns the loss before the update."""
+    loss, grads = loss_and_grads(model, x, y)  # forward, then the backward pass by hand
+    optimizer.step(grads)  # updates model.params in place
+    return loss
+
+
+def train_epoch(model: TinyLM, optimizer: Adam, batches) -> np.ndarray:
+    """Every step of one epoch; returns the per-step losses as a NumPy array."""
+    return np.array([train_step(model, optimizer, x, y) for x, y in batches])
+
+
+def train(model_config: ModelConfig, train_config: TrainConfig, init="shared", on_step=None, resume=None) -> History:
+    """Train from `init` ("shared" or a weights file); returns the History with the model and optimizer.
+
+    resume: an AdamState saved with those weights (by any backend): the run continues
+    where it stopped, with the same moments, step count and remaining batches.
+    on_step(step, loss) is called for every step once its epoch has finished.
+    Raises training.NonFiniteLossError naming the first step whose loss was NaN or infinite;
+    ValueError for init="native": NumPy has no initializers of its own, "shared" is the
+    torch-style init drawn with NumPy.
+    """
+    started = time.perf_counter()
+    start_epoch = training.first_epoch(resume, train_config)
+    keep_freed_memory()
+
+    # 1. model: the shared NumPy init, identical for every backend, unless init says otherwise
+    arrays = training.initial_weights(init, model_config, train_config)
+    if arrays is None:
+        raise ValueError("init 'native' means the framework's own initializers; numpy_ref has none: "
+                         "use 'shared' (the same torch-style init, drawn with NumPy) or a weights file")
+    model = from_exchange(arrays, model_config)
+
+    # 2. optimizer: Adam with TrainConfig's lr, betas and eps
+    # (NumPy: two arrays per parameter, exp_avg and exp_avg_sq, and one step count, all updated in place)
+    optimizer = Adam(model.params, lr=train_config.lr, betas=train_config.betas, eps=train_config.eps)
+    if resume is not None:
+        optimizer_from_exchange(resume, optimizer, model)
+
+    # 3. epochs: the same batches as every other backend
+    # (an overflow is not warned about: finish_epoch names the first non-finite step, as in torch and JAX)
+    losses = []
+    for batches in training.epochs(model_config, train_config, start=start_epoch):
+        with np.errstate(over="ignore", invalid="ignore"):
+            epoch_losses = train_epoch(model, optimizer, batches)
+        training.finish_epoch(losses, epoch_losses, train_config, start_epoch, on_step)
+    return training.history("numpy", model_config, train_config, losses, started, model, optimizer, start_epoch)
+
+
+def keep_freed_memory() -> bool:
+    """Let glibc's malloc keep the memory NumPy frees, as it does by itself once a large buffer
+    has been freed (after `import torch`, for one). Returns False where there is no glibc.
+
+    Every training step allocates and frees the same temporaries (~100 KiB each). With glibc's
+    starting thresholds (128 KiB) the larger ones are mmap-ed and unmapped every step and the
+    top of the heap is handed back to the kernel, so each step page-faults its memory in again;
+    frameworks keep theirs in their own allocators. The values set are glibc's own ceilings for
+    its dynamic thresholds on 64-bit (mmap 32 MiB, trim twice that), so nothing unusual is kept.
+    """
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
+    return bool(mallopt(M_MMAP_THRESHOLD, 32 << 20) and mallopt(M_TRIM_THRESHOLD, 64 << 20))
+
+
+def optimizer_to_exchange(optimizer: Adam, model: TinyLM, train_config: TrainConfig) -> AdamState:
+    """Adam's moments and step count in the exchange layout (after train_config.epochs epochs)."""
+    moments = {"exp_avg": {}, "exp_avg_sq": {}}
+    for name in model.params:
+        moments["exp_avg"][name] = optimizer.exp_avg[name].copy()
+        moments["exp_avg_sq"][name] = optimizer.exp_avg_sq[name].copy()
+    return AdamState(optimizer.step_count, train_config.epochs, moments["exp_avg"], moments["exp_avg_sq"], train_config)
+
+
+def optimizer_from_exchange(adam_state: AdamState, optimizer: Adam, model: TinyLM) -> None:
+    """Give a fresh Adam the saved moments and step count of every parameter."""
+    for name in model.params:
+        optimizer.exp_avg[name][...] = adam_state.exp_avg[name]
+        optimizer.exp_avg_sq[name][...] = adam_state.exp_avg_sq[name]
+    optimizer.step_count = adam_state.step
