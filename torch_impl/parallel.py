@@ -30,12 +30,12 @@ from shared import training
 from shared.config import ModelConfig, TrainConfig
 from shared.history import History
 from torch_impl.model import TinyLM, from_exchange, to_exchange
-from torch_impl.train import optimizer_from_exchange, optimizer_to_exchange, train_step
+from torch_impl.train import FusedAdam, optimizer_from_exchange, optimizer_to_exchange, train_step
 
 # forkserver: the ranks fork from one server that imported torch once, so a second run in the
 # same process starts in a fraction of a second and no rank inherits the launcher's threads
 START_METHOD = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
-# what the server imports once: torch, and torch._dynamo that every optimizer imports on creation
+# what the server imports once: torch, and torch._dynamo that DistributedDataParallel pulls in
 # (seconds per rank otherwise); not this package, or a `python -m torch_impl.train` main would run twice
 PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel", "shared.training"]
 
@@ -103,8 +103,7 @@ def train(model_config: ModelConfig, train_config: TrainConfig, dp, init="shared
     # 3. result: the trained weights and Adam state as ordinary single-device objects
     arrays, adam_state = final
     model = from_exchange(arrays, model_config)
-    optimizer = torch.optim.Adam(model.parameters(), lr=train_config.lr, betas=train_config.betas, eps=train_config.eps,
-                                 fused=True)
+    optimizer = FusedAdam(model.parameters(), lr=train_config.lr, betas=train_config.betas, eps=train_config.eps)
     optimizer_from_exchange(adam_state, optimizer, model)
     return training.history("torch", model_config, train_config, losses, started, model, optimizer, start_epoch)
 
@@ -124,8 +123,7 @@ def train_rank(rank, dp, model_config: ModelConfig, train_config: TrainConfig, i
 
     # 2. optimizer: Adam with TrainConfig's lr, betas and eps, on every rank
     # (each rank applies the same averaged gradients, so the replicas stay equal without a broadcast)
-    optimizer = torch.optim.Adam(model.parameters(), lr=train_config.lr, betas=train_config.betas, eps=train_config.eps,
-                                 fused=True)
+    optimizer = FusedAdam(model.parameters(), lr=train_config.lr, betas=train_config.betas, eps=train_config.eps)
     if resume is not None:
         optimizer_from_exchange(resume, optimizer, model)
 

@@ -60,10 +60,8 @@ def train(model_config: ModelConfig, train_config: TrainConfig, init="shared", o
     model = TinyLM(model_config, dtype=train_config.dtype) if arrays is None else from_exchange(arrays, model_config)
 
     # 2. optimizer: Adam with TrainConfig's lr, betas and eps
-    # (torch: handed the parameters, it keeps their moments and updates them in place;
-    # fused=True updates them all in one kernel instead of a loop over parameters: see benchmarks/RESULTS.md)
-    optimizer = torch.optim.Adam(model.parameters(), lr=train_config.lr, betas=train_config.betas, eps=train_config.eps,
-                                 fused=True)
+    # (torch: handed the parameters, it keeps their moments and updates them in place)
+    optimizer = FusedAdam(model.parameters(), lr=train_config.lr, betas=train_config.betas, eps=train_config.eps)
     if resume is not None:
         optimizer_from_exchange(resume, optimizer, model)
 
@@ -73,6 +71,46 @@ def train(model_config: ModelConfig, train_config: TrainConfig, init="shared", o
         epoch_losses = train_epoch(model, optimizer, batches)
         training.finish_epoch(losses, epoch_losses, train_config, start_epoch, on_step)
     return training.history("torch", model_config, train_config, losses, started, model, optimizer, start_epoch)
+
+
+class FusedAdam:
+    """torch.optim.Adam(params, lr, betas, eps, fused=True), bit for bit: the same state per
+    parameter ("step", "exp_avg", "exp_avg_sq") and the same kernel, torch._fused_adam_, called
+    as torch.optim.Adam calls it. Why not torch.optim.Adam itself: every torch.optim optimizer
+    imports torch._dynamo on first use, which takes about as long as `import torch` and so
+    nearly doubled the start-up of a default run (benchmarks/RESULTS.md); nothing else differs.
+    tests/test_torch_adam.py holds it equal to torch.optim.Adam, bit for bit, step by step."""
+
+    def __init__(self, params, lr, betas, eps):
+        self.params = list(params)
+        self.lr, self.betas, self.eps = float(lr), (float(betas[0]), float(betas[1])), float(eps)
+        self.state = {}  # parameter -> {"step", "exp_avg", "exp_avg_sq"}, as torch.optim.Adam's
+
+    def zero_grad(self, set_to_none=True):
+        for parameter in self.params:
+            if set_to_none:
+                parameter.grad = None
+            elif parameter.grad is not None:
+                parameter.grad.zero_()
+
+    @torch.no_grad()
+    def step(self):
+        params = [parameter for parameter in self.params if parameter.grad is not None]
+        for parameter in params:
+            if parameter not in self.state:  # created on first use, like torch.optim.Adam's
+                self.state[parameter] = {
+                    "step": torch.tensor(0.0, dtype=torch.float32),
+                    "exp_avg": torch.zeros_like(parameter, memory_format=torch.preserve_format),
+                    "exp_avg_sq": torch.zeros_like(parameter, memory_format=torch.preserve_format),
+                }
+        states = [self.state[parameter] for parameter in params]
+        steps = [state["step"] for state in states]
+        torch._foreach_add_(steps, 1)  # the step count first: bias correction uses the new one
+        torch._fused_adam_(
+            params, [parameter.grad for parameter in params], [state["exp_avg"] for state in states],
+            [state["exp_avg_sq"] for state in states], [], steps, amsgrad=False, lr=self.lr, beta1=self.betas[0],
+            beta2=self.betas[1], weight_decay=0.0, eps=self.eps, maximize=False, grad_scale=None, found_inf=None,
+        )
 
 
 def optimizer_to_exchange(optimizer, model, train_config: TrainConfig) -> AdamState:
