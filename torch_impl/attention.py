@@ -46,7 +46,7 @@ class MultiHeadSelfAttention(nn.Module):
         Returns out (B, T, D), or (out, weights (B, H, T, T)) with return_weights=True.
         A query row that no key may attend gets all-zero weights.
         """
-        checks.check_input(tuple(x.shape), str(x.dtype), self.d_model, self.max_len)
+        checks.check_input(tuple(x.shape), str(x.dtype), self.d_model, self.max_len, str(self.qkv_proj.weight.dtype))
         B, T, D = x.shape
         if mask is not None:
             checks.check_mask(tuple(mask.shape), str(mask.dtype), (B, self.n_heads, T, T))
