@@ -153,7 +153,7 @@ def check_training_fits(vocab_size, d_model, n_heads, max_len, batch_size, n_seq
 
 
 def _gib(nbytes: int) -> str:
-    return f"{nbytes / 2**30:.3g} GiB"
+    return f"{nbytes / 2**30:.1f} GiB"
 
 
 def check_outputs(inputs: dict, outputs: dict) -> None:
