@@ -95,7 +95,7 @@ def write_atomically(path: Path, payload: bytes) -> None:
     try:
         handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
     except OSError as error:
-        raise OSError(error.errno, f"cannot write {str(path)!r}: {error.strerror or error}") from None
+        raise _naming(error, path) from None
     try:
         os.chmod(temporary, path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_umask())
         with os.fdopen(handle, "wb") as file:
@@ -105,10 +105,16 @@ def write_atomically(path: Path, payload: bytes) -> None:
         os.replace(temporary, path)
     except OSError as error:
         _unlink_quietly(temporary)
-        raise OSError(error.errno, f"cannot write {str(path)!r}: {error.strerror or error}") from None
+        raise _naming(error, path) from None
     except BaseException:
         _unlink_quietly(temporary)
         raise
+
+
+def _naming(error: OSError, path: Path) -> OSError:
+    """The same kind of error (a PermissionError stays one), its message naming the file."""
+    message = f"cannot write {str(path)!r}: {error.strerror or error}"
+    return type(error)(error.errno, message) if error.errno is not None else type(error)(message)
 
 
 def temporaries(path: Path) -> list[tuple[Path, int]]:
