@@ -58,7 +58,7 @@ class History:
         write_atomically(Path(path), json.dumps(self.to_dict(), indent=1).encode())
 
     @classmethod
-    def load(cls, path) -> "History":
+    def load(cls, path) -> History:
         """Read a --history file with bounded reads; every field type- and range-checked."""
         path = Path(path)
         what = f"history file {str(path)!r}"

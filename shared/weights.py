@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import safetensors.numpy
 
-from shared.config import DTYPES, ModelConfig
 from shared import checks, files
+from shared.config import DTYPES, ModelConfig
 from shared.files import write_atomically
 
 FORMAT = "mhsa-exchange"

@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
@@ -162,7 +161,7 @@ def test_a_killed_saves_temporary_is_removed_by_the_next_save_but_a_live_ones_is
             assert child.stdout.readline().startswith("temporary written")
         killed.send_signal(signal.SIGKILL)
         killed.wait(timeout=30)
-        temporaries = dict((pid, temporary) for temporary, pid in files.temporaries(path))
+        temporaries = {pid: temporary for temporary, pid in files.temporaries(path)}
         assert set(temporaries) == {killed.pid, live.pid}
         save(path)
         left = [temporary.name for temporary, _ in files.temporaries(path)]

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
 import numpy as np
 
-import dataclasses
-
 from shared import checks, weights
 from shared.config import ATTN_IMPLS
 from shared.tools import registry
-from shared.tools.heatmap import ascii_heads
 from shared.tools.flags import png_path
+from shared.tools.heatmap import ascii_heads
 from shared.tools.train_cli import heatmap_tokens
 
 MAX_ID = 2**31 - 1  # ids beyond int32 are refused here; the model refuses those >= vocab_size

@@ -16,8 +16,16 @@ from shared import checkpoint, checks, weights
 from shared.adam_state import companion_path
 from shared.config import DTYPES, ModelConfig, TrainConfig
 from shared.tools import registry
-from shared.tools.flags import MODEL_FLAGS, add_model_arguments, int_flag, int_in, model_flags_given, positive_float
-from shared.tools.flags import int_at_least, png_path  # noqa: F401 (importable from here, as before)
+from shared.tools.flags import (  # noqa: F401 (importable from here, as before)
+    MODEL_FLAGS,
+    add_model_arguments,
+    int_at_least,
+    int_flag,
+    int_in,
+    model_flags_given,
+    png_path,
+    positive_float,
+)
 from shared.tools.heatmap import ascii_heatmap
 from shared.training import INITS, NonFiniteLossError
 
