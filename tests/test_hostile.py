@@ -273,6 +273,13 @@ def test_uint64_tokens_are_refused_the_same_way_everywhere(backend):
         backend.forward(np.zeros((3, 5), np.uint64), init_weights(SMALL, 0, "float32"), SMALL)
 
 
+def test_an_id_equal_to_vocab_size_is_refused_by_loss_and_grads_in_every_backend(autodiff_backend):
+    ids = np.zeros((3, 5), np.int64)
+    ids[1, 2] = SMALL.vocab_size
+    with pytest.raises(ValueError, match=r"^token id 11 is out of range: ids must lie in \[0, 11\) for vocab_size=11$"):
+        autodiff_backend.loss_and_grads(ids, np.zeros((3, 5), np.int64), init_weights(SMALL, 0, "float32"), SMALL)
+
+
 # --- histories that are not histories -----------------------------------------------------------
 
 @pytest.mark.parametrize("losses, pattern", [
