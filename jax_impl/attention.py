@@ -58,7 +58,7 @@ class MultiHeadSelfAttention(nnx.Module):
         Returns out (B, T, D), or (out, weights (B, H, T, S)) with return_weights=True.
         A query row that no key may attend gets all-zero weights.
         """
-        checks.check_input(tuple(x.shape), str(x.dtype), self.d_model, self.max_len)
+        checks.check_input(tuple(x.shape), str(x.dtype), self.d_model, self.max_len, str(self.qkv_proj.kernel.dtype))
         B, T, D = x.shape
         start = 0 if cache is None else cache.length[...]  # p: the positions already in the cache
         if cache is not None:

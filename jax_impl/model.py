@@ -187,6 +187,8 @@ def _forward(graphdef, state, tokens, mask, return_weights):
 
 def attend(model, x, *, mask=None, return_weights=False):
     """NumPy in, NumPy out: the attention block alone, x (B, T, D) -> (B, T, D), or (out, weights)."""
+    x = np.asarray(x)  # checked before conversion, as in torch_impl
+    checks.check_input(x.shape, x.dtype.name, model.attn.d_model, model.attn.max_len, str(model.attn.qkv_proj.kernel.dtype))
     result = model.attn(jnp.asarray(x), mask=_array(mask), return_weights=return_weights)
     return tuple(np.asarray(value) for value in result) if return_weights else np.asarray(result)
 

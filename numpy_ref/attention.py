@@ -61,7 +61,7 @@ def attention(x, params, n_heads, mask=None, return_weights=False, trace=None, c
     qkv_weight = params["attn.qkv_proj.weight"]
     D = qkv_weight.shape[1]
     checks.check_block(D, n_heads, max_len=None)
-    checks.check_input(x.shape, x.dtype.name, D, max_len=None)  # pure function: no context limit
+    checks.check_input(x.shape, x.dtype.name, D, max_len=None, block_dtype=qkv_weight.dtype.name)  # pure function: no context limit
     B, T, _ = x.shape
     d_head = D // n_heads
     start = 0 if cache is None else cache.length  # p: the positions already in the cache

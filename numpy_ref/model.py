@@ -103,7 +103,8 @@ def attend(model: TinyLM, x, *, mask=None, return_weights=False):
     """The attention block alone: x (B, T, D) -> (B, T, D), or (out, weights); T <= max_len
     as in the frameworks' blocks (the pure `attention` function has no context limit)."""
     x = np.asarray(x)
-    checks.check_input(x.shape, x.dtype.name, model.config.d_model, model.config.max_len)
+    checks.check_input(x.shape, x.dtype.name, model.config.d_model, model.config.max_len,
+                       model.params["attn.qkv_proj.weight"].dtype.name)
     return attention(x, model.params, model.config.n_heads, mask=mask, return_weights=return_weights)
 
 

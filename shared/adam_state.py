@@ -5,7 +5,8 @@ every parameter and the number of steps taken (for bias correction). Stored fram
 
     exp_avg/<exchange name>     first moment, PyTorch layout, the parameter's shape and dtype
     exp_avg_sq/<exchange name>  second moment, likewise
-    metadata: format "mhsa-adam", step, epochs_done, the model config and the train config
+    metadata: format "mhsa-adam", format_version "2", step, epochs_done, the model config,
+              the train config, and weights_sha256: the SHA-256 of the weights file's bytes
 
 so that a run trained for some epochs in one backend continues in the other exactly as if it
 had never stopped: same moments, same step count, same remaining batches.
@@ -14,6 +15,7 @@ had never stopped: same moments, same step count, same remaining batches.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +27,7 @@ from shared.config import ModelConfig, TrainConfig
 from shared.files import write_atomically
 
 FORMAT = "mhsa-adam"
+FORMAT_VERSION = "2"  # 2: records weights_sha256, the digest of the weights file it belongs to
 MOMENTS = ("exp_avg", "exp_avg_sq")
 # what must not change between the saved run and its continuation: they decide the batches
 STREAM_FIELDS = ("n_sequences", "batch_size", "seed", "dtype")
@@ -55,41 +58,83 @@ def companion_path(weights_path) -> Path:
     return path.with_name(f"{path.name.removesuffix('.safetensors')}.adam.safetensors")
 
 
-def save(path, state: AdamState, model_config: ModelConfig) -> None:
+def save(path, state: AdamState, model_config: ModelConfig, weights_digest: str | None = None) -> None:
+    """Write the companion file atomically. weights_digest: the SHA-256 of the weights file
+    it belongs to (shared.checkpoint.save passes it; --resume refuses a file without it)."""
     for moment in MOMENTS:
         weights.validate(getattr(state, moment), model_config, dtype=state.train_config.dtype)
+    write_atomically(Path(path), payload(state, model_config, weights_digest))
+
+
+def payload(state: AdamState, model_config: ModelConfig, weights_digest: str | None) -> bytes:
     arrays = {f"{moment}/{name}": np.ascontiguousarray(value)
               for moment in MOMENTS for name, value in getattr(state, moment).items()}
     metadata = {
-        "format": FORMAT, "step": str(state.step), "epochs_done": str(state.epochs_done),
+        "format": FORMAT, "format_version": FORMAT_VERSION, "step": str(state.step), "epochs_done": str(state.epochs_done),
         "config": json.dumps(model_config.to_dict()), "train_config": json.dumps(state.train_config.to_dict()),
     }
-    write_atomically(Path(path), safetensors.numpy.save(arrays, metadata))
+    if weights_digest is not None:
+        metadata["weights_sha256"] = weights_digest
+    return safetensors.numpy.save(arrays, metadata)
 
 
-def load(path, model_config: ModelConfig) -> AdamState:
-    """Read and validate a companion file against the model it belongs to."""
+def load(path, model_config: ModelConfig, weights_digest: str | None = None) -> AdamState:
+    """Read and validate a companion file against the model it belongs to, with the bounded
+    reads of shared.weights. With weights_digest (the SHA-256 of the weights file beside it),
+    a companion that records another digest, or none, is refused: the pair does not belong
+    together (a save killed between its two files, or a file copied from another run)."""
     path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"Adam state file {str(path)!r} does not exist (it is written beside the weights by --save)")
-    raw = path.read_bytes()
-    header = weights.read_header(raw, path)
-    metadata = header.get("__metadata__") or {}
-    if metadata.get("format") != FORMAT:
-        raise ValueError(f"{str(path)!r} is not an Adam state file (metadata format {metadata.get('format')!r}, expected {FORMAT!r})")
-    try:
-        saved_config = ModelConfig.from_dict(json.loads(metadata["config"]))
-        train_config = TrainConfig.from_dict(json.loads(metadata["train_config"]))
-        step, epochs_done = int(metadata["step"]), int(metadata["epochs_done"])
-    except (KeyError, ValueError, TypeError) as error:
-        raise ValueError(f"Adam state file {str(path)!r} has invalid metadata: {error}") from None
-    weights.check_same_architecture(saved_config, model_config, source=f"Adam state file {str(path)!r}")
-    arrays = safetensors.numpy.load(raw)
+    what = f"Adam state file {str(path)!r}"
+    found = {}
+
+    def check(header: dict) -> None:
+        metadata = header.get("__metadata__") or {}
+        if metadata.get("format") != FORMAT:
+            raise ValueError(f"{str(path)!r} is not an Adam state file (metadata format {metadata.get('format')!r}, expected {FORMAT!r})")
+        saved_config = weights.config_from_metadata(metadata, what)
+        try:
+            train_config = TrainConfig.from_dict(json.loads(metadata["train_config"]))
+            step, epochs_done = _count(metadata, "step"), _count(metadata, "epochs_done")
+        except (KeyError, ValueError, TypeError) as error:
+            raise ValueError(f"{what} has invalid metadata: {error}") from None
+        if epochs_done > train_config.epochs:
+            raise ValueError(f"{what} has invalid metadata: epochs_done={epochs_done} is more than the "
+                             f"run's epochs={train_config.epochs}")
+        if step != epochs_done * train_config.steps_per_epoch:
+            raise ValueError(f"{what} has invalid metadata: step={step} does not match epochs_done={epochs_done} "
+                             f"x {train_config.steps_per_epoch} steps per epoch = {epochs_done * train_config.steps_per_epoch}")
+        weights.check_same_architecture(saved_config, model_config, source=what)
+        layout = weights.tensor_layout(header)
+        extra = sorted(key for key in layout if key.split("/", 1)[0] not in MOMENTS)
+        if extra:
+            raise ValueError(f"{what} has unexpected key(s) {extra}")
+        for moment in MOMENTS:
+            part = {key.split("/", 1)[1]: value for key, value in layout.items() if key.startswith(f"{moment}/")}
+            try:
+                weights.check_layout(part, model_config, dtype=train_config.dtype)
+            except ValueError as error:
+                raise ValueError(f"{what}: {moment} {error}") from None
+        if weights_digest is not None:
+            recorded = metadata.get("weights_sha256")
+            if recorded is None:
+                raise ValueError(f"{what} does not record which weights file it belongs to (written before "
+                                 f"checkpoints were bound); if it belongs to the weights beside it, bind it with "
+                                 f"`python -m shared.checkpoint bind WEIGHTS.safetensors`, then resume")
+            if recorded != weights_digest:
+                raise ValueError(f"{what} belongs to other weights than the file beside it (its weights_sha256 "
+                                 f"{recorded[:12]}..., the weights' {weights_digest[:12]}...): a save was interrupted "
+                                 f"between its two files, or the file comes from another run; refusing to resume")
+        found.update(train_config=train_config, step=step, epochs_done=epochs_done)
+
+    raw, _ = weights.read_safetensors(path, "Adam state file", check)
+    arrays = weights.decode(raw, what)
     moments = {moment: {key.split("/", 1)[1]: value for key, value in arrays.items() if key.startswith(f"{moment}/")}
                for moment in MOMENTS}
-    extra = sorted(key for key in arrays if key.split("/", 1)[0] not in MOMENTS)
-    if extra:
-        raise ValueError(f"Adam state file {str(path)!r} has unexpected key(s) {extra}")
-    for moment in MOMENTS:
-        weights.validate(moments[moment], model_config, dtype=train_config.dtype)
-    return AdamState(step, epochs_done, moments["exp_avg"], moments["exp_avg_sq"], train_config)
+    return AdamState(found["step"], found["epochs_done"], moments["exp_avg"], moments["exp_avg_sq"], found["train_config"])
+
+
+def _count(metadata: dict, key: str) -> int:
+    text = metadata[key]
+    if not re.fullmatch(r"[0-9]{1,12}", text):
+        raise ValueError(f"{key}={text!r} is not a non-negative integer")
+    return int(text)

@@ -10,6 +10,11 @@ import numpy as np
 
 # the index dtypes every backend embeds: torch's nn.Embedding refuses any other
 TOKEN_DTYPES = ("int32", "int64")
+# the dtypes a block computes in (shared.config.DTYPES); an input in any other is refused
+BLOCK_DTYPES = ("float32", "float64")
+# the seed range every backend accepts: NumPy's default_rng, torch.manual_seed and
+# jax.random.key all take it (JAX overflows at 2**63, torch refuses 2**64)
+SEED_RANGE = (0, 2**32 - 1)
 
 
 def check_block(d_model, n_heads, max_len) -> None:
@@ -46,10 +51,19 @@ def _neutral(name: str) -> str:
     return str(name).removeprefix("torch.")
 
 
-def check_input(shape: tuple, dtype_name: str, d_model: int, max_len: int | None) -> None:
-    """x must be a float (B, T, D) with D == d_model and 1 <= T <= max_len (no limit if None)."""
+def check_input(shape: tuple, dtype_name: str, d_model: int, max_len: int | None, block_dtype: str | None = None) -> None:
+    """x must be a float (B, T, D) with D == d_model and 1 <= T <= max_len (no limit if None).
+
+    The dtype rule, the same in every backend: x must be float32 or float64 and, when the
+    block's own dtype is given, exactly that one. Nothing is converted silently: a float16,
+    bfloat16 or float64 input to a float32 block raises TypeError (convert it first)."""
     if dtype_kind(dtype_name) != "float":
         raise TypeError(f"attention input must be a floating-point array (B, T, D), got dtype {_neutral(dtype_name)}")
+    found = _neutral(dtype_name)
+    if found not in BLOCK_DTYPES or (block_dtype is not None and found != _neutral(block_dtype)):
+        wanted = _neutral(block_dtype) if block_dtype is not None else " or ".join(BLOCK_DTYPES)
+        raise TypeError(f"attention input has dtype {found}, expected {wanted} (the block's dtype); "
+                        f"convert it first, nothing is converted silently")
     if len(shape) != 3:
         raise ValueError(f"attention input must have rank 3 (B, T, D), got rank {len(shape)} with shape {tuple(shape)}")
     _, T, D = shape
@@ -90,6 +104,75 @@ def check_mask(mask_shape: tuple, dtype_name: str, target: tuple) -> None:
         broadcast = None
     if broadcast != tuple(target):
         raise ValueError(f"mask of shape {tuple(mask_shape)} does not broadcast to (B, H, T, T) = {tuple(target)}")
+
+
+def check_seed(seed, owner: str = "seed") -> None:
+    """A seed every backend accepts: an int in SEED_RANGE."""
+    low, high = SEED_RANGE
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not low <= seed <= high:
+        raise ValueError(f"{owner} must be an integer in [{low}, 2**32 - 1], got {seed!r}")
+
+
+def available_memory() -> int:
+    """Bytes of memory the system can give now (MemAvailable), or total physical memory."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_memory(nbytes: int, doing: str, detail: str = "") -> None:
+    """Refuse, before allocating, work whose estimated memory exceeds what is available."""
+    available = available_memory()
+    if nbytes > available:
+        raise ValueError(f"{doing} needs an estimated {_gib(nbytes)} of memory{detail}, "
+                         f"more than the {_gib(available)} available; choose smaller sizes")
+
+
+def training_bytes(vocab_size, d_model, n_heads, max_len, batch_size, n_sequences, itemsize) -> dict[str, int]:
+    """A lower-bound estimate of what training allocates, by part (bytes): the parameters
+    with their gradients and two Adam moments, one step's activations including the
+    (B, H, T, T) attention weights and their gradients, and the copy-task rows and batches."""
+    V, D, H, T, B = vocab_size, d_model, n_heads, max_len, batch_size
+    parameters = 2 * V * D + T * D + 4 * D * D + 4 * D + V
+    return {
+        "parameters": 4 * parameters * itemsize,
+        "activations": (B * T * (8 * D + 3 * V) + 4 * B * H * T * T) * itemsize,
+        "data": 3 * n_sequences * T * 8,  # int64 rows, then x and y batches
+    }
+
+
+def check_training_fits(vocab_size, d_model, n_heads, max_len, batch_size, n_sequences, itemsize) -> None:
+    parts = training_bytes(vocab_size, d_model, n_heads, max_len, min(batch_size, n_sequences), n_sequences, itemsize)
+    detail = " (" + ", ".join(f"{name} {_gib(size)}" for name, size in parts.items()) + ")"
+    check_memory(sum(parts.values()), "this run", detail)
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.1f} GiB"
+
+
+def check_outputs(inputs: dict, outputs: dict) -> None:
+    """Never write over an input, never write two outputs to one file: {flag: path} each,
+    compared resolved and by (device, inode) where the file exists. None entries are skipped."""
+    from shared.files import same_file
+
+    inputs = {flag: path for flag, path in inputs.items() if path is not None}
+    outputs = {flag: path for flag, path in outputs.items() if path is not None}
+    flags = list(outputs)
+    for index, flag in enumerate(flags):
+        for source, path in inputs.items():
+            if same_file(outputs[flag], path):
+                raise ValueError(f"{flag} {str(outputs[flag])!r} is the input {source} {str(path)!r}: "
+                                 f"it would be overwritten; choose another file")
+        for other in flags[index + 1:]:
+            if same_file(outputs[flag], outputs[other]):
+                raise ValueError(f"{flag} {str(outputs[flag])!r} and {other} {str(outputs[other])!r} are the same file; "
+                                 f"give each output its own file")
 
 
 def check_writable(path, flag: str) -> None:

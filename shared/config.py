@@ -84,8 +84,7 @@ class TrainConfig:
     def __post_init__(self):
         for name in ("epochs", "batch_size", "n_sequences"):
             _check_positive_int("TrainConfig", name, getattr(self, name))
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"TrainConfig.seed must be a non-negative integer, got {self.seed!r}")
+        checks.check_seed(self.seed, "TrainConfig.seed")  # one range for every backend
         for name in ("lr", "eps"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:

@@ -40,11 +40,17 @@ class RankFailedError(RuntimeError):
 
 def initial_weights(init, model_config: ModelConfig, train_config: TrainConfig) -> dict | None:
     """Exchange arrays to start from: "shared" = init_weights(config, seed), identical for every
-    backend; "native" = None (the framework's own initializers); a path = a saved weights file."""
+    backend; "native" = None (the framework's own initializers); a path = a saved weights file;
+    a weights.Loaded = a file already read and validated (the command line reads each file once)."""
     if init == "shared":
         return weights.init_weights(model_config, train_config.seed, train_config.dtype)
     if init == "native":
         return None
+    if isinstance(init, weights.Loaded):  # a file the command line has read (once) and checked
+        weights.check_same_architecture(init.config, model_config, source=f"weights file {str(init.path)!r}")
+        if init.dtype != train_config.dtype:
+            raise ValueError(f"weights file {str(init.path)!r}: weights are {init.dtype}, expected {train_config.dtype} (the run's dtype)")
+        return init.arrays
     if isinstance(init, (str, Path)) and init and (Path(init).exists() or Path(init).suffix):
         arrays, _ = weights.load(init, expect=model_config)
         try:

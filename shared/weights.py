@@ -6,13 +6,19 @@ Nothing here imports a framework, and nothing is ever unpickled.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
+import os
+import re
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import safetensors.numpy
 
+from shared import checks, files
 from shared.config import DTYPES, ModelConfig
 from shared.files import write_atomically
 
@@ -20,7 +26,16 @@ FORMAT = "mhsa-exchange"
 FORMAT_VERSION = "1"
 # fields that decide the parameter shapes; attn_impl only picks a kernel
 ARCHITECTURE_FIELDS = ("vocab_size", "d_model", "n_heads", "max_len", "bias")
-MAX_HEADER = 100_000_000  # bytes; safetensors refuses a larger header
+MAX_HEADER = 1_000_000  # bytes; this project's headers are under 4 kB, safetensors' own cap is 100 MB
+MAX_DEPTH = 3  # {"name": {"shape": [...]}}: three levels; metadata values are strings
+OPENING, CLOSING = np.frombuffer(b"{[", dtype=np.uint8), np.frombuffer(b"}]", dtype=np.uint8)
+# safetensors dtype code -> (the name this project reports, a NumPy dtype of that item size)
+SAFETENSORS_DTYPES = {
+    "F64": ("float64", "float64"), "F32": ("float32", "float32"), "F16": ("float16", "float16"),
+    "BF16": ("bfloat16", "uint16"), "I64": ("int64", "int64"), "I32": ("int32", "int32"), "I16": ("int16", "int16"),
+    "I8": ("int8", "int8"), "U64": ("uint64", "uint64"), "U32": ("uint32", "uint32"), "U16": ("uint16", "uint16"),
+    "U8": ("uint8", "uint8"), "BOOL": ("bool", "bool"),
+}
 
 
 def param_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -67,26 +82,35 @@ def validate(arrays: dict, config: ModelConfig, dtype: str | None = None) -> str
     """
     if not isinstance(arrays, dict):
         raise TypeError(f"weights must be a dict of NumPy arrays, got {type(arrays).__name__}")
+    for name in param_shapes(config):
+        if name in arrays and not isinstance(arrays[name], np.ndarray):
+            raise TypeError(f"weights['{name}'] must be a NumPy array, got {type(arrays[name]).__name__}")
+    return check_layout({name: (value.shape, value.dtype.name) for name, value in arrays.items()
+                         if isinstance(value, np.ndarray)} | {name: None for name, value in arrays.items()
+                                                              if not isinstance(value, np.ndarray)}, config, dtype)
+
+
+def check_layout(layout: dict, config: ModelConfig, dtype: str | None = None) -> str:
+    """`validate` on {name: (shape, dtype name)}: what a file's header declares, checked
+    before its body is read. Returns the common dtype name."""
     expected = param_shapes(config)
-    missing = [name for name in expected if name not in arrays]
+    missing = [name for name in expected if name not in layout]
     if missing:
         listed = ", ".join(f"'{name}' {expected[name]}" for name in missing)
         raise ValueError(f"weights are missing key(s) {listed} required by {_describe(config)}")
-    extra = sorted(name for name in arrays if name not in expected)
+    extra = sorted(name for name in layout if name not in expected)
     if extra:
         raise ValueError(f"weights have unexpected key(s) {extra}; {_describe(config)} expects exactly {list(expected)}")
     for name, shape in expected.items():
-        value = arrays[name]
-        if not isinstance(value, np.ndarray):
-            raise TypeError(f"weights['{name}'] must be a NumPy array, got {type(value).__name__}")
-        if value.shape != shape:
-            hint = " (looks transposed: exchange weights are PyTorch (out, in))" if value.shape == shape[::-1] else ""
-            raise ValueError(f"weights['{name}'] has shape {value.shape}, expected {shape}{hint}")
-        if value.dtype.name not in DTYPES:
-            raise ValueError(f"weights['{name}'] has dtype {value.dtype.name}, expected one of {', '.join(DTYPES)}")
-    found = {arrays[name].dtype.name for name in expected}
+        found_shape, found_dtype = layout[name]
+        if tuple(found_shape) != shape:
+            hint = " (looks transposed: exchange weights are PyTorch (out, in))" if tuple(found_shape) == shape[::-1] else ""
+            raise ValueError(f"weights['{name}'] has shape {tuple(found_shape)}, expected {shape}{hint}")
+        if found_dtype not in DTYPES:
+            raise ValueError(f"weights['{name}'] has dtype {found_dtype}, expected one of {', '.join(DTYPES)}")
+    found = {layout[name][1] for name in expected}
     if len(found) > 1:
-        by_dtype = {d: [n for n in expected if arrays[n].dtype.name == d] for d in sorted(found)}
+        by_dtype = {d: [n for n in expected if layout[n][1] == d] for d in sorted(found)}
         raise ValueError(f"weights mix dtypes {by_dtype}; expected one dtype for every array")
     common = found.pop()
     if dtype is not None and common != dtype:
@@ -97,50 +121,83 @@ def validate(arrays: dict, config: ModelConfig, dtype: str | None = None) -> str
 def save(path, arrays: dict, config: ModelConfig) -> None:
     """Write `arrays` and `config` as safetensors, atomically: a temporary file in the same
     folder, then a rename, so an interrupted save never destroys the previous file."""
+    write_atomically(Path(path), payload(arrays, config))
+
+
+def payload(arrays: dict, config: ModelConfig) -> bytes:
+    """The bytes of a weights file, after validating `arrays` against `config`."""
     validate(arrays, config)
-    path = Path(path)
     metadata = {"format": FORMAT, "format_version": FORMAT_VERSION, "config": json.dumps(config.to_dict())}
-    payload = safetensors.numpy.save({name: np.ascontiguousarray(value) for name, value in arrays.items()}, metadata)
-    write_atomically(path, payload)
+    return safetensors.numpy.save({name: np.ascontiguousarray(value) for name, value in arrays.items()}, metadata)
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A weights file read once: its arrays and config, its dtype, and the SHA-256 of its bytes
+    (what an Adam companion file records to bind itself to these weights)."""
+
+    path: Path
+    arrays: dict
+    config: ModelConfig
+    dtype: str
+    digest: str
+
+
+def read(path, expect: ModelConfig | None = None) -> Loaded:
+    """Read and validate a file written by `save`, once, with bounded reads: the header's
+    config, names, shapes and dtypes are checked before the body is read."""
+    path = Path(path)
+    what = f"weights file {str(path)!r}"
+    found = {}
+
+    def check(header: dict) -> None:
+        metadata = header.get("__metadata__") or {}
+        if metadata.get("format") != FORMAT or "config" not in metadata:
+            raise ValueError(
+                f"{what} is safetensors but not in the {FORMAT} format "
+                f"(metadata {sorted(metadata)} lacks 'format': '{FORMAT}' and 'config')"
+            )
+        found["config"] = config = config_from_metadata(metadata, what)
+        if expect is not None:
+            check_same_architecture(config, expect, source=what)
+        try:
+            found["dtype"] = check_layout(tensor_layout(header), config)
+        except ValueError as error:  # name the file: the same message would fit any dict
+            raise ValueError(f"{what}: {error}") from None
+
+    raw, _ = read_safetensors(path, "weights file", check)
+    arrays = decode(raw, what)
+    return Loaded(path, arrays, found["config"], found["dtype"], hashlib.sha256(raw).hexdigest())
 
 
 def load(path, expect: ModelConfig | None = None) -> tuple[dict[str, np.ndarray], ModelConfig]:
     """Read a file written by `save`: returns (arrays, config), both validated.
 
     With `expect`, a file whose architecture (sizes, bias) disagrees with it is refused.
-    Anything that is not a safetensors file of this format raises ValueError naming the path.
+    Anything that is not a safetensors file of this format raises ValueError naming the path;
+    a FIFO, a device or a folder is refused before a byte is read.
     """
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"weights file {str(path)!r} does not exist")
-    if path.is_dir():
-        raise ValueError(f"weights file {str(path)!r} is a directory, expected a .safetensors file")
+    loaded = read(path, expect)
+    return loaded.arrays, loaded.config
+
+
+def config_from_metadata(metadata: dict, what: str, key: str = "config") -> ModelConfig:
+    """The ModelConfig a file's metadata records; every shape-deciding field must be there."""
     try:
-        raw = path.read_bytes()
-    except OSError as error:
-        raise ValueError(f"weights file {str(path)!r} cannot be read: {error.strerror or error}") from None
-    header = read_header(raw, path)
+        data = json.loads(metadata[key])
+        missing = [name for name in ARCHITECTURE_FIELDS if not isinstance(data, dict) or name not in data]
+        if missing:
+            raise ValueError(f"missing field(s) {missing}")
+        return ModelConfig.from_dict(data)
+    except (KeyError, ValueError, TypeError) as error:
+        raise ValueError(f"{what} has an invalid config in its metadata: {error}") from None
+
+
+def decode(raw: bytes, what: str) -> dict[str, np.ndarray]:
     try:
-        arrays = safetensors.numpy.load(raw)
+        return safetensors.numpy.load(raw)
     except Exception as error:  # safetensors raises its own SafetensorError
-        raise ValueError(f"weights file {str(path)!r} is not a valid safetensors file: {error}") from None
-    metadata = header.get("__metadata__") or {}
-    if metadata.get("format") != FORMAT or "config" not in metadata:
-        raise ValueError(
-            f"weights file {str(path)!r} is safetensors but not in the {FORMAT} format "
-            f"(metadata {sorted(metadata)} lacks 'format': '{FORMAT}' and 'config')"
-        )
-    try:
-        config = ModelConfig.from_dict(json.loads(metadata["config"]))
-    except (ValueError, TypeError) as error:
-        raise ValueError(f"weights file {str(path)!r} has an invalid config in its metadata: {error}") from None
-    if expect is not None:
-        check_same_architecture(config, expect, source=f"weights file {str(path)!r}")
-    try:
-        validate(arrays, config)
-    except ValueError as error:  # name the file: the same message would fit any dict
-        raise ValueError(f"weights file {str(path)!r}: {error}") from None
-    return arrays, config
+        raise ValueError(f"{what} is not a valid safetensors file: {error}") from None
 
 
 def check_same_architecture(found: ModelConfig, expected: ModelConfig, source: str = "weights") -> None:
@@ -154,44 +211,109 @@ def check_same_architecture(found: ModelConfig, expected: ModelConfig, source: s
         raise ValueError(f"{source} was saved with a different model config: {', '.join(differences)}")
 
 
-def read_header(raw: bytes, path: Path) -> dict:
-    """The JSON header of a safetensors file's bytes, after checking that it is one."""
+def read_safetensors(path: Path, what: str, check) -> tuple[bytes, dict]:
+    """The bytes and header of a safetensors file, read with bounds: a regular file only, a
+    header of at most MAX_HEADER bytes nested at most MAX_DEPTH deep, tensors that tile the
+    body exactly, the file size equal to what the header declares, `check(header)` passed
+    and the body within available memory, all before the body is read."""
     # safetensors: 8-byte little-endian header length, then a JSON object; anything else
     # (a pickle, a zip, an empty or truncated file) is refused before a parser sees it
-    if not raw:
-        raise ValueError(f"weights file {str(path)!r} is not a safetensors file: it is empty (0 bytes)")
-    if len(raw) < 8:
-        raise ValueError(f"weights file {str(path)!r} is not a safetensors file: only {len(raw)} bytes")
-    (header_length,) = struct.unpack("<Q", raw[:8])
-    cut_in_header = raw[8:9] in (b"{", b"") and 0 < header_length <= MAX_HEADER and header_length > len(raw) - 8
-    if cut_in_header:
-        raise ValueError(
-            f"weights file {str(path)!r} is truncated: its header announces {header_length} bytes "
-            f"but only {len(raw) - 8} follow"
-        )
-    if header_length > len(raw) - 8 or header_length == 0 or raw[8:9] != b"{":
-        raise ValueError(
-            f"weights file {str(path)!r} is not a safetensors file (no valid header; "
-            f"a pickle or torch.save file is refused and never unpickled)"
-        )
+    name = f"{what} {str(path)!r}"
+    fd, info = files.open_regular(path, what)
     try:
-        header = json.loads(raw[8 : 8 + header_length])
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise ValueError(f"weights file {str(path)!r} is not a safetensors file: its header is not JSON") from None
+        size = info.st_size
+        if size == 0:
+            raise ValueError(f"{name} is not a safetensors file: it is empty (0 bytes)")
+        if size < 8:
+            raise ValueError(f"{name} is not a safetensors file: only {size} bytes")
+        prefix = files.read_exactly(fd, 9 if size > 8 else 8, what, path)
+        (header_length,) = struct.unpack("<Q", prefix[:8])
+        peek = prefix[8:9]
+        if peek in (b"{", b"") and 0 < header_length <= MAX_HEADER and header_length > size - 8:
+            raise ValueError(f"{name} is truncated: its header announces {header_length} bytes but only {size - 8} follow")
+        if peek == b"{" and header_length > MAX_HEADER:
+            raise ValueError(f"{name} is not a valid safetensors file: its header announces {header_length} bytes, "
+                             f"more than the {MAX_HEADER}-byte limit")
+        if header_length > size - 8 or header_length == 0 or peek != b"{":
+            raise ValueError(f"{name} is not a safetensors file (no valid header; "
+                             f"a pickle or torch.save file is refused and never unpickled)")
+        header_bytes = peek + files.read_exactly(fd, header_length - 1, what, path)
+        header = parse_header(header_bytes, name)
+        body = body_size(header, name)
+        if body > size - 8 - header_length:
+            raise ValueError(f"{name} is truncated: its header describes more data than the file holds")
+        if body < size - 8 - header_length:
+            raise ValueError(f"{name} is not a valid safetensors file: {size - 8 - header_length - body} bytes "
+                             f"follow the data its header describes")
+        check(header)
+        checks.check_memory(body, f"reading {name}")
+        data = files.read_exactly(fd, body, what, path)
+    finally:
+        os.close(fd)
+    return prefix[:8] + header_bytes + data, header
+
+
+def parse_header(header_bytes: bytes, name: str) -> dict:
+    depth = json_depth(header_bytes)
+    if depth > MAX_DEPTH:
+        raise ValueError(f"{name} is not a valid safetensors file: its header nests {depth} levels deep, "
+                         f"more than the {MAX_DEPTH} a safetensors header has")
+    try:
+        header = json.loads(header_bytes)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise ValueError(f"{name} is not a safetensors file: its header is not JSON") from None
     if not isinstance(header, dict):
-        raise ValueError(f"weights file {str(path)!r} is not a safetensors file: its header is not a JSON object")
-    ends = []
+        raise ValueError(f"{name} is not a safetensors file: its header is not a JSON object")
+    metadata = header.get("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(isinstance(value, str) for value in metadata.values()):
+        raise ValueError(f"{name} is not a valid safetensors file: its __metadata__ is not a map of strings")
+    return header
+
+
+def json_depth(text: bytes) -> int:
+    """How deep brackets nest in a JSON text, strings skipped: bounded before json.loads
+    (which would recurse once per level)."""
+    without_strings = re.sub(rb'"(?:[^"\\]|\\.)*"', b'""', text)
+    steps = np.frombuffer(without_strings, dtype=np.uint8)
+    change = np.isin(steps, OPENING).astype(np.int64) - np.isin(steps, CLOSING).astype(np.int64)
+    return int(np.cumsum(change).max(initial=0))
+
+
+def body_size(header: dict, name: str) -> int:
+    """Bytes of tensor data the header declares, after checking that its tensors tile
+    [0, size) exactly: known dtypes, shapes of non-negative ints, no overlap, no gap."""
+    spans = []
     for key, entry in header.items():
-        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
         if key == "__metadata__":
             continue
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
         if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(end) is int for end in offsets)):
-            raise ValueError(f"weights file {str(path)!r} is not a valid safetensors file: "
+            raise ValueError(f"{name} is not a valid safetensors file: "
                              f"tensor {key!r} has no [begin, end] data_offsets in its header")
-        ends.append(offsets[1])
-    if ends and max(ends) > len(raw) - 8 - header_length:
-        raise ValueError(f"weights file {str(path)!r} is truncated: its header describes more data than the file holds")
-    return header
+        dtype, shape = entry.get("dtype"), entry.get("shape")
+        if dtype not in SAFETENSORS_DTYPES:
+            raise ValueError(f"{name} is not a valid safetensors file: tensor {key!r} has unknown dtype {dtype!r}")
+        if not (isinstance(shape, list) and all(type(n) is int and n >= 0 for n in shape)):
+            raise ValueError(f"{name} is not a valid safetensors file: tensor {key!r} has shape {shape!r}")
+        nbytes = math.prod(shape) * np.dtype(SAFETENSORS_DTYPES[dtype][1]).itemsize
+        if offsets[1] - offsets[0] != nbytes:
+            raise ValueError(f"{name} is not a valid safetensors file: tensor {key!r} ({dtype} {shape}) needs "
+                             f"{nbytes} bytes, its data_offsets {offsets} give {offsets[1] - offsets[0]}")
+        spans.append((offsets[0], offsets[1], key))
+    spans.sort()
+    end = 0
+    for begin, finish, key in spans:
+        if begin != end:
+            raise ValueError(f"{name} is not a valid safetensors file: tensor {key!r} starts at byte {begin}, "
+                             f"expected {end} (tensors overlap or leave a gap)")
+        end = finish
+    return end
+
+
+def tensor_layout(header: dict) -> dict:
+    """{name: (shape, NumPy dtype name)} of the tensors a (checked) header declares."""
+    return {key: (tuple(entry["shape"]), SAFETENSORS_DTYPES[entry["dtype"]][0])
+            for key, entry in header.items() if key != "__metadata__"}
 
 
 def _describe(config: ModelConfig) -> str:

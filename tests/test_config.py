@@ -40,7 +40,8 @@ def test_non_integer_size_is_a_type_error():
         ({"lr": float("nan")}, r"lr must be a positive finite number, got nan"),
         ({"betas": (0.9, 1.0)}, r"betas must be two numbers in \[0, 1\)"),
         ({"dtype": "float16"}, r"dtype must be one of float32, float64; got 'float16'"),
-        ({"seed": -1}, r"seed must be a non-negative integer, got -1"),
+        ({"seed": -1}, r"seed must be an integer in \[0, 2\*\*32 - 1\], got -1"),
+        ({"seed": 2**32}, r"seed must be an integer in \[0, 2\*\*32 - 1\], got 4294967296"),
     ],
 )
 def test_train_config_validation(kwargs, message):

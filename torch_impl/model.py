@@ -58,7 +58,7 @@ class TinyLM(nn.Module):
 
 def _id_range(tokens):
     # the smallest and largest id, so that a bad id is named instead of failing deep inside
-    if tokens.numel() == 0 or tokens.is_floating_point() or tokens.dtype == torch.bool:
+    if tokens.numel() == 0 or str(tokens.dtype).removeprefix("torch.") not in checks.TOKEN_DTYPES:
         return None, None
     return int(tokens.min()), int(tokens.max())
 
@@ -100,8 +100,10 @@ def predict(model, tokens, *, mask=None, return_weights=False, trace=None):
 
 def attend(model, x, *, mask=None, return_weights=False):
     """NumPy in, NumPy out: the attention block alone, x (B, T, D) -> (B, T, D), or (out, weights)."""
+    x = np.asarray(x)  # checked before conversion: torch.from_numpy refuses some dtypes (bfloat16) in its own words
+    checks.check_input(x.shape, x.dtype.name, model.attn.d_model, model.attn.max_len, str(model.attn.qkv_proj.weight.dtype))
     with torch.no_grad():
-        result = model.attn(torch.from_numpy(np.asarray(x)), mask=_tensor(mask), return_weights=return_weights)
+        result = model.attn(torch.from_numpy(x), mask=_tensor(mask), return_weights=return_weights)
     return tuple(value.numpy() for value in result) if return_weights else result.numpy()
 
 

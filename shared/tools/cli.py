@@ -53,10 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     if known.command is None:
         parser.print_help()
         return 0 if not argv else 2
-    module = importlib.import_module(COMMANDS[known.command][0])
-    subparser = parser._subparsers._group_actions[0].choices[known.command]
-    module.add_arguments(subparser)
-    args = parser.parse_args(argv)
+    try:  # Ctrl-C while the subcommand's module is imported: one line, as during its run
+        module = importlib.import_module(COMMANDS[known.command][0])
+        subparser = parser._subparsers._group_actions[0].choices[known.command]
+        module.add_arguments(subparser)
+        args = parser.parse_args(argv)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
     return run_guarded(module.run, args, prefix=f"mhsa {known.command}: error")
 
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from shared import checks
 from shared.history import History
 
 
@@ -50,7 +50,8 @@ def join(parts: list[History]) -> History:
         return joined
     return History("+".join(part.backend for part in parts), joined.model_config, parts[-1].train_config,
                    [loss for part in parts for loss in part.losses], [loss for part in parts for loss in part.epoch_losses],
-                   sum(part.seconds for part in parts), first_step=joined.first_step)
+                   sum(part.seconds for part in parts), first_step=joined.first_step,
+                   init=joined.init, source=joined.source, source_sha256=joined.source_sha256)
 
 
 def describe(history: History, path) -> str:
@@ -58,6 +59,28 @@ def describe(history: History, path) -> str:
     return (f"{path}: {history.backend}, {t.dtype}, H={m.n_heads} D={m.d_model} T={m.max_len} V={m.vocab_size}, "
             f"seed {t.seed}, lr {t.lr:g}, steps {history.first_step}..{history.first_step + len(history.losses) - 1}, "
             f"final loss {history.final_loss:.6g}")
+
+
+def differences(first: History, second: History) -> list[str]:
+    """Every config field and every start that differs between two runs, one line each; the
+    dtype may differ on purpose (float32 against float64) and is named like any other."""
+    lines = []
+    for section in ("model_config", "train_config"):
+        a, b = getattr(first, section).to_dict(), getattr(second, section).to_dict()
+        changed = [f"{name} {a[name]!r} vs {b[name]!r}" for name in a if a[name] != b.get(name)]
+        if changed:
+            lines.append(f"{section} differs: {', '.join(changed)}; the losses are not expected to match")
+    starts = [(first.init, first.source_sha256), (second.init, second.source_sha256)]
+    if starts[0] != starts[1] or "native" in (first.init, second.init) or "unknown" in (first.init, second.init):
+        lines.append(f"the runs' initial weights differ or are unknown (A: {_start(first)}, B: {_start(second)}): "
+                     f"their gap measures the init as much as the ports; it is not a parity check")
+    return lines
+
+
+def _start(history: History) -> str:
+    if history.init == "file":
+        return f"file {history.source} sha256 {(history.source_sha256 or '?')[:12]}"
+    return history.init
 
 
 def comparison_figure(result: Comparison, labels: tuple[str, str]):
@@ -86,7 +109,7 @@ def comparison_figure(result: Comparison, labels: tuple[str, str]):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from shared.tools.train_cli import png_path
+    from shared.tools.flags import png_path
 
     parser.add_argument("a", metavar="A.json", type=Path, help="a --history file")
     parser.add_argument("b", metavar="B.json", type=Path, nargs="+",
@@ -99,6 +122,8 @@ def run(args) -> int:
     import sys
 
     try:
+        checks.check_outputs({"A.json": args.a, **{f"B.json #{n + 1}": path for n, path in enumerate(args.b)}},
+                             {"--plot": args.plot})
         first, second = History.load(args.a), join([History.load(path) for path in args.b])
         result = compare(first, second)
     except (ValueError, FileNotFoundError) as error:
@@ -106,10 +131,8 @@ def run(args) -> int:
         return 1
     print(f"A  {describe(first, args.a)}")
     print(f"B  {describe(second, ' + '.join(str(path) for path in args.b))}")
-    # the dtype may differ on purpose (float32 against float64); anything else changes the run
-    train_a, train_b = (dataclasses.replace(history.train_config, dtype="float64") for history in (first, second))
-    if first.model_config != second.model_config or train_a != train_b:
-        print("note: the runs' configs differ, so their losses are not expected to match")
+    for line in differences(first, second):
+        print(f"note: {line}")
     print(f"compared {result.steps.size} common steps ({result.steps[0]}..{result.steps[-1]})")
     print(f"max |A - B|  {result.gaps.max():.3e} at step {result.worst_step} "
           f"(A {result.a[np.argmax(result.gaps)]:.6g}, B {result.b[np.argmax(result.gaps)]:.6g})")

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
 import numpy as np
 
 from shared import checks, weights
+from shared.config import ATTN_IMPLS
 from shared.tools import registry
+from shared.tools.flags import png_path
 from shared.tools.heatmap import ascii_heads
-from shared.tools.train_cli import heatmap_tokens, png_path
+from shared.tools.train_cli import heatmap_tokens
+
+MAX_ID = 2**31 - 1  # ids beyond int32 are refused here; the model refuses those >= vocab_size
 
 
 def token_list(text: str) -> list[int]:
@@ -21,6 +26,9 @@ def token_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated token ids such as 3,3,3, got {text!r}") from None
     if not tokens:
         raise argparse.ArgumentTypeError("expected at least one token id")
+    bad = next((token for token in tokens if not 0 <= token <= MAX_ID), None)
+    if bad is not None:
+        raise argparse.ArgumentTypeError(f"expected token ids in [0, {MAX_ID}], got {bad}")
     return tokens
 
 
@@ -31,6 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", metavar="FILE.png", type=png_path, help="also write every head as an image")
     parser.add_argument("--backend", choices=registry.names(), default="numpy",
                         help="which implementation computes the weights (default: numpy_ref, no framework)")
+    parser.add_argument("--attn-impl", choices=ATTN_IMPLS, default=None,
+                        help="explicit or fused kernel (default: the file's); weights are always computed explicitly")
 
 
 def attention_weights(backend: str, arrays: dict, config, tokens: np.ndarray) -> np.ndarray:
@@ -42,9 +52,14 @@ def attention_weights(backend: str, arrays: dict, config, tokens: np.ndarray) ->
 
 def run(args) -> int:
     try:
+        checks.check_outputs({"--load": args.load}, {"--plot": args.plot})
         if args.plot is not None:
             checks.check_writable(args.plot, "--plot")
         arrays, config = weights.load(args.load)
+        if args.attn_impl is not None:
+            config = dataclasses.replace(config, attn_impl=args.attn_impl)
+        if args.tokens and len(args.tokens) > config.max_len:
+            raise ValueError(f"--tokens gives {len(args.tokens)} ids, more than the model's max_len={config.max_len}")
     except (ValueError, FileNotFoundError) as error:
         print(f"mhsa heads: error: {error}", file=sys.stderr)
         return 1

@@ -281,32 +281,34 @@ def configure_accelerators() -> list[str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from shared.tools.train_cli import non_negative_int, positive_int
+    from shared.tools.flags import add_model_arguments, int_flag
 
-    defaults = ModelConfig()
     parser.add_argument("--dtype", choices=DTYPES, default="float32")
-    parser.add_argument("--seed", type=non_negative_int, default=0, help="weights, inputs and training seed (default 0)")
-    parser.add_argument("--dp", type=non_negative_int, default=2,
-                        help="ranks or devices of the data-parallel section (default 2; 0 skips it)")
+    parser.add_argument("--seed", type=int_flag("--seed"), default=0,
+                        help="weights, inputs and training seed, in [0, 2**32 - 1] (default 0)")
+    parser.add_argument("--dp", type=int_flag("parity --dp"), default=2,
+                        help="ranks or devices of the data-parallel section, in [0, 64] (default 2; 0 skips it)")
     parser.add_argument("--no-decode", action="store_true", help="skip the decode (KV cache) section")
     parser.add_argument("--mask", choices=("causal", "padding"), default="causal",
                         help="causal only (default), or also a (B, 1, 1, T) padding mask")
-    parser.add_argument("--epochs", type=non_negative_int, default=3,
-                        help="epochs of the default trainer for the trajectory rows (default 3; 0 skips them)")
-    parser.add_argument("--samples", type=positive_int, default=6, help="finite-difference coordinates per parameter (default 6)")
-    model = parser.add_argument_group("model config (defaults: the lesson's)")
-    model.add_argument("--n-heads", type=positive_int, default=defaults.n_heads)
-    model.add_argument("--d-model", type=positive_int, default=defaults.d_model)
-    model.add_argument("--seq-len", type=positive_int, default=defaults.max_len)
-    model.add_argument("--vocab-size", type=positive_int, default=defaults.vocab_size)
+    parser.add_argument("--epochs", type=int_flag("parity --epochs"), default=3,
+                        help="epochs of the default trainer for the trajectory rows, in [0, 1000] (default 3; 0 skips them)")
+    parser.add_argument("--samples", type=int_flag("--samples"), default=6,
+                        help="finite-difference coordinates per parameter, in [1, 1000] (default 6)")
+    model = add_model_arguments(parser, "model config (defaults: the lesson's)")
     model.add_argument("--no-bias", action="store_true", help="linear layers without bias")
     parser.set_defaults(parser=parser)
 
 
 def run(args) -> int:
+    from shared import checks
+
     try:
         config = ModelConfig(vocab_size=args.vocab_size, d_model=args.d_model, n_heads=args.n_heads,
-                             max_len=args.seq_len, bias=not args.no_bias)
+                             max_len=args.seq_len, bias=not args.no_bias, attn_impl=args.attn_impl)
+        itemsize = 8 if args.dtype == "float64" else 4
+        checks.check_training_fits(config.vocab_size, config.d_model, config.n_heads, config.max_len,
+                                   TrainConfig.batch_size, TrainConfig.n_sequences, itemsize)
     except (ValueError, TypeError) as error:
         args.parser.error(str(error))
     if args.dp == 1:
@@ -331,3 +333,16 @@ def run(args) -> int:
 
 def _progress(index: int, total: int, section: str) -> None:
     print(f"\rparity [{index + 1}/{total}] {section} ...\033[K", end="\n" if index + 1 == total else "", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m shared.tools.parity`: the same flags and report as `mhsa parity`."""
+    from shared.tools.cli import run_guarded
+
+    parser = argparse.ArgumentParser(prog="python -m shared.tools.parity", description=(__doc__ or "").split("\n\n")[0])
+    add_arguments(parser)
+    return run_guarded(run, parser.parse_args(argv), prefix="python -m shared.tools.parity: error")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
