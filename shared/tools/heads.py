@@ -74,7 +74,8 @@ def run(args) -> int:
     if args.plot is not None:
         from shared.tools.plots import heads_figure, save_figure
 
-        title = f"{args.load.name} · {config.n_heads} heads · D={config.d_model} T={tokens.shape[1]} V={config.vocab_size}"
+        title = (f"{args.load.name} · {args.backend} · {config.n_heads} heads · D={config.d_model} max_len={config.max_len} "
+                 f"V={config.vocab_size} · a row of {tokens.shape[1]} tokens")
         save_figure(heads_figure(attention, tokens=tokens[0].tolist(), title=title), args.plot)
         print(f"saved plot to {args.plot}")
     return 0

@@ -151,9 +151,17 @@ def describe(model_config: ModelConfig, train_config: TrainConfig, init) -> str:
     )
 
 
-def heatmap_tokens(model_config: ModelConfig) -> np.ndarray:
-    """A short copy-task row to draw the heads on: one id repeated over the context (up to 12)."""
-    return np.full((1, min(model_config.max_len, 12)), 7 % model_config.vocab_size, dtype=np.int64)
+TEXT_POSITIONS, FIGURE_POSITIONS = 12, 64  # the most positions a terminal heatmap, and a figure, shows
+
+
+def heatmap_tokens(model_config: ModelConfig, limit: int = TEXT_POSITIONS) -> np.ndarray:
+    """A copy-task row to draw the heads on: one id repeated over the context, at most `limit` long."""
+    return np.full((1, min(model_config.max_len, limit)), 7 % model_config.vocab_size, dtype=np.int64)
+
+
+def row_note(shown: int, max_len: int) -> str:
+    """What a title says about the row drawn: the whole context, or where it was cut."""
+    return "a copy-task row" if shown == max_len else f"the first {shown} of {max_len} positions of a copy-task row"
 
 
 def run(args) -> int:
@@ -220,13 +228,19 @@ def run(args) -> int:
         head = args.heatmap_head
         print()
         print(ascii_heatmap(attention[0, head], tokens=tokens[0].tolist(),
-                            title=f"{args.backend} · head {head} of {model_config.n_heads} · attention weights on a copy-task row"))
+                            title=f"{args.backend} · head {head} of {model_config.n_heads} · attention weights on "
+                                  f"{row_note(tokens.shape[1], model_config.max_len)}"))
 
         if args.plot is not None:
             from shared.tools.plots import save_figure, training_figure
 
-            title = f"{args.backend} · {model_config.n_heads} heads · D={model_config.d_model} T={model_config.max_len} V={model_config.vocab_size}"
-            figure = training_figure(history.losses, train_config.steps_per_epoch, attention[0], tokens=tokens[0].tolist(), title=title)
+            tokens = heatmap_tokens(model_config, FIGURE_POSITIONS)
+            _, attention = model_module.predict(history.model, tokens, return_weights=True)
+            title = (f"{args.backend} · {args.history or args.save or 'this run'} · {train_config.dtype} · "
+                     f"{model_config.n_heads} heads · D={model_config.d_model} T={model_config.max_len} V={model_config.vocab_size}"
+                     + ("" if tokens.shape[1] == model_config.max_len else f" · heads on {row_note(tokens.shape[1], model_config.max_len)}"))
+            figure = training_figure(history.losses, train_config.steps_per_epoch, attention[0], tokens=tokens[0].tolist(),
+                                     title=title, first_step=history.first_step)
             save_figure(figure, args.plot)
             written.append(str(args.plot))
             print(f"saved plot to {args.plot}")
