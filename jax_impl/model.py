@@ -169,13 +169,8 @@ def predict(model, tokens, *, mask=None, return_weights=False, trace=None):
         result = model(jnp.asarray(tokens), mask=_array(mask), return_weights=return_weights, trace=inner)
         trace.update({name: np.asarray(value) for name, value in inner.items()})
     else:
-        # compiled as one program (eagerly, each of its ~40 operations compiles on first use),
-        # so the inputs are checked here: under jit the model cannot see the ids, and an error
-        # raised while tracing would carry JAX's traceback note
-        checks.check_tokens(tokens.shape, str(tokens.dtype), model.config.vocab_size, model.config.max_len, *_id_range(tokens))
-        if mask is not None:
-            B, T = tokens.shape
-            checks.check_mask(np.shape(mask), str(np.asarray(mask).dtype), (B, model.config.n_heads, T, T))
+        # compiled as one program (eagerly, each of its ~40 operations compiles on first use)
+        _check_before_jit(model, tokens, mask)
         result = _forward(*nnx.split(model), tokens, _array(mask), return_weights)
     return tuple(np.asarray(value) for value in result) if return_weights else np.asarray(result)
 
@@ -197,11 +192,22 @@ def loss_and_grads(model, tokens, targets, *, mask=None):
     """NumPy in, NumPy out: (loss, d loss / d every exchange array) by jax.grad."""
     # compiled as one function: op by op, each of the ~100 operations of forward and backward
     # would compile on its own for every new shape; the maths is the same
+    tokens = np.asarray(tokens)
+    _check_before_jit(model, tokens, mask)
     loss, grads = _value_and_grad(model, jnp.asarray(tokens), jnp.asarray(targets), _array(mask))
     return float(loss), grads_to_exchange(grads)
 
 
 _value_and_grad = nnx.jit(nnx.value_and_grad(loss_fn))
+
+
+def _check_before_jit(model, tokens: np.ndarray, mask) -> None:
+    # under jit the model sees only tracers: ids out of range would be clamped or turn into
+    # NaN silently, and an error raised while tracing would carry JAX's traceback note
+    checks.check_tokens(tokens.shape, str(tokens.dtype), model.config.vocab_size, model.config.max_len, *_id_range(tokens))
+    if mask is not None:
+        B, T = tokens.shape
+        checks.check_mask(np.shape(mask), str(np.asarray(mask).dtype), (B, model.config.n_heads, T, T))
 
 
 def _array(mask):

@@ -1,11 +1,5 @@
 """Pure-NumPy TinyLM over the exchange dict, in the style of picoGPT: the forward reference
-(attention.py, model.py), the backward pass by hand (backward.py), Adam (adam.py) and a
-trainer like the frameworks' (train.py, `python -m numpy_ref.train`)."""
-
-from numpy_ref.attention import attention, causal_mask, merge_heads, softmax, split_heads
-from numpy_ref.model import cross_entropy, forward, intermediates, loss
-
-__all__ = [
-    "attention", "causal_mask", "cross_entropy", "forward", "intermediates",
-    "loss", "merge_heads", "softmax", "split_heads",
-]
+(attention.py, model.py), the backward pass by hand (backward.py), Adam (adam.py), generation
+with a KV cache (generate.py) and a trainer like the frameworks' (train.py, `python -m
+numpy_ref.train`). Import from the modules; the package itself imports nothing, so that
+`python -m numpy_ref.train --help` (and Ctrl-C) reach the command line before NumPy loads."""

@@ -10,8 +10,13 @@ Run it: `python -m numpy_ref.train --help`.
 from __future__ import annotations
 
 if __name__ == "__main__":  # the command line belongs to the tools layer: parse flags before importing the backend
-    from shared.tools.train_cli import main
+    import sys
 
+    try:  # Ctrl-C while the command line is still being imported: one line and 130, as at any later moment
+        from shared.tools.train_cli import main
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
     raise SystemExit(main("numpy"))
 
 import ctypes

@@ -4,8 +4,8 @@ distinct sizes the tests use so that a swapped axis fails."""
 import inspect
 
 from shared.config import ModelConfig
-from shared.tools.backends import ADAPTERS, central_difference  # noqa: F401  (used by the tests)
 from shared.tools import registry
+from shared.tools.backends import ADAPTERS, central_difference  # noqa: F401  (used by the tests)
 from shared.tools.registry import names  # noqa: F401  (used by the tests)
 
 SMALL = ModelConfig(vocab_size=11, d_model=24, n_heads=4, max_len=7)

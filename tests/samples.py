@@ -2,10 +2,10 @@
 
 import numpy as np
 
-import numpy_ref
+from numpy_ref.attention import causal_mask, softmax
 
 
 def causal_weights(H, T, seed):
     """Realistic attention weights (H, T, T): numpy_ref's softmax over causally masked random scores."""
     scores = np.random.default_rng(seed).standard_normal((H, T, T)) * 2
-    return numpy_ref.softmax(np.where(numpy_ref.causal_mask(T), scores, -np.inf))
+    return softmax(np.where(causal_mask(T), scores, -np.inf))

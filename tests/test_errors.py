@@ -21,11 +21,10 @@ import pytest
 import safetensors.numpy
 
 from shared import weights
-from shared.tools import train_cli
 from shared.config import ModelConfig, TrainConfig
 from shared.history import History
+from shared.tools import registry, train_cli
 from shared.weights import init_weights
-from shared.tools import registry
 from tests.backends import SMALL, B, T, names, new_block, package
 
 D, H, V, L = SMALL.d_model, SMALL.n_heads, SMALL.vocab_size, SMALL.max_len  # 24, 4, 11, 7
@@ -82,11 +81,11 @@ def test_bad_block_sizes_name_the_value_and_what_was_expected(backend, case):
 
 def test_numpy_ref_attention_checks_its_n_heads():
     # its n_heads is an argument, not a config: 5 and 0 now fail inside a reshape
-    import numpy_ref
+    from numpy_ref.attention import attention
 
     for n_heads, message in [(5, "d_model=24 is not divisible by n_heads=5"), (0, "n_heads must be a positive integer, got 0")]:
         with pytest.raises(ValueError, match=message):
-            numpy_ref.attention(embeddings(), init_weights(SMALL, 0, "float64"), n_heads)
+            attention(embeddings(), init_weights(SMALL, 0, "float64"), n_heads)
 
 
 # --- input to the block and the model -------------------------------------------------------

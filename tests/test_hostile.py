@@ -344,7 +344,9 @@ def test_ctrl_c_while_python_m_impl_train_imports_its_command_line_prints_one_li
 
 @pytest.mark.parametrize("delay", [0.5, 1.5])
 def test_ctrl_c_later_in_python_m_impl_train_prints_one_line_and_exits_130(delay):
-    code, out, err = interrupted([sys.executable, "-m", f"{package(names('train')[0])}.train", "--quiet"], delay=delay)
+    # a run long enough in every backend that the signal lands while it imports or trains
+    argv = [sys.executable, "-m", f"{package(names('train')[0])}.train", "--quiet", "--epochs", "100000", "--n-sequences", "64"]
+    code, out, err = interrupted(argv, delay=delay)
     assert code == 130 and err == ["interrupted"], err
 
 

@@ -5,9 +5,9 @@ import pytest
 
 from shared import weights
 from shared.tolerances import assert_close, stage_kind, tolerance
+from shared.tools import registry
 from shared.trace import STAGES
 from shared.weights import init_weights
-from shared.tools import registry
 from tests.backends import ADAPTERS, SMALL, B, T, names
 
 DTYPES = ["float32", "float64"]
@@ -74,8 +74,7 @@ def test_jax_mask_is_not_a_param_and_gets_no_gradient():
     from flax import nnx
 
     from jax_impl.attention import CausalMask
-    from jax_impl.model import from_exchange
-    from jax_impl.model import loss_fn
+    from jax_impl.model import from_exchange, loss_fn
 
     model = from_exchange(init_weights(SMALL, 0), SMALL)
     assert isinstance(model.attn.causal_mask, CausalMask) and not isinstance(model.attn.causal_mask, nnx.Param)

@@ -5,8 +5,8 @@ planted fault that the gradient comparison names at the right parameter."""
 import numpy as np
 import pytest
 
-import numpy_ref
 from numpy_ref import backward
+from numpy_ref import model as numpy_model
 from numpy_ref.attention import softmax
 from shared.config import ModelConfig
 from shared.tolerances import assert_close, tolerance
@@ -68,7 +68,7 @@ def test_masked_scores_and_a_fully_masked_row_get_zero_gradient():
     arrays = init_weights(SMALL, 2, "float64")
     tokens, _, mask = inputs()
     trace = {}
-    numpy_ref.forward(tokens, arrays, SMALL, mask=mask, trace=trace)
+    numpy_model.forward(tokens, arrays, SMALL, mask=mask, trace=trace)
     g_weights = np.random.default_rng(0).standard_normal(trace["weights"].shape)
     g_scores = backward.softmax_backward(g_weights, trace["weights"])
     allowed = np.tril(np.ones((T, T), dtype=bool)) & mask
@@ -92,7 +92,7 @@ def test_cross_entropy_backward_is_probabilities_minus_one_hot():
     logits = rng.standard_normal((B, T, 11))
     targets = rng.integers(0, 11, (B, T))
     loss, g = backward.cross_entropy_backward(logits, targets)
-    assert loss == numpy_ref.cross_entropy(logits, targets)  # the same arithmetic as the forward's loss
+    assert loss == numpy_model.cross_entropy(logits, targets)  # the same arithmetic as the forward's loss
     np.testing.assert_allclose(g.sum(axis=-1), 0, atol=1e-16)  # probabilities sum to 1, the one-hot too
     probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
     expected = (probs - np.eye(11)[targets]) / (B * T)

@@ -5,7 +5,8 @@ import math
 import numpy as np
 import pytest
 
-import numpy_ref
+from numpy_ref import attention as numpy_attention
+from numpy_ref import model as numpy_model
 from shared.config import ModelConfig
 from shared.trace import STAGES
 from shared.weights import init_weights
@@ -24,7 +25,7 @@ def identity_params(D):
 
 def test_hand_worked_t2_one_head():
     x = np.array([[[1.0, 0.0], [0.0, 1.0]]])  # (1, 2, 2)
-    out, weights = numpy_ref.attention(x, identity_params(2), n_heads=1, return_weights=True)
+    out, weights = numpy_attention.attention(x, identity_params(2), n_heads=1, return_weights=True)
     a = 1 / math.sqrt(2)  # scores = x x^T / sqrt(2) = [[a, 0], [0, a]]
     # row 0 sees only key 0; row 1 softmaxes [0, a]
     expected_weights = np.array([[1.0, 0.0], [1 / (1 + math.exp(a)), math.exp(a) / (1 + math.exp(a))]])
@@ -34,7 +35,7 @@ def test_hand_worked_t2_one_head():
 
 def test_hand_worked_t3_two_heads():
     x = np.array([[[1.0, 0.0], [2.0, 1.0], [0.0, 3.0]]])  # (1, 3, 2); head h reads column h
-    out, weights = numpy_ref.attention(x, identity_params(2), n_heads=2, return_weights=True)
+    out, weights = numpy_attention.attention(x, identity_params(2), n_heads=2, return_weights=True)
     e = math.e
     # head 0 values [1, 2, 0]: row 2 has q = 0, so all three scores are 0 -> uniform
     np.testing.assert_allclose(weights[0, 0, 2], [1 / 3] * 3, atol=1e-15)
@@ -54,16 +55,16 @@ def test_trace_records_every_stage_of_the_real_forward():
     config = ModelConfig(vocab_size=11, d_model=24, n_heads=4, max_len=5)
     params = init_weights(config, seed=0, dtype="float64")
     tokens = np.random.default_rng(0).integers(0, 11, size=(3, 5))
-    trace = numpy_ref.intermediates(tokens, params, config)
+    trace = numpy_model.intermediates(tokens, params, config)
     assert tuple(trace) == STAGES
     assert trace["scores"].shape == (3, 4, 5, 5) and trace["q"].shape == (3, 4, 5, 6)
-    np.testing.assert_array_equal(trace["logits"], numpy_ref.forward(tokens, params, config))
+    np.testing.assert_array_equal(trace["logits"], numpy_model.forward(tokens, params, config))
 
 
 def test_cross_entropy_of_uniform_logits_is_log_v():
     logits = np.zeros((3, 5, 11))
     targets = np.zeros((3, 5), dtype=np.int64)
-    assert numpy_ref.cross_entropy(logits, targets) == pytest.approx(math.log(11), abs=1e-15)
+    assert numpy_model.cross_entropy(logits, targets) == pytest.approx(math.log(11), abs=1e-15)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -71,6 +72,6 @@ def test_dtype_is_kept_throughout(dtype):
     config = ModelConfig(vocab_size=11, d_model=24, n_heads=4, max_len=5)
     params = init_weights(config, seed=0, dtype=np.dtype(dtype).name)
     tokens = np.zeros((3, 5), dtype=np.int64)
-    trace = numpy_ref.intermediates(tokens, params, config)
+    trace = numpy_model.intermediates(tokens, params, config)
     assert {value.dtype for value in trace.values()} == {np.dtype(dtype)}
-    assert numpy_ref.loss(params, tokens, tokens, config).dtype == dtype
+    assert numpy_model.loss(params, tokens, tokens, config).dtype == dtype

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from shared import adam_state, weights
-from shared.tools.cli import main as mhsa
 from shared.config import ModelConfig, TrainConfig
-from shared.tools.parity import build_report, format_report, padding_mask
 from shared.tolerances import assert_close, tolerance
+from shared.tools.cli import main as mhsa
+from shared.tools.parity import build_report, format_report, padding_mask
 from tests.backends import SMALL
 
 DEFAULT = ModelConfig()

@@ -18,7 +18,13 @@ from examples.torch_block import D, H, T
 from jax_impl import port as jax_port
 from jax_impl.attention import MultiHeadSelfAttention
 from shared.tools.cli import main as mhsa
-from shared.tools.port_check import check_port, format_report, lint, map_name, transfer_weights
+from shared.tools.port_check import (
+    check_port,
+    format_report,
+    lint,
+    map_name,
+    transfer_weights,
+)
 
 OUTPUTS = ["ln1", "attn.qkv_proj", "attn.out_proj", "attn", "ln2", "mlp.fc1", "mlp.fc2", "mlp.drop", "mlp",
            "(model output)"]
@@ -263,7 +269,8 @@ def test_tinylm_through_the_generic_path_reaches_the_parity_verdict_stage_for_st
         softmax = nnx.softmax
         monkeypatch.setattr(nnx, "softmax", lambda x, axis=-1: softmax(x, axis=-2))
     from examples.flax_block import tinylm as jax_tinylm
-    from examples.torch_block import TINY, tinylm as torch_tinylm
+    from examples.torch_block import TINY
+    from examples.torch_block import tinylm as torch_tinylm
 
     source, tokens = torch_tinylm()
     report = check_port(source, jax_tinylm()[0], tokens, dtype="float32", probes=False)

@@ -15,8 +15,8 @@ from hypothesis.extra.numpy import arrays
 
 from shared.config import ModelConfig
 from shared.tolerances import assert_close, tolerance
-from shared.weights import init_weights
 from shared.tools import registry
+from shared.weights import init_weights
 from tests.backends import ADAPTERS, names
 
 REFERENCE, *OTHERS = names()

@@ -7,7 +7,14 @@ import textwrap
 
 import pytest
 
-from shared.tools.diff.align import Row, align, align_files as rows_of, changed_ranges, pair_sections, titles_differ
+from shared.tools.diff.align import (
+    Row,
+    align,
+    changed_ranges,
+    pair_sections,
+    titles_differ,
+)
+from shared.tools.diff.align import align_files as rows_of
 from shared.tools.diff.render_text import marker
 from shared.tools.diff.sections import split_sections
 from tests.side_by_side_fixtures import FLAX, NUMPY, TORCH, lines

@@ -12,8 +12,8 @@ import pytest
 from shared.config import ModelConfig, TrainConfig
 from shared.history import KEYS, History
 from shared.tolerances import assert_close, tolerance
-from shared.training import NonFiniteLossError
 from shared.tools import registry
+from shared.training import NonFiniteLossError
 from tests.backends import SMALL, names, package
 
 TRAINERS = names("train")
@@ -65,7 +65,8 @@ def test_cli_output_and_history_schema_are_the_same_for_both_backends(default_ru
         assert "final loss " in out and "head 0 of 4" in out and "shade:" in out
         assert result.stderr == ""  # not a terminal: no progress bar
         data = json.loads((folder / f"{backend}.json").read_text())
-        assert sorted(data) == sorted(KEYS + ("first_step",)) and data["backend"] == backend and data["first_step"] == 0
+        assert sorted(data) == sorted(KEYS + ("first_step", "init", "source", "source_sha256"))
+        assert data["backend"] == backend and data["first_step"] == 0 and data["init"] == "shared" and data["source"] is None
         # identical lines apart from the backend's name and the numbers
         lines[backend] = [re.sub(r"\d[\d,]*(\.\d+)?(e-?\d+)?", "N", line.replace(backend, "BACKEND")) for line in out.splitlines()]
     first, *others = TRAINERS

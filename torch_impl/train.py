@@ -6,10 +6,13 @@ Run it: `python -m torch_impl.train --help`.
 from __future__ import annotations
 
 if __name__ == "__main__":  # the command line belongs to the tools layer: parse flags before importing torch
-    try:  # Ctrl-C while the command line is imported: one line and 130, as at any later moment
+    import sys
+
+    try:  # Ctrl-C while the command line is still being imported: one line and 130, as at any later moment
         from shared.tools.train_cli import main
     except KeyboardInterrupt:
-        raise SystemExit(print("interrupted", file=__import__("sys").stderr) or 130) from None
+        print("interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
     raise SystemExit(main("torch"))
 
 import time
