@@ -54,3 +54,34 @@ def test_the_probe_sees_a_framework_when_one_is_imported():
     # the check above can fail: a help that imports torch first is caught
     call = "import torch; from shared.tools.cli import main; sys.exit(main(sys.argv[1:]))"
     assert "torch" in imported_frameworks(call, ["--help"])
+
+
+THREADS_PROBE = """
+import os, sys
+from shared.tools.threads import apply_threads
+apply_threads(int(sys.argv[1]))
+import torch
+from threadpoolctl import threadpool_info
+blas = {{pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"}}
+print(torch.get_num_threads(), sorted(blas), "{flag}" in os.environ.get("XLA_FLAGS", ""))
+"""
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_threads_limits_torch_blas_and_xla(threads):
+    from shared.tools.threads import XLA_SINGLE_THREAD
+
+    code = THREADS_PROBE.format(flag=XLA_SINGLE_THREAD)
+    result = subprocess.run([sys.executable, "-c", code, str(threads)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    torch_threads, blas, xla_single = result.stdout.split(" ", 1)[0], result.stdout.split("[")[1].split("]")[0], result.stdout.split()[-1]
+    assert int(torch_threads) == threads
+    assert blas == str(threads)  # NumPy's OpenBLAS
+    assert xla_single == str(threads == 1)  # XLA: single-threaded only for 1
+
+
+def test_threads_is_a_flag_of_every_command_that_computes(capsys):
+    for command in ("train --backend numpy", "parity", "heads --load x", "generate", "port-check"):
+        with pytest.raises(SystemExit):
+            main([*command.split(), "--threads", "0"])
+        assert "--threads: expected an integer in [1, 1024], got 0" in capsys.readouterr().err, command

@@ -7,7 +7,6 @@ Each model is built from the exchange dict through the backend's own from_exchan
 
 from __future__ import annotations
 
-
 from shared.tools import registry
 
 

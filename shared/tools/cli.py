@@ -65,8 +65,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_guarded(run, args, prefix: str) -> int:
-    """run(args), with the endings every command shares turned into exit codes, not tracebacks."""
+    """run(args), with the endings every command shares turned into exit codes, not tracebacks;
+    --threads, where the command has it, applies before the command starts any framework."""
     try:
+        if getattr(args, "threads", None) is not None:
+            from shared.tools.threads import apply_threads
+
+            apply_threads(args.threads)
         return run(args)
     except BrokenPipeError:  # the reader went away (`| head`): not an error of ours
         sys.stdout = None

@@ -15,6 +15,7 @@ The ranges (the same in every backend, since every backend is reached through th
     --heatmap-head    [0, 1023]          and below the model's n_heads
     --samples         [1, 1000]          parity: finite-difference coordinates
     parity --epochs   [0, 1000]          0 skips the trajectory rows
+    --threads         [1, 1024]          threads of torch, NumPy's BLAS and XLA (shared.tools.threads)
     --dp              [1, 64]            train: ranks (torch processes) or devices (JAX) on one machine
     parity --dp       [0, 64]            0 skips the data-parallel section; 1 is refused (a run against itself)
 
@@ -42,6 +43,7 @@ RANGES = {
     "--heatmap-head": (0, 1023),
     "--samples": (1, 1000),
     "parity --epochs": (0, 1000),
+    "--threads": (1, 1024),
     "--dp": (1, 64),
     "parity --dp": (0, 64),
 }

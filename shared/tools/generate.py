@@ -13,12 +13,14 @@ import numpy as np
 from shared import weights
 from shared.tools import registry
 from shared.tools.heads import token_list
+from shared.tools.threads import add_threads_argument
 from shared.tools.train_cli import non_negative_int, positive_float
 
 BAR = 40  # characters for a weight of 1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_threads_argument(parser)
     parser.add_argument("--load", metavar="FILE", type=Path, required=True, help="a .safetensors file saved by --save")
     parser.add_argument("--prompt", type=token_list, metavar="IDS", required=True, help="comma-separated ids such as 7,7")
     parser.add_argument("--max-new-tokens", type=non_negative_int, default=10, help="tokens to generate (default 10)")

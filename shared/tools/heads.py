@@ -14,6 +14,7 @@ from shared.config import ATTN_IMPLS
 from shared.tools import registry
 from shared.tools.flags import png_path
 from shared.tools.heatmap import ascii_heads
+from shared.tools.threads import add_threads_argument
 from shared.tools.train_cli import heatmap_tokens
 
 MAX_ID = 2**31 - 1  # ids beyond int32 are refused here; the model refuses those >= vocab_size
@@ -33,6 +34,7 @@ def token_list(text: str) -> list[int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_threads_argument(parser)
     parser.add_argument("--load", metavar="FILE", type=Path, required=True, help="a .safetensors file saved by --save")
     parser.add_argument("--tokens", type=token_list, metavar="IDS",
                         help="comma-separated input ids (default: a copy-task row, id 7 repeated)")

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from shared.config import DTYPES, ModelConfig, TrainConfig
-from shared.tools import registry
 from shared.tolerances import max_abs_diff, stage_kind, tolerance
+from shared.tools import registry
+from shared.tools.threads import add_threads_argument
 from shared.trace import STAGES
 
 
@@ -182,7 +183,9 @@ def build_report(config: ModelConfig, dtype="float32", seed=0, mask=None, epochs
         sections.append((f"trajectories ({epochs} epochs per trainer)",
                          lambda: trajectory_rows(config, dtype, seed, epochs, cache=runs)))
     if decode:
-        from shared.tools.decode_parity import decode_rows  # it builds on this module's Row
+        from shared.tools.decode_parity import (
+            decode_rows,  # it builds on this module's Row
+        )
 
         sections.append(("decode with the KV cache", lambda: decode_rows(config, dtype, seed)))
     report = Report(title)
@@ -283,6 +286,7 @@ def configure_accelerators() -> list[str]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from shared.tools.flags import add_model_arguments, int_flag
 
+    add_threads_argument(parser)
     parser.add_argument("--dtype", choices=DTYPES, default="float32")
     parser.add_argument("--seed", type=int_flag("--seed"), default=0,
                         help="weights, inputs and training seed, in [0, 2**32 - 1] (default 0)")

@@ -27,6 +27,7 @@ from shared.tools.flags import (  # noqa: F401 (importable from here, as before)
     positive_float,
 )
 from shared.tools.heatmap import ascii_heatmap
+from shared.tools.threads import add_threads_argument
 from shared.training import INITS, NonFiniteLossError, RankFailedError
 
 # the flag parsers live in shared.tools.flags; these names stay importable from here
@@ -35,6 +36,7 @@ non_negative_int = int_in(0)
 
 
 def add_arguments(parser: argparse.ArgumentParser, backend: str | None = None) -> None:
+    add_threads_argument(parser)
     defaults_train = TrainConfig()
     if backend is None:
         parser.add_argument("--backend", choices=registry.names("train"), required=True, help="which implementation trains")

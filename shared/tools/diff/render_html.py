@@ -8,8 +8,15 @@ from __future__ import annotations
 import html
 from importlib.resources import files
 
-from shared.tools.diff.align import (MARKERS, align_files, changed_ranges, pair_sections, section_stats, summary,
-                                     titles_differ)
+from shared.tools.diff.align import (
+    MARKERS,
+    align_files,
+    changed_ranges,
+    pair_sections,
+    section_stats,
+    summary,
+    titles_differ,
+)
 from shared.tools.diff.render_text import folder
 from shared.tools.diff.sections import Section, split_sections
 

@@ -6,7 +6,14 @@ wrap as in plain text (render_text.wrap), continuation lines start with a dim 'â
 from __future__ import annotations
 
 from shared.tools.diff.align import Row, changed_ranges, summary, titles_differ
-from shared.tools.diff.render_text import CONTINUED, Piece, columns, marker, physical_lines, shown
+from shared.tools.diff.render_text import (
+    CONTINUED,
+    Piece,
+    columns,
+    marker,
+    physical_lines,
+    shown,
+)
 
 # colours on a terminal: backgrounds dark enough for light text
 STYLES = {

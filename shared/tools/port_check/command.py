@@ -14,6 +14,7 @@ from shared.config import DTYPES
 from shared.tools.port_check.compare import check_port
 from shared.tools.port_check.records import backend_of
 from shared.tools.port_check.report import format_report
+from shared.tools.threads import add_threads_argument
 
 
 def load_factory(spec: str):
@@ -77,6 +78,7 @@ def _shape(text: str) -> tuple[int, ...]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from shared.tools.train_cli import non_negative_int, positive_int
 
+    add_threads_argument(parser)
     parser.add_argument("torch_factory", metavar="TORCH_FACTORY",
                         help="package.module:function returning the reference model, or (model, inputs)")
     parser.add_argument("flax_factory", metavar="FLAX_FACTORY",
