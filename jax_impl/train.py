@@ -50,7 +50,7 @@ def scan_steps(graphdef, state, xs, ys):
 
 
 def train_epoch(graphdef, state, batches):
-    """Every step of one epoch, compiled; returns (new state, per-step losses as NumPy).
+    """Every step of `batches` (an epoch, or a run of its steps), compiled; returns (new state, per-step losses as NumPy).
 
     Full batches run under one jax.lax.scan; a smaller last batch (when batch_size does
     not divide n_sequences) runs as one more scanned step of its own shape.
@@ -100,8 +100,9 @@ def train(model_config: ModelConfig, train_config: TrainConfig, init="shared", o
     # 3. epochs: the same batches as every other backend
     losses = []
     for batches in training.epochs(model_config, train_config, start=start_epoch):
-        state, epoch_losses = train_epoch(graphdef, state, batches)
-        training.finish_epoch(losses, epoch_losses, train_config, start_epoch, on_step)
+        for chunk in training.chunks(batches):  # a few steps at a time: progress as it happens
+            state, epoch_losses = train_epoch(graphdef, state, chunk)
+            training.finish_epoch(losses, epoch_losses, train_config, start_epoch, on_step)
     model, optimizer = nnx.merge(graphdef, state)
     return training.history("jax", model_config, train_config, losses, started, model, optimizer, start_epoch)
 

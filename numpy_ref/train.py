@@ -41,7 +41,7 @@ def train_step(model: TinyLM, optimizer: Adam, x, y) -> float:
 
 
 def train_epoch(model: TinyLM, optimizer: Adam, batches) -> np.ndarray:
-    """Every step of one epoch; returns the per-step losses as a NumPy array."""
+    """Every step of `batches` (an epoch, or a run of its steps); returns the per-step losses as a NumPy array."""
     return np.array([train_step(model, optimizer, x, y) for x, y in batches])
 
 
@@ -76,9 +76,10 @@ def train(model_config: ModelConfig, train_config: TrainConfig, init="shared", o
     # (an overflow is not warned about: finish_epoch names the first non-finite step, as in torch and JAX)
     losses = []
     for batches in training.epochs(model_config, train_config, start=start_epoch):
-        with np.errstate(over="ignore", invalid="ignore"):
-            epoch_losses = train_epoch(model, optimizer, batches)
-        training.finish_epoch(losses, epoch_losses, train_config, start_epoch, on_step)
+        for chunk in training.chunks(batches):  # a few steps at a time: progress as it happens
+            with np.errstate(over="ignore", invalid="ignore"):
+                epoch_losses = train_epoch(model, optimizer, chunk)
+            training.finish_epoch(losses, epoch_losses, train_config, start_epoch, on_step)
     return training.history("numpy", model_config, train_config, losses, started, model, optimizer, start_epoch)
 
 

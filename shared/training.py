@@ -75,6 +75,17 @@ def epochs(model_config: ModelConfig, train_config: TrainConfig, start: int = 0)
             yield batch_list
 
 
+PROGRESS_STEPS = 16  # steps per call of a trainer's train_epoch, so on_step hears of each run of steps as it ends
+
+
+def chunks(batches: list, size: int = PROGRESS_STEPS) -> Iterator[list]:
+    """An epoch's batches in runs of `size` steps. The trainers take one run at a time so that
+    progress is reported as it happens (a compiled JAX epoch would otherwise report only when
+    the whole epoch is done); the batches and the maths are the same."""
+    for start in range(0, len(batches), size):
+        yield batches[start : start + size]
+
+
 def finish_epoch(losses: list[float], epoch_losses, train_config: TrainConfig, start_epoch: int = 0,
                  on_step: Callable | None = None) -> None:
     """Append one epoch's per-step losses; stop at the first non-finite one, naming its step

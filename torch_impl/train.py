@@ -36,7 +36,7 @@ def train_step(model, optimizer, x, y):
 
 
 def train_epoch(model, optimizer, batches):
-    """Every step of one epoch, eagerly; returns the per-step losses as a NumPy array."""
+    """Every step of `batches` (an epoch, or a run of its steps), eagerly; returns the per-step losses as a NumPy array."""
     losses = [train_step(model, optimizer, torch.from_numpy(x), torch.from_numpy(y)) for x, y in batches]
     return torch.stack(losses).numpy()
 
@@ -73,8 +73,9 @@ def train(model_config: ModelConfig, train_config: TrainConfig, init="shared", o
     # 3. epochs: the same batches as every other backend
     losses = []
     for batches in training.epochs(model_config, train_config, start=start_epoch):
-        epoch_losses = train_epoch(model, optimizer, batches)
-        training.finish_epoch(losses, epoch_losses, train_config, start_epoch, on_step)
+        for chunk in training.chunks(batches):  # a few steps at a time: progress as it happens
+            epoch_losses = train_epoch(model, optimizer, chunk)
+            training.finish_epoch(losses, epoch_losses, train_config, start_epoch, on_step)
     return training.history("torch", model_config, train_config, losses, started, model, optimizer, start_epoch)
 
 
