@@ -27,6 +27,7 @@ QKV_TOKENS = (4, 256)  # B, T
 
 # --- PyTorch ---------------------------------------------------------------------------------
 
+
 def torch_candidates(B, T, D, H):
     """name -> a no-argument function; 'SDPA' is the peer the others are compared with."""
     import torch
@@ -63,6 +64,7 @@ def torch_candidates(B, T, D, H):
         def run():
             with torch.no_grad():
                 return fn()
+
         return run
 
     return {
@@ -76,6 +78,7 @@ def torch_candidates(B, T, D, H):
 
 
 # --- JAX -------------------------------------------------------------------------------------
+
 
 def jax_candidates(B, T, D, H):
     import jax
@@ -98,8 +101,10 @@ def jax_candidates(B, T, D, H):
         return lambda: jax.block_until_ready(fn(state, x))
 
     params = {
-        "wqkv": explicit.qkv_proj.kernel[...], "bqkv": explicit.qkv_proj.bias[...],
-        "wo": explicit.out_proj.kernel[...], "bo": explicit.out_proj.bias[...],
+        "wqkv": explicit.qkv_proj.kernel[...],
+        "bqkv": explicit.qkv_proj.bias[...],
+        "wo": explicit.out_proj.kernel[...],
+        "bo": explicit.out_proj.bias[...],
     }
 
     @jax.jit
@@ -144,12 +149,14 @@ def speed_table(framework, shapes, repeats, warmup_s):
         reference = median(times[peer])
         for name, values in times.items():
             rows.append([f"{B}, {T}, {D}, {H}", name, ms(median(values)), spread(values), ratio(median(values), reference)])
-    title = (f"### {framework}: forward of the block, no gradients (median of {repeats} interleaved runs, "
-             f"ratio = median / median of {peer.split(',')[0]})")
+    title = (
+        f"### {framework}: forward of the block, no gradients (median of {repeats} interleaved runs, ratio = median / median of {peer.split(',')[0]})"
+    )
     return title + "\n\n" + table(["B, T, D, H", "implementation", "median ms", "middle half ms", "vs peer"], rows)
 
 
 # --- memory ----------------------------------------------------------------------------------
+
 
 def memory_rows(framework, lengths):
     """{T: {name: bytes}}: the peak extra resident memory of one forward of each path, and for
@@ -219,16 +226,22 @@ def memory_table(lengths, isolated):
     B, D, H = MEMORY_SIZES
     names = ["torch explicit", "torch fused", "jax explicit", "jax fused", "jax explicit XLA temp", "jax fused XLA temp"]
     body = [[f"{T:,}", mib(4 * B * H * T * T)] + [mib(row[name]) for name in names] for T, row in sorted(rows.items())]
-    how = ("each framework in a fresh process whose malloc returns every buffer of 64 KiB or more when it "
-           "is freed" if isolated else "in this process (--quick: no isolation, small allocations may reuse freed memory)")
-    title = (f"### Peak memory of one forward (no gradients), B = {B}, D = {D}, H = {H}, float32, in MiB\n\n"
-             "Resident memory above its level before the call (Linux VmHWM, reset through "
-             f"/proc/self/clear_refs), output included, one run each, {how}. XLA temp: what XLA's "
-             "compiled memory_analysis() plans for intermediates.")
+    how = (
+        "each framework in a fresh process whose malloc returns every buffer of 64 KiB or more when it is freed"
+        if isolated
+        else "in this process (--quick: no isolation, small allocations may reuse freed memory)"
+    )
+    title = (
+        f"### Peak memory of one forward (no gradients), B = {B}, D = {D}, H = {H}, float32, in MiB\n\n"
+        "Resident memory above its level before the call (Linux VmHWM, reset through "
+        f"/proc/self/clear_refs), output included, one run each, {how}. XLA temp: what XLA's "
+        "compiled memory_analysis() plans for intermediates."
+    )
     return title + "\n\n" + table(["T", "one (B,H,T,T) tensor", *names], body)
 
 
 # --- fused QKV against three linear layers ---------------------------------------------------
+
 
 def qkv_table(widths, tokens, repeats, warmup_s):
     import jax
@@ -264,19 +277,27 @@ def qkv_table(widths, tokens, repeats, warmup_s):
 
         # each framework on its own: XLA's worker threads keep spinning for a while after a call
         # and would steal the cores from torch's threads if the two alternated
-        times = interleaved({"torch fused": torch_fused, "torch separate": torch_separate},
-                            repeats, min_time=min_time, warmup_s=warmup_s)
-        times.update(interleaved({
-            "jax fused": lambda: jax.block_until_ready(jax_fused_fn(fused_state, jx)),
-            "jax separate": lambda: jax.block_until_ready(jax_separate_fn(separate_state, jx)),
-        }, repeats, min_time=min_time, warmup_s=warmup_s))
+        times = interleaved({"torch fused": torch_fused, "torch separate": torch_separate}, repeats, min_time=min_time, warmup_s=warmup_s)
+        times.update(
+            interleaved(
+                {
+                    "jax fused": lambda: jax.block_until_ready(jax_fused_fn(fused_state, jx)),
+                    "jax separate": lambda: jax.block_until_ready(jax_separate_fn(separate_state, jx)),
+                },
+                repeats,
+                min_time=min_time,
+                warmup_s=warmup_s,
+            )
+        )
         for framework in ("torch", "jax"):
             one, three = median(times[f"{framework} fused"]), median(times[f"{framework} separate"])
             gflops = 2 * B * T * D * 3 * D / one / 1e9
             rows.append([framework, D, ms(one), ms(three), ratio(three, one), f"{gflops:.0f}"])
-    title = (f"### One Linear(D, 3D) against three Linear(D, D): Q, K and V of B x T = {B} x {T} tokens, "
-             f"no gradients (median of {repeats} interleaved runs, in ms)\n\n"
-             "torch runs eagerly; the JAX functions are jitted, XLA may merge the three matmuls itself.")
+    title = (
+        f"### One Linear(D, 3D) against three Linear(D, D): Q, K and V of B x T = {B} x {T} tokens, "
+        f"no gradients (median of {repeats} interleaved runs, in ms)\n\n"
+        "torch runs eagerly; the JAX functions are jitted, XLA may merge the three matmuls itself."
+    )
     return title + "\n\n" + table(["framework", "D", "one fused", "three separate", "separate / fused", "fused GFLOP/s"], rows)
 
 
@@ -284,11 +305,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, 3 runs, one torch thread: seconds, for the tests")
     parser.add_argument("--repeats", type=int, default=None, help="runs per median (default 7, 3 with --quick)")
-    parser.add_argument("--only", choices=["speed", "memory", "qkv"], action="append",
-                        help="run only this table (repeatable)")
-    parser.add_argument("--thp", action="store_true",
-                        help="set THP_MEM_ALLOC_ENABLE=1 before torch loads: its large buffers get transparent "
-                             "huge pages, so a fresh (B, H, T, T) tensor costs far fewer page faults")
+    parser.add_argument("--only", choices=["speed", "memory", "qkv"], action="append", help="run only this table (repeatable)")
+    parser.add_argument(
+        "--thp",
+        action="store_true",
+        help="set THP_MEM_ALLOC_ENABLE=1 before torch loads: its large buffers get transparent "
+        "huge pages, so a fresh (B, H, T, T) tensor costs far fewer page faults",
+    )
     parser.add_argument("--memory-probe", choices=["torch", "jax"], help=argparse.SUPPRESS)
     parser.add_argument("--lengths", type=int, nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

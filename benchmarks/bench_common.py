@@ -61,25 +61,26 @@ def header(title: str, argv: list[str]) -> str:
         except metadata.PackageNotFoundError:
             pass
     load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     command = " ".join(["python", *argv])
     threads = ""
     if "torch" in sys.modules:
         threads = f", torch threads: {sys.modules['torch'].get_num_threads()}"
     if os.environ.get("THP_MEM_ALLOC_ENABLE"):
         threads += ", THP_MEM_ALLOC_ENABLE=1 (torch's large buffers on transparent huge pages)"
-    return "\n".join([
-        f"## {title}",
-        "",
-        f"- machine: {cpu_model()}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}{threads}",
-        f"- libraries: Python {platform.python_version()}, {', '.join(versions)}",
-        f"- measured: {when}, load average at start {load} (1, 5, 15 min)",
-        f"- command: `{command}`",
-    ])
+    return "\n".join(
+        [
+            f"## {title}",
+            "",
+            f"- machine: {cpu_model()}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}{threads}",
+            f"- libraries: Python {platform.python_version()}, {', '.join(versions)}",
+            f"- measured: {when}, load average at start {load} (1, 5, 15 min)",
+            f"- command: `{command}`",
+        ]
+    )
 
 
-def interleaved(candidates: dict, repeats: int, warmup: int = 2, min_time: float = 0.0,
-                warmup_s: float = 0.2) -> dict[str, list[float]]:
+def interleaved(candidates: dict, repeats: int, warmup: int = 2, min_time: float = 0.0, warmup_s: float = 0.2) -> dict[str, list[float]]:
     """Seconds per call of each candidate (a function of no arguments that blocks until its result
     is ready), measured round-robin, in a new order each round, so that a change of load hits
     every candidate alike.
@@ -164,6 +165,7 @@ def ratio(value: float, reference: float) -> str:
 
 
 # --- peak memory -----------------------------------------------------------------------------
+
 
 def _status_kib(field: str) -> int:
     match = re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.MULTILINE)

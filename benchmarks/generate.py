@@ -17,9 +17,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-import numpy as np
-
 import bench_common
+import numpy as np
 from bench_common import interleaved, median, table
 
 LENGTHS = [64, 256, 1024]
@@ -65,9 +64,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes and few runs: seconds, checks that it runs")
     parser.add_argument("--repeats", type=int, help="runs per median (default 7, 3 with --quick)")
-    parser.add_argument("--torch-threads", type=int, default=1,
-                        help="torch intra-op threads (default 1: on a busy 2-core machine a second thread made "
-                             "the cached step 30x slower, waiting for scheduler ticks at every small op)")
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (default 1: on a busy 2-core machine a second thread made "
+        "the cached step 30x slower, waiting for scheduler ticks at every small op)",
+    )
     args = parser.parse_args(argv)
     repeats = args.repeats or (3 if args.quick else 7)
     lengths, sizes = (QUICK_LENGTHS, QUICK_SIZES) if args.quick else (LENGTHS, SIZES)
@@ -79,8 +82,9 @@ def main(argv=None) -> int:
     import torch  # noqa: F401  (imported first, so that the header names its thread count)
 
     with bench_common.torch_threads(args.torch_threads):
-        print(bench_common.header("Generation with and without the KV cache" + (" (--quick: too small to mean anything)"
-                                                                               if args.quick else ""), shown))
+        print(
+            bench_common.header("Generation with and without the KV cache" + (" (--quick: too small to mean anything)" if args.quick else ""), shown)
+        )
         seconds = {}
         for T in lengths:
             functions = {}
@@ -88,21 +92,33 @@ def main(argv=None) -> int:
                 functions.update(candidates(name, T, sizes))
             times = interleaved(functions, repeats, min_time=0.0 if args.quick else 0.05)
             seconds[T] = {label: median(values) for label, values in times.items()}
-    print(f"\nB={sizes['batch']} sequences, d_model={sizes['d_model']}, n_heads={sizes['n_heads']}, "
-          f"vocab_size={sizes['vocab_size']}, max_len = T, float32; tokens/s = B / median seconds per step "
-          f"over {repeats} interleaved runs.\n")
+    print(
+        f"\nB={sizes['batch']} sequences, d_model={sizes['d_model']}, n_heads={sizes['n_heads']}, "
+        f"vocab_size={sizes['vocab_size']}, max_len = T, float32; tokens/s = B / median seconds per step "
+        f"over {repeats} interleaved runs.\n"
+    )
     columns = ["T"]
     for name in frameworks:
-        columns += [f"{name} cached tok/s", f"{name} uncached tok/s", f"{name} cached / uncached",
-                    f"{name} ms/token cached, vs T={lengths[0]}", f"{name} uncached, vs T={lengths[0]}"]
+        columns += [
+            f"{name} cached tok/s",
+            f"{name} uncached tok/s",
+            f"{name} cached / uncached",
+            f"{name} ms/token cached, vs T={lengths[0]}",
+            f"{name} uncached, vs T={lengths[0]}",
+        ]
     rows = []
     for T in lengths:
         row = [T]
         for name in frameworks:
             cached, uncached = seconds[T][f"{name} cached"], seconds[T][f"{name} uncached"]
             first_cached, first_uncached = seconds[lengths[0]][f"{name} cached"], seconds[lengths[0]][f"{name} uncached"]
-            row += [f"{sizes['batch'] / cached:,.0f}", f"{sizes['batch'] / uncached:,.0f}", f"{uncached / cached:.1f}x",
-                    f"{cached * 1e3:.3f} ms ({cached / first_cached:.1f}x)", f"{uncached * 1e3:.2f} ms ({uncached / first_uncached:.1f}x)"]
+            row += [
+                f"{sizes['batch'] / cached:,.0f}",
+                f"{sizes['batch'] / uncached:,.0f}",
+                f"{uncached / cached:.1f}x",
+                f"{cached * 1e3:.3f} ms ({cached / first_cached:.1f}x)",
+                f"{uncached * 1e3:.2f} ms ({uncached / first_uncached:.1f}x)",
+            ]
         rows.append(row)
     print(table(columns, rows))
     return 0

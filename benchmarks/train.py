@@ -55,6 +55,7 @@ def project_epochs(backend, repeats, quick, attn_impl="explicit"):
 
 # --- peers -----------------------------------------------------------------------------------
 
+
 def torch_peers(quick):
     """name -> one epoch of 64 steps; each keeps its own model and optimizer."""
     import torch
@@ -69,8 +70,7 @@ def torch_peers(quick):
 
     def loop(sync, threads=None, compiled=False, **adam):
         model = from_exchange(arrays, model_config)
-        optimizer = torch.optim.Adam(model.parameters(), lr=train_config.lr, betas=train_config.betas,
-                                     eps=train_config.eps, **adam)
+        optimizer = torch.optim.Adam(model.parameters(), lr=train_config.lr, betas=train_config.betas, eps=train_config.eps, **adam)
         forward = torch.compile(model) if compiled else model
         counter = [0]
 
@@ -121,8 +121,7 @@ def _compiled_epoch(quick):
     model_config, train_config = _configs(quick)
     epochs = list(training.epochs(model_config, train_config))
     model = from_exchange(training.initial_weights("shared", model_config, train_config), model_config)
-    optimizer = torch.optim.Adam(model.parameters(), lr=train_config.lr, betas=train_config.betas,
-                                 eps=train_config.eps, fused=True)
+    optimizer = torch.optim.Adam(model.parameters(), lr=train_config.lr, betas=train_config.betas, eps=train_config.eps, fused=True)
     compiled = torch.compile(model)
     counter = [0]
 
@@ -202,11 +201,16 @@ def speed_tables(repeats, quick, with_compile):
         times = interleaved(peers, repeats, warmup=1, warmup_s=0.0 if quick else 0.2)
         rows = {name: _steps_per_s(values, steps) for name, values in times.items()}
         project, first = project_epochs(backend, repeats, quick)
-        label = ("torch_impl.train.train (the project's trainer)" if backend == "torch"
-                 else "jax_impl.train.train (the project's trainer: jax.lax.scan over each epoch)")
+        label = (
+            "torch_impl.train.train (the project's trainer)"
+            if backend == "torch"
+            else "jax_impl.train.train (the project's trainer: jax.lax.scan over each epoch)"
+        )
         rows[label] = _steps_per_s(project, steps)
-        notes = [f"the project's trainer: {first:.2f} s from train() to the end of epoch 1 (set-up"
-                 + (", tracing and compilation)" if backend == "jax" else ")")]
+        notes = [
+            f"the project's trainer: {first:.2f} s from train() to the end of epoch 1 (set-up"
+            + (", tracing and compilation)" if backend == "jax" else ")")
+        ]
         if not quick:
             fused, _ = project_epochs(backend, repeats, quick, attn_impl="fused")
             rows[label.split(" (")[0] + " with ModelConfig(attn_impl='fused')"] = _steps_per_s(fused, steps)
@@ -221,13 +225,14 @@ def speed_tables(repeats, quick, with_compile):
         for name, values in rows.items():
             value = median(values)
             low, high = min(values), max(values)
-            body.append([name, f"{value:,.0f}", f"{low:,.0f}-{high:,.0f}", f"{value / baseline:.2f}x",
-                         f"{value / target:.2f}x"])
+            body.append([name, f"{value:,.0f}", f"{low:,.0f}-{high:,.0f}", f"{value / baseline:.2f}x", f"{value / target:.2f}x"])
         sections.append(
             f"### {backend}: steady-state training steps per second, default config "
             f"(median of {repeats} epochs of {steps} steps)\n\n"
             + table(["loop", "steps/s", "range", "vs tutorial loop", f"vs target {target:,}"], body)
-            + "\n\n" + "\n".join(f"- {note}" for note in notes))
+            + "\n\n"
+            + "\n".join(f"- {note}" for note in notes)
+        )
     return "\n\n".join(sections)
 
 
@@ -278,17 +283,28 @@ def numpy_table(repeats, quick):
 def numpy_section(rows, reference, repeats, steps, first):
     target = TARGETS["numpy"]
     baseline = median(rows[reference])
-    body = [[name, f"{median(values):,.0f}", f"{min(values):,.0f}-{max(values):,.0f}", f"{median(values) / baseline:.2f}x",
-             f"{median(values) / target:.2f}x"] for name, values in rows.items()]
-    return (f"### numpy: steady-state training steps per second against the framework loops, default config "
-            f"(median of {repeats} epochs of {steps} steps, interleaved)\n\n"
-            + table(["loop", "steps/s", "range", "vs torch's loop", f"vs target {target:,}"], body)
-            + f"\n\n- the project's trainer: {first:.2f} s from train() to the end of epoch 1 (set-up)"
-            + "\n- the numpy rows run with glibc keeping freed memory, as numpy_ref.train.train sets it"
-              " (keep_freed_memory); in this process torch's and JAX's imports have done so already")
+    body = [
+        [
+            name,
+            f"{median(values):,.0f}",
+            f"{min(values):,.0f}-{max(values):,.0f}",
+            f"{median(values) / baseline:.2f}x",
+            f"{median(values) / target:.2f}x",
+        ]
+        for name, values in rows.items()
+    ]
+    return (
+        f"### numpy: steady-state training steps per second against the framework loops, default config "
+        f"(median of {repeats} epochs of {steps} steps, interleaved)\n\n"
+        + table(["loop", "steps/s", "range", "vs torch's loop", f"vs target {target:,}"], body)
+        + f"\n\n- the project's trainer: {first:.2f} s from train() to the end of epoch 1 (set-up)"
+        + "\n- the numpy rows run with glibc keeping freed memory, as numpy_ref.train.train sets it"
+        " (keep_freed_memory); in this process torch's and JAX's imports have done so already"
+    )
 
 
 # --- the demo, process start to exit ---------------------------------------------------------
+
 
 def demo_table(runs):
     from shared.tools import registry
@@ -299,20 +315,29 @@ def demo_table(runs):
         for _ in range(runs):
             for backend in times:
                 started = time.perf_counter()
-                result = subprocess.run([sys.executable, "-m", f"{registry.get(backend).package}.train", "--quiet"],
-                                        cwd=folder, env=env, capture_output=True, text=True)
+                result = subprocess.run(
+                    [sys.executable, "-m", f"{registry.get(backend).package}.train", "--quiet"], cwd=folder, env=env, capture_output=True, text=True
+                )
                 times[backend].append(time.perf_counter() - started)
                 if result.returncode != 0:
                     raise RuntimeError(f"{backend} demo failed:\n{result.stderr}")
-    rows = [[f"`python -m {registry.get(backend).package}.train --quiet`", f"{median(values):.2f}",
-             f"{min(values):.2f}-{max(values):.2f}", f"{median(values) / DEMO_LIMIT_S:.2f}x"]
-            for backend, values in times.items()]
-    return (f"### The default demo, process start to exit: imports, 3 epochs, compilation, the heatmap "
-            f"(median of {runs} runs, alternating)\n\n"
-            + table(["command", "seconds", "range", f"vs limit {DEMO_LIMIT_S:.0f} s"], rows))
+    rows = [
+        [
+            f"`python -m {registry.get(backend).package}.train --quiet`",
+            f"{median(values):.2f}",
+            f"{min(values):.2f}-{max(values):.2f}",
+            f"{median(values) / DEMO_LIMIT_S:.2f}x",
+        ]
+        for backend, values in times.items()
+    ]
+    return (
+        f"### The default demo, process start to exit: imports, 3 epochs, compilation, the heatmap "
+        f"(median of {runs} runs, alternating)\n\n" + table(["command", "seconds", "range", f"vs limit {DEMO_LIMIT_S:.0f} s"], rows)
+    )
 
 
 # --- torch vs JAX trajectories ---------------------------------------------------------------
+
 
 def gap_table(quick):
     import numpy as np
@@ -324,17 +349,27 @@ def gap_table(quick):
     for dtype in ("float32",) if quick else ("float32", "float64"):  # float64 turns jax_enable_x64 on: last
         # --quick: the speed table's shapes, so JAX reuses its compiled epoch
         config = TrainConfig(dtype=dtype, **({"epochs": 1, "n_sequences": 128} if quick else {}))
-        losses = {backend: np.asarray(registry.get(backend).train.train(ModelConfig(), config).losses)
-                  for backend in ("torch", "jax", "numpy")}
+        losses = {backend: np.asarray(registry.get(backend).train.train(ModelConfig(), config).losses) for backend in ("torch", "jax", "numpy")}
         gap = np.abs(losses["torch"] - losses["jax"])
         numpy_gap = np.abs(losses["numpy"] - losses["torch"])
-        rows.append([dtype, len(gap), f"{gap.max():.1e}", f"{int(gap.argmax())}", "1e-04" if dtype == "float32" else "1e-10",
-                     f"{numpy_gap.max():.1e}", f"{int(numpy_gap.argmax())}"])
-    return ("### Loss trajectories, torch against JAX and numpy against torch, every step of the default run\n\n"
-            + table(["dtype", "steps", "max abs gap", "at step", "DESIGN.md tolerance", "numpy vs torch", "at step"], rows))
+        rows.append(
+            [
+                dtype,
+                len(gap),
+                f"{gap.max():.1e}",
+                f"{int(gap.argmax())}",
+                "1e-04" if dtype == "float32" else "1e-10",
+                f"{numpy_gap.max():.1e}",
+                f"{int(numpy_gap.argmax())}",
+            ]
+        )
+    return "### Loss trajectories, torch against JAX and numpy against torch, every step of the default run\n\n" + table(
+        ["dtype", "steps", "max abs gap", "at step", "DESIGN.md tolerance", "numpy vs torch", "at step"], rows
+    )
 
 
 # --- data parallel: the frameworks' own engines at dp = 1, 2 -------------------------------------
+
 
 def dp_epochs(backend, dp, batch_size, repeats, quick):
     """Seconds per epoch (epochs 2.., as project_epochs) of train(..., dp=dp) at a global batch."""
@@ -369,24 +404,35 @@ def dp_table(repeats, quick):
                 seconds, steps = dp_epochs(backend, dp, size, repeats, quick)
                 speed[label] = median(_steps_per_s(seconds, steps))
             overhead = 1 - speed["dp=2"] / speed["dp=1, one shard"]
-            rows.append([backend, str(batch), f"{speed['dp=1']:,.0f}", f"{speed['dp=2']:,.0f}",
-                         f"{speed['dp=2'] / speed['dp=1']:.2f}x", f"{speed['dp=1, one shard']:,.0f}", f"{overhead:.0%}"])
-    return (f"### Data parallel: steady-state steps/s at dp = 1 and 2 (global batch B, median of {repeats} epochs)\n\n"
-            + table(["backend", "B", "dp=1", "dp=2", "dp=2 vs dp=1", "dp=1 on B/2 (one shard)", "dp=2 overhead share"], rows)
-            + "\n\n- overhead share = 1 - (dp=2 steps/s) / (dp=1 steps/s on one shard of B/2): the part of a dp=2 step "
-              "spent on the gradient all-reduce, the loss reduction and waiting for the slower rank "
-              "(an upper bound: on 2 cores the two ranks also compete with each other)")
+            rows.append(
+                [
+                    backend,
+                    str(batch),
+                    f"{speed['dp=1']:,.0f}",
+                    f"{speed['dp=2']:,.0f}",
+                    f"{speed['dp=2'] / speed['dp=1']:.2f}x",
+                    f"{speed['dp=1, one shard']:,.0f}",
+                    f"{overhead:.0%}",
+                ]
+            )
+    return (
+        f"### Data parallel: steady-state steps/s at dp = 1 and 2 (global batch B, median of {repeats} epochs)\n\n"
+        + table(["backend", "B", "dp=1", "dp=2", "dp=2 vs dp=1", "dp=1 on B/2 (one shard)", "dp=2 overhead share"], rows)
+        + "\n\n- overhead share = 1 - (dp=2 steps/s) / (dp=1 steps/s on one shard of B/2): the part of a dp=2 step "
+        "spent on the gradient all-reduce, the loss reduction and waiting for the slower rank "
+        "(an upper bound: on 2 cores the two ranks also compete with each other)"
+    )
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="4-step epochs, one torch thread, no demo runs, no torch.compile, float32 gap only: seconds")
+    parser.add_argument(
+        "--quick", action="store_true", help="4-step epochs, one torch thread, no demo runs, no torch.compile, float32 gap only: seconds"
+    )
     parser.add_argument("--repeats", type=int, default=None, help="epochs per median (default 7, 3 with --quick)")
     parser.add_argument("--demo-runs", type=int, default=5, help="process runs per backend for the demo table")
     parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile row")
-    parser.add_argument("--only", choices=["speed", "numpy", "demo", "gap", "dp"], action="append",
-                        help="run only this table (repeatable)")
+    parser.add_argument("--only", choices=["speed", "numpy", "demo", "gap", "dp"], action="append", help="run only this table (repeatable)")
     args = parser.parse_args(argv)
     if args.only == ["dp"]:  # JAX needs its 2 CPU devices before it starts (other tables run without)
         from shared.tools import dp_parity
@@ -414,7 +460,7 @@ def run(args, repeats, shown):
         else:  # its own process: the JAX device count is fixed when JAX starts
             command = [sys.executable, __file__, "--only", "dp", "--repeats", str(repeats)] + (["--quick"] if args.quick else [])
             output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-            print("\n" + output[output.index("### "):].rstrip(), flush=True)  # the table, without its header
+            print("\n" + output[output.index("### ") :].rstrip(), flush=True)  # the table, without its header
     if "gap" in parts:
         print("\n" + gap_table(args.quick), flush=True)
 

@@ -16,12 +16,11 @@ import numpy as np
 from flax import linen as nn
 from flax import nnx
 
+# the same sizes and inputs as the torch twin
+from examples.torch_block import TINY, D, H, T, example_inputs
 from jax_impl.attention import MultiHeadSelfAttention
 from jax_impl.model import from_exchange
 from shared.weights import init_weights
-
-# the same sizes and inputs as the torch twin
-from examples.torch_block import D, H, T, TINY, example_inputs
 
 
 class MLP(nnx.Module):

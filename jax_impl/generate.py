@@ -64,8 +64,15 @@ def step(model, tokens, cache):
     tokens = np.asarray(tokens)
     config = model.config
     checks.check_tokens(tokens.shape, str(tokens.dtype), config.vocab_size, config.max_len, *_id_range(tokens))
-    checks.check_cache(tokens.shape[0], str(model.tok_emb.embedding.dtype), cache.k.shape[0], str(cache.k.dtype),
-                       int(cache.length[...]), tokens.shape[1], config.max_len)
+    checks.check_cache(
+        tokens.shape[0],
+        str(model.tok_emb.embedding.dtype),
+        cache.k.shape[0],
+        str(cache.k.dtype),
+        int(cache.length[...]),
+        tokens.shape[1],
+        config.max_len,
+    )
     cache_graphdef, cache_state = nnx.split(cache)
     logits, cache_state = _step(*nnx.split(model), cache_graphdef, cache_state, tokens)
     nnx.update(cache, cache_state)
@@ -96,8 +103,16 @@ def generate(model, prompt, max_new_tokens, *, greedy=True, temperature=1.0, see
     """
     prompt = np.asarray(prompt)
     config = model.config
-    checks.check_generate(prompt.shape, prompt.dtype.name, config.vocab_size, config.max_len, max_new_tokens,
-                          *((prompt.min(), prompt.max()) if prompt.size else (None, None)), greedy, temperature)
+    checks.check_generate(
+        prompt.shape,
+        prompt.dtype.name,
+        config.vocab_size,
+        config.max_len,
+        max_new_tokens,
+        *((prompt.min(), prompt.max()) if prompt.size else (None, None)),
+        greedy,
+        temperature,
+    )
     rng = np.random.default_rng(seed)
     cache = new_cache(model, prompt.shape[0]) if use_cache else None
     tokens = prompt  # (B, P)

@@ -25,8 +25,9 @@ class TinyLM(nnx.Module):
         dtypes = {"dtype": DTYPES[dtype], "param_dtype": DTYPES[dtype]}
         self.tok_emb = nnx.Embed(config.vocab_size, config.d_model, **dtypes, rngs=rngs)
         self.pos_emb = nnx.Embed(config.max_len, config.d_model, **dtypes, rngs=rngs)
-        self.attn = MultiHeadSelfAttention(config.d_model, config.n_heads, config.max_len, config.bias, dtype=dtype,
-                                           attn_impl=config.attn_impl, rngs=rngs)
+        self.attn = MultiHeadSelfAttention(
+            config.d_model, config.n_heads, config.max_len, config.bias, dtype=dtype, attn_impl=config.attn_impl, rngs=rngs
+        )
         self.lm_head = nnx.Linear(config.d_model, config.vocab_size, use_bias=config.bias, **dtypes, rngs=rngs)
 
     def __call__(self, tokens, mask=None, return_weights=False, trace=None, cache=None):
@@ -35,14 +36,16 @@ class TinyLM(nnx.Module):
         With a KV cache (jax_impl.generate.KVCache) the tokens sit at positions p..p+T-1,
         p = cache.length, and the cache is extended by them; S = max_len (T without a cache)."""
         checks.check_tokens(
-            tuple(tokens.shape), str(tokens.dtype), self.config.vocab_size, self.config.max_len,
+            tuple(tokens.shape),
+            str(tokens.dtype),
+            self.config.vocab_size,
+            self.config.max_len,
             *_id_range(tokens),
         )
         B, T = tokens.shape
         start = 0 if cache is None else cache.length[...]  # p: positions continue after the cached ones
         if cache is not None:
-            checks.check_cache(B, str(self.tok_emb.embedding.dtype), cache.k.shape[0], str(cache.k.dtype),
-                               _concrete(start), T, self.config.max_len)
+            checks.check_cache(B, str(self.tok_emb.embedding.dtype), cache.k.shape[0], str(cache.k.dtype), _concrete(start), T, self.config.max_len)
 
         # 1. embed: token identity plus learned position
         positions = start + jnp.arange(T)  # (T,)

@@ -21,7 +21,8 @@ import jax
 import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jax_impl.model import TinyLM, from_exchange
 from jax_impl.train import optimizer_from_exchange, scan_steps
@@ -57,8 +58,7 @@ def devices(dp):
     return len(jax.devices()), where
 
 
-def train(model_config: ModelConfig, train_config: TrainConfig, dp, init="shared", on_step=None, resume=None,
-          *, shard=shard) -> History:
+def train(model_config: ModelConfig, train_config: TrainConfig, dp, init="shared", on_step=None, resume=None, *, shard=shard) -> History:
     """jax_impl.train.train over dp devices; returns the same History (the model and Adam
     gathered back onto one device: ordinary objects, saved as usual).
 
@@ -103,7 +103,7 @@ def train_epoch(graphdef, state, batches, mesh, shard):
     full = [batch for batch in batches if len(batch[0]) == size]
     xs, ys = np.stack([x for x, _ in full]), np.stack([y for _, y in full])  # steps x B x T, one scan
     state, losses = scan_steps(graphdef, state, place(xs, mesh, shard), place(ys, mesh, shard))
-    for x, y in batches[len(full):]:
+    for x, y in batches[len(full) :]:
         state, loss = scan_steps(graphdef, state, place(x[None], mesh, shard), place(y[None], mesh, shard))
         losses = jax.numpy.concatenate([losses, loss])
     return state, np.asarray(losses)

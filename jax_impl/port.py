@@ -24,14 +24,22 @@ DTYPES = {"float32": jnp.float32, "float64": jnp.float64}
 
 # module class -> the neutral type name the other side's port module uses too
 TYPES = (
-    (nnx.Linear, "Linear"), (nn.Dense, "Linear"),
-    (nnx.Embed, "Embedding"), (nn.Embed, "Embedding"),
-    (nnx.LayerNorm, "LayerNorm"), (nn.LayerNorm, "LayerNorm"),
-    (nnx.RMSNorm, "RMSNorm"), (nn.RMSNorm, "RMSNorm"),
-    (nnx.GroupNorm, "GroupNorm"), (nn.GroupNorm, "GroupNorm"),
-    (nnx.BatchNorm, "BatchNorm"), (nn.BatchNorm, "BatchNorm"),
-    (nnx.Conv, "Conv"), (nn.Conv, "Conv"),
-    (nnx.Dropout, "Dropout"), (nn.Dropout, "Dropout"),
+    (nnx.Linear, "Linear"),
+    (nn.Dense, "Linear"),
+    (nnx.Embed, "Embedding"),
+    (nn.Embed, "Embedding"),
+    (nnx.LayerNorm, "LayerNorm"),
+    (nn.LayerNorm, "LayerNorm"),
+    (nnx.RMSNorm, "RMSNorm"),
+    (nn.RMSNorm, "RMSNorm"),
+    (nnx.GroupNorm, "GroupNorm"),
+    (nn.GroupNorm, "GroupNorm"),
+    (nnx.BatchNorm, "BatchNorm"),
+    (nn.BatchNorm, "BatchNorm"),
+    (nnx.Conv, "Conv"),
+    (nn.Conv, "Conv"),
+    (nnx.Dropout, "Dropout"),
+    (nn.Dropout, "Dropout"),
 )
 
 # neutral type -> {Flax variable name: (torch name, layout)}; a variable of a type not listed
@@ -42,8 +50,7 @@ LAYOUTS = {
     "LayerNorm": {"scale": ("weight", None), "bias": ("bias", None)},
     "RMSNorm": {"scale": ("weight", None)},
     "GroupNorm": {"scale": ("weight", None), "bias": ("bias", None)},
-    "BatchNorm": {"scale": ("weight", None), "bias": ("bias", None), "mean": ("running_mean", None),
-                  "var": ("running_var", None)},
+    "BatchNorm": {"scale": ("weight", None), "bias": ("bias", None), "mean": ("running_mean", None), "var": ("running_var", None)},
     "Conv": {"kernel": ("weight", "conv"), "bias": ("bias", None)},
 }
 
@@ -88,9 +95,14 @@ def _settings(module) -> dict:
         return {"active": active, "rate": module.rate}
     if kind == "Conv":
         n = len(module.kernel_size)
-        return {"bias": module.use_bias, "stride": _per_dim(module.strides, n), "padding": _padding(module.padding, n),
-                "dilation": _per_dim(module.kernel_dilation, n), "groups": module.feature_group_count,
-                "kernel_size": tuple(module.kernel_size)}
+        return {
+            "bias": module.use_bias,
+            "stride": _per_dim(module.strides, n),
+            "padding": _padding(module.padding, n),
+            "dilation": _per_dim(module.kernel_dilation, n),
+            "groups": module.feature_group_count,
+            "kernel_size": tuple(module.kernel_size),
+        }
     if kind == "Embedding":
         return {"padding_idx": None}  # Flax's Embed has no padding index
     return {}
@@ -332,8 +344,12 @@ def capture(model, inputs: tuple) -> list[tuple[str, np.ndarray]]:
 def _compiled_or_eager(compiled, eager, *args):
     try:
         return compiled(*args)
-    except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError,
-            jax.errors.TracerIntegerConversionError, jax.errors.TracerBoolConversionError):
+    except (
+        jax.errors.ConcretizationTypeError,
+        jax.errors.TracerArrayConversionError,
+        jax.errors.TracerIntegerConversionError,
+        jax.errors.TracerBoolConversionError,
+    ):
         return eager(*args)
 
 
@@ -417,8 +433,7 @@ def _arrays(model, inputs) -> list:
     # floating inputs take the model's dtype, integer ones (token ids) stay as they are
     leaves = [leaf for leaf in jax.tree.leaves(_variables(model)) if jnp.issubdtype(jnp.asarray(leaf).dtype, jnp.floating)]
     dtype = jnp.asarray(leaves[0]).dtype if leaves else jnp.float32
-    arrays = [jnp.asarray(x, dtype=dtype) if np.issubdtype(np.asarray(x).dtype, np.floating) else jnp.asarray(x)
-              for x in inputs]
+    arrays = [jnp.asarray(x, dtype=dtype) if np.issubdtype(np.asarray(x).dtype, np.floating) else jnp.asarray(x) for x in inputs]
     return arrays
 
 

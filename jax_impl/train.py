@@ -59,14 +59,13 @@ def train_epoch(graphdef, state, batches):
     full = [batch for batch in batches if len(batch[0]) == size]
     xs, ys = np.stack([x for x, _ in full]), np.stack([y for _, y in full])  # steps x B x T, one scan
     state, losses = scan_steps(graphdef, state, xs, ys)
-    for x, y in batches[len(full):]:
+    for x, y in batches[len(full) :]:
         state, loss = scan_steps(graphdef, state, x[None], y[None])
         losses = jnp.concatenate([losses, loss])
     return state, np.asarray(losses)
 
 
-def train(model_config: ModelConfig, train_config: TrainConfig, init="shared", on_step=None, resume=None,
-          dp=1) -> History:
+def train(model_config: ModelConfig, train_config: TrainConfig, init="shared", on_step=None, resume=None, dp=1) -> History:
     """Train from `init` ("shared", "native" or a weights file); returns the History with the
     model and optimizer.
 

@@ -20,8 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 
-def adam_update(param, grad, exp_avg, exp_avg_sq, step: int, lr: float, betas: tuple[float, float], eps: float,
-                scratch=None) -> None:
+def adam_update(param, grad, exp_avg, exp_avg_sq, step: int, lr: float, betas: tuple[float, float], eps: float, scratch=None) -> None:
     """One Adam update of one parameter, in place: param, exp_avg, exp_avg_sq [any shape, one dtype].
 
     step: the step count t after this update (1 on the first). scratch: an optional array of
@@ -69,5 +68,14 @@ class Adam:
         """Update every parameter from its gradient (grads: the same names as params)."""
         self.step_count += 1
         for name, param in self.params.items():
-            adam_update(param, grads[name], self.exp_avg[name], self.exp_avg_sq[name], self.step_count,
-                        self.lr, self.betas, self.eps, scratch=self._scratch[name])
+            adam_update(
+                param,
+                grads[name],
+                self.exp_avg[name],
+                self.exp_avg_sq[name],
+                self.step_count,
+                self.lr,
+                self.betas,
+                self.eps,
+                scratch=self._scratch[name],
+            )

@@ -20,6 +20,7 @@ from shared.config import ModelConfig
 
 # --- model.py, step 3 and the loss ----------------------------------------------------------
 
+
 def cross_entropy_backward(logits: np.ndarray, targets: np.ndarray):
     """[B, T, V], int [B, T] -> (loss, a 0-d array; g_logits [B, T, V]).
 
@@ -64,6 +65,7 @@ def read_out_backward(g_logits, x, params):
 
 
 # --- attention.py, steps 9 to 1 -------------------------------------------------------------
+
 
 def merge_heads_backward(g_merged: np.ndarray, n_heads: int) -> np.ndarray:
     """8. merge heads: g_merged [B, T, D] -> g_context [B, H, T, d_head].
@@ -150,8 +152,7 @@ def attention_backward(g_out, trace, params, n_heads, mask=None):
     grads = {}
 
     # 9. project out: a linear layer
-    g_merged, g_weight, g_bias = linear_backward(g_out, trace["merged"], params["attn.out_proj.weight"],
-                                                 "attn.out_proj.bias" in params)  # (B, T, D)
+    g_merged, g_weight, g_bias = linear_backward(g_out, trace["merged"], params["attn.out_proj.weight"], "attn.out_proj.bias" in params)  # (B, T, D)
     grads.update(_named("attn.out_proj", g_weight, g_bias))
 
     # 8. merge heads
@@ -179,13 +180,13 @@ def attention_backward(g_out, trace, params, n_heads, mask=None):
     g_qkv = split_backward(g_q, g_k, g_v)  # (B, T, 3D)
 
     # 1. project: one linear layer made Q, K and V
-    g_x, g_weight, g_bias = linear_backward(g_qkv, x, params["attn.qkv_proj.weight"],
-                                            "attn.qkv_proj.bias" in params)  # (B, T, D)
+    g_x, g_weight, g_bias = linear_backward(g_qkv, x, params["attn.qkv_proj.weight"], "attn.qkv_proj.bias" in params)  # (B, T, D)
     grads.update(_named("attn.qkv_proj", g_weight, g_bias))
     return g_x, grads
 
 
 # --- model.py, step 1 -----------------------------------------------------------------------
+
 
 def embed_backward(g_x: np.ndarray, tokens: np.ndarray, vocab_size: int, max_len: int):
     """1. embed: g_x [B, T, D], int tokens [B, T] -> (g_tok_emb [V, D], g_pos_emb [max_len, D]).
@@ -208,6 +209,7 @@ def embed_backward(g_x: np.ndarray, tokens: np.ndarray, vocab_size: int, max_len
 
 
 # --- the whole model ------------------------------------------------------------------------
+
 
 def backward(tokens, targets, params, config: ModelConfig, trace, mask=None):
     """(loss, d loss / d every exchange array), from one forward pass's trace (numpy_ref.forward(...,

@@ -10,8 +10,8 @@ import numpy as np
 from numpy_ref.attention import attention, linear
 from shared import checks
 from shared.config import ModelConfig
-from shared.weights import validate as validate_weights
 from shared.trace import record
+from shared.weights import validate as validate_weights
 
 
 def forward(tokens, params, config: ModelConfig, mask=None, return_weights=False, trace=None, cache=None):
@@ -22,14 +22,16 @@ def forward(tokens, params, config: ModelConfig, mask=None, return_weights=False
     validate_weights(params, config)  # a missing bias or a float16 array is an error, not a guess
     tokens = np.asarray(tokens)
     checks.check_tokens(
-        tokens.shape, tokens.dtype.name, config.vocab_size, config.max_len,
+        tokens.shape,
+        tokens.dtype.name,
+        config.vocab_size,
+        config.max_len,
         *((tokens.min(), tokens.max()) if tokens.size else (None, None)),
     )
     B, T = tokens.shape
     start = 0 if cache is None else cache.length  # p: positions continue after the cached ones
     if cache is not None:
-        checks.check_cache(B, params["tok_emb.weight"].dtype.name, cache.k.shape[0], cache.k.dtype.name, start, T,
-                           config.max_len)
+        checks.check_cache(B, params["tok_emb.weight"].dtype.name, cache.k.shape[0], cache.k.dtype.name, start, T, config.max_len)
 
     # 1. embed: token identity plus learned position
     x = params["tok_emb.weight"][tokens] + params["pos_emb.weight"][start : start + T]  # (B, T, D)
@@ -74,8 +76,7 @@ class TinyLM:
     params: dict
 
     def __call__(self, tokens, mask=None, return_weights=False, trace=None, cache=None):
-        return forward(tokens, self.params, self.config, mask=mask, return_weights=return_weights, trace=trace,
-                       cache=cache)
+        return forward(tokens, self.params, self.config, mask=mask, return_weights=return_weights, trace=trace, cache=cache)
 
 
 def from_exchange(arrays: dict, config: ModelConfig) -> TinyLM:
@@ -103,8 +104,7 @@ def attend(model: TinyLM, x, *, mask=None, return_weights=False):
     """The attention block alone: x (B, T, D) -> (B, T, D), or (out, weights); T <= max_len
     as in the frameworks' blocks (the pure `attention` function has no context limit)."""
     x = np.asarray(x)
-    checks.check_input(x.shape, x.dtype.name, model.config.d_model, model.config.max_len,
-                       model.params["attn.qkv_proj.weight"].dtype.name)
+    checks.check_input(x.shape, x.dtype.name, model.config.d_model, model.config.max_len, model.params["attn.qkv_proj.weight"].dtype.name)
     return attention(x, model.params, model.config.n_heads, mask=mask, return_weights=return_weights)
 
 

@@ -62,8 +62,10 @@ def train(model_config: ModelConfig, train_config: TrainConfig, init="shared", o
     # 1. model: the shared NumPy init, identical for every backend, unless init says otherwise
     arrays = training.initial_weights(init, model_config, train_config)
     if arrays is None:
-        raise ValueError("init 'native' means the framework's own initializers; numpy_ref has none: "
-                         "use 'shared' (the same torch-style init, drawn with NumPy) or a weights file")
+        raise ValueError(
+            "init 'native' means the framework's own initializers; numpy_ref has none: "
+            "use 'shared' (the same torch-style init, drawn with NumPy) or a weights file"
+        )
     model = from_exchange(arrays, model_config)
 
     # 2. optimizer: Adam with TrainConfig's lr, betas and eps

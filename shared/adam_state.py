@@ -43,13 +43,17 @@ class AdamState:
 
     def check_continues(self, train_config: TrainConfig) -> None:
         """Raise ValueError unless `train_config` continues the run this state came from."""
-        changed = [f"{name}={getattr(train_config, name)!r} (saved run: {getattr(self.train_config, name)!r})"
-                   for name in STREAM_FIELDS if getattr(train_config, name) != getattr(self.train_config, name)]
+        changed = [
+            f"{name}={getattr(train_config, name)!r} (saved run: {getattr(self.train_config, name)!r})"
+            for name in STREAM_FIELDS
+            if getattr(train_config, name) != getattr(self.train_config, name)
+        ]
         if changed:
             raise ValueError(f"cannot resume: the batches would differ from the saved run's: {', '.join(changed)}")
         if train_config.epochs <= self.epochs_done:
-            raise ValueError(f"cannot resume: --epochs {train_config.epochs} is the total and the saved run "
-                             f"already trained {self.epochs_done}; ask for more")
+            raise ValueError(
+                f"cannot resume: --epochs {train_config.epochs} is the total and the saved run already trained {self.epochs_done}; ask for more"
+            )
 
 
 def companion_path(weights_path) -> Path:
@@ -67,11 +71,14 @@ def save(path, state: AdamState, model_config: ModelConfig, weights_digest: str 
 
 
 def payload(state: AdamState, model_config: ModelConfig, weights_digest: str | None) -> bytes:
-    arrays = {f"{moment}/{name}": np.ascontiguousarray(value)
-              for moment in MOMENTS for name, value in getattr(state, moment).items()}
+    arrays = {f"{moment}/{name}": np.ascontiguousarray(value) for moment in MOMENTS for name, value in getattr(state, moment).items()}
     metadata = {
-        "format": FORMAT, "format_version": FORMAT_VERSION, "step": str(state.step), "epochs_done": str(state.epochs_done),
-        "config": json.dumps(model_config.to_dict()), "train_config": json.dumps(state.train_config.to_dict()),
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "step": str(state.step),
+        "epochs_done": str(state.epochs_done),
+        "config": json.dumps(model_config.to_dict()),
+        "train_config": json.dumps(state.train_config.to_dict()),
     }
     if weights_digest is not None:
         metadata["weights_sha256"] = weights_digest
@@ -98,11 +105,12 @@ def load(path, model_config: ModelConfig, weights_digest: str | None = None) -> 
         except (KeyError, ValueError, TypeError) as error:
             raise ValueError(f"{what} has invalid metadata: {error}") from None
         if epochs_done > train_config.epochs:
-            raise ValueError(f"{what} has invalid metadata: epochs_done={epochs_done} is more than the "
-                             f"run's epochs={train_config.epochs}")
+            raise ValueError(f"{what} has invalid metadata: epochs_done={epochs_done} is more than the run's epochs={train_config.epochs}")
         if step != epochs_done * train_config.steps_per_epoch:
-            raise ValueError(f"{what} has invalid metadata: step={step} does not match epochs_done={epochs_done} "
-                             f"x {train_config.steps_per_epoch} steps per epoch = {epochs_done * train_config.steps_per_epoch}")
+            raise ValueError(
+                f"{what} has invalid metadata: step={step} does not match epochs_done={epochs_done} "
+                f"x {train_config.steps_per_epoch} steps per epoch = {epochs_done * train_config.steps_per_epoch}"
+            )
         weights.check_same_architecture(saved_config, model_config, source=what)
         layout = weights.tensor_layout(header)
         extra = sorted(key for key in layout if key.split("/", 1)[0] not in MOMENTS)
@@ -117,19 +125,22 @@ def load(path, model_config: ModelConfig, weights_digest: str | None = None) -> 
         if weights_digest is not None:
             recorded = metadata.get("weights_sha256")
             if recorded is None:
-                raise ValueError(f"{what} does not record which weights file it belongs to (written before "
-                                 f"checkpoints were bound); if it belongs to the weights beside it, bind it with "
-                                 f"`python -m shared.checkpoint bind WEIGHTS.safetensors`, then resume")
+                raise ValueError(
+                    f"{what} does not record which weights file it belongs to (written before "
+                    f"checkpoints were bound); if it belongs to the weights beside it, bind it with "
+                    f"`python -m shared.checkpoint bind WEIGHTS.safetensors`, then resume"
+                )
             if recorded != weights_digest:
-                raise ValueError(f"{what} belongs to other weights than the file beside it (its weights_sha256 "
-                                 f"{recorded[:12]}..., the weights' {weights_digest[:12]}...): a save was interrupted "
-                                 f"between its two files, or the file comes from another run; refusing to resume")
+                raise ValueError(
+                    f"{what} belongs to other weights than the file beside it (its weights_sha256 "
+                    f"{recorded[:12]}..., the weights' {weights_digest[:12]}...): a save was interrupted "
+                    f"between its two files, or the file comes from another run; refusing to resume"
+                )
         found.update(train_config=train_config, step=step, epochs_done=epochs_done)
 
     raw, _ = weights.read_safetensors(path, "Adam state file", check)
     arrays = weights.decode(raw, what)
-    moments = {moment: {key.split("/", 1)[1]: value for key, value in arrays.items() if key.startswith(f"{moment}/")}
-               for moment in MOMENTS}
+    moments = {moment: {key.split("/", 1)[1]: value for key, value in arrays.items() if key.startswith(f"{moment}/")} for moment in MOMENTS}
     return AdamState(found["step"], found["epochs_done"], moments["exp_avg"], moments["exp_avg_sq"], found["train_config"])
 
 

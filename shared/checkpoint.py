@@ -83,8 +83,9 @@ def bind(path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m shared.checkpoint",
-                                     description="Bind an Adam companion saved before checkpoints were bound to its weights file.")
+    parser = argparse.ArgumentParser(
+        prog="python -m shared.checkpoint", description="Bind an Adam companion saved before checkpoints were bound to its weights file."
+    )
     parser.add_argument("command", choices=("bind",))
     parser.add_argument("weights", metavar="NAME.safetensors", type=Path)
     args = parser.parse_args(argv)

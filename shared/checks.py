@@ -29,8 +29,7 @@ def check_block(d_model, n_heads, max_len) -> None:
             raise ValueError(f"{name} must be a positive integer, got {value}")
     if d_model % n_heads != 0:
         raise ValueError(
-            f"d_model={d_model} is not divisible by n_heads={n_heads}; "
-            f"d_model must be a multiple of n_heads (d_head = d_model // n_heads)"
+            f"d_model={d_model} is not divisible by n_heads={n_heads}; d_model must be a multiple of n_heads (d_head = d_model // n_heads)"
         )
 
 
@@ -62,8 +61,7 @@ def check_input(shape: tuple, dtype_name: str, d_model: int, max_len: int | None
     found = _neutral(dtype_name)
     if found not in BLOCK_DTYPES or (block_dtype is not None and found != _neutral(block_dtype)):
         wanted = _neutral(block_dtype) if block_dtype is not None else " or ".join(BLOCK_DTYPES)
-        raise TypeError(f"attention input has dtype {found}, expected {wanted} (the block's dtype); "
-                        f"convert it first, nothing is converted silently")
+        raise TypeError(f"attention input has dtype {found}, expected {wanted} (the block's dtype); convert it first, nothing is converted silently")
     if len(shape) != 3:
         raise ValueError(f"attention input must have rank 3 (B, T, D), got rank {len(shape)} with shape {tuple(shape)}")
     _, T, D = shape
@@ -129,8 +127,9 @@ def check_memory(nbytes: int, doing: str, detail: str = "") -> None:
     """Refuse, before allocating, work whose estimated memory exceeds what is available."""
     available = available_memory()
     if nbytes > available:
-        raise ValueError(f"{doing} needs an estimated {_gib(nbytes)} of memory{detail}, "
-                         f"more than the {_gib(available)} available; choose smaller sizes")
+        raise ValueError(
+            f"{doing} needs an estimated {_gib(nbytes)} of memory{detail}, more than the {_gib(available)} available; choose smaller sizes"
+        )
 
 
 def training_bytes(vocab_size, d_model, n_heads, max_len, batch_size, n_sequences, itemsize) -> dict[str, int]:
@@ -167,12 +166,12 @@ def check_outputs(inputs: dict, outputs: dict) -> None:
     for index, flag in enumerate(flags):
         for source, path in inputs.items():
             if same_file(outputs[flag], path):
-                raise ValueError(f"{flag} {str(outputs[flag])!r} is the input {source} {str(path)!r}: "
-                                 f"it would be overwritten; choose another file")
-        for other in flags[index + 1:]:
+                raise ValueError(f"{flag} {str(outputs[flag])!r} is the input {source} {str(path)!r}: it would be overwritten; choose another file")
+        for other in flags[index + 1 :]:
             if same_file(outputs[flag], outputs[other]):
-                raise ValueError(f"{flag} {str(outputs[flag])!r} and {other} {str(outputs[other])!r} are the same file; "
-                                 f"give each output its own file")
+                raise ValueError(
+                    f"{flag} {str(outputs[flag])!r} and {other} {str(outputs[other])!r} are the same file; give each output its own file"
+                )
 
 
 def check_writable(path, flag: str) -> None:
@@ -189,8 +188,9 @@ def check_writable(path, flag: str) -> None:
         raise ValueError(f"{flag} {str(path)!r}: folder {str(folder)!r} is not writable")
 
 
-def check_generate(shape: tuple, dtype_name: str, vocab_size: int, max_len: int, max_new_tokens, low=None, high=None,
-                   greedy: bool = True, temperature=1.0) -> None:
+def check_generate(
+    shape: tuple, dtype_name: str, vocab_size: int, max_len: int, max_new_tokens, low=None, high=None, greedy: bool = True, temperature=1.0
+) -> None:
     """A generation request, before any work: a non-empty integer prompt (B, P) with ids in
     [0, vocab_size), max_new_tokens a non-negative int, and P + max_new_tokens <= max_len
     (every position, the last generated one included, needs a row of pos_emb)."""
@@ -204,8 +204,10 @@ def check_generate(shape: tuple, dtype_name: str, vocab_size: int, max_len: int,
         raise ValueError(f"prompt is empty (shape {tuple(shape)}); expected at least one token id in each of at least one row")
     check_tokens(shape, dtype_name, vocab_size, max_len, low, high)
     if shape[1] + max_new_tokens > max_len:
-        raise ValueError(f"prompt of {shape[1]} tokens plus max_new_tokens={max_new_tokens} is {shape[1] + max_new_tokens} "
-                         f"positions, longer than max_len={max_len}")
+        raise ValueError(
+            f"prompt of {shape[1]} tokens plus max_new_tokens={max_new_tokens} is {shape[1] + max_new_tokens} "
+            f"positions, longer than max_len={max_len}"
+        )
 
 
 def check_cache(batch: int, dtype_name: str, cache_batch: int, cache_dtype_name: str, start, T: int, max_len: int) -> None:
@@ -216,5 +218,4 @@ def check_cache(batch: int, dtype_name: str, cache_batch: int, cache_dtype_name:
     if _neutral(cache_dtype_name) != _neutral(dtype_name):
         raise TypeError(f"KV cache dtype {_neutral(cache_dtype_name)} does not match the input's {_neutral(dtype_name)}")
     if start is not None and start + T > max_len:
-        raise ValueError(f"KV cache holds {start} positions; {T} more would end at {start + T}, "
-                         f"longer than max_len={max_len}")
+        raise ValueError(f"KV cache holds {start} positions; {T} more would end at {start + T}, longer than max_len={max_len}")

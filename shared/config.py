@@ -60,7 +60,7 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ModelConfig":
+    def from_dict(cls, data: dict) -> ModelConfig:
         return _from_dict(cls, data)
 
 
@@ -107,5 +107,5 @@ class TrainConfig:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict) -> "TrainConfig":
+    def from_dict(cls, data: dict) -> TrainConfig:
         return _from_dict(cls, data)

@@ -87,9 +87,18 @@ class History:
         init, source = data.get("init", "unknown"), data.get("source")
         if not isinstance(init, str) or not (source is None or isinstance(source, str)):
             raise ValueError(f"{what}: init and source must be strings, got {init!r} and {source!r}")
-        return cls(backend=str(data["backend"]), model_config=model_config, train_config=train_config,
-                   losses=losses, epoch_losses=epoch_losses, seconds=float(seconds), first_step=first_step,
-                   init=init, source=source, source_sha256=data.get("source_sha256"))
+        return cls(
+            backend=str(data["backend"]),
+            model_config=model_config,
+            train_config=train_config,
+            losses=losses,
+            epoch_losses=epoch_losses,
+            seconds=float(seconds),
+            first_step=first_step,
+            init=init,
+            source=source,
+            source_sha256=data.get("source_sha256"),
+        )
 
 
 def _numbers(value, key: str, what: str) -> list[float]:

@@ -115,7 +115,8 @@ CAPABILITIES = {
     "fused": {},  # ModelConfig(attn_impl="fused") calls a fused attention kernel
     "jit": {},  # calls are compiled for each new input shape: tests keep such a backend to a few shapes
     "generate": {"generate": ("KVCache", "new_cache", "step", "cache_arrays", "generate")},
-    "port": {"port": ("owns", "describe", "parameters", "load_parameters", "cast", "capture", "gradients",
-                      "switched", "highest_precision")},  # any user model: shared.tools.port_check
+    "port": {
+        "port": ("owns", "describe", "parameters", "load_parameters", "cast", "capture", "gradients", "switched", "highest_precision")
+    },  # any user model: shared.tools.port_check
     "dp": {"parallel": ("train", "shard", "prepare")},  # data parallel: train(..., dp=N) over N ranks/devices
 }

@@ -25,8 +25,7 @@ class NonFiniteLossError(RuntimeError):
     def __init__(self, step: int, loss: float, steps_per_epoch: int):
         self.step, self.loss = step, loss
         super().__init__(
-            f"loss became non-finite at step {step} (epoch {step // steps_per_epoch + 1}): {loss}; "
-            f"training stopped (try a smaller --lr)"
+            f"loss became non-finite at step {step} (epoch {step // steps_per_epoch + 1}): {loss}; training stopped (try a smaller --lr)"
         )
 
 
@@ -86,8 +85,7 @@ def chunks(batches: list, size: int = PROGRESS_STEPS) -> Iterator[list]:
         yield batches[start : start + size]
 
 
-def finish_epoch(losses: list[float], epoch_losses, train_config: TrainConfig, start_epoch: int = 0,
-                 on_step: Callable | None = None) -> None:
+def finish_epoch(losses: list[float], epoch_losses, train_config: TrainConfig, start_epoch: int = 0, on_step: Callable | None = None) -> None:
     """Append one epoch's per-step losses; stop at the first non-finite one, naming its step
     (counted over the whole run: a run resumed after start_epoch epochs does not start at 0)."""
     first_step = start_epoch * train_config.steps_per_epoch
@@ -108,16 +106,25 @@ def first_epoch(resume, train_config: TrainConfig) -> int:
     return resume.epochs_done
 
 
-def history(backend: str, model_config, train_config, losses: list[float], started: float,
-            model, optimizer, start_epoch: int = 0) -> History:
+def history(backend: str, model_config, train_config, losses: list[float], started: float, model, optimizer, start_epoch: int = 0) -> History:
     """Bundle a finished run; epoch means over each epoch's steps."""
     size = train_config.steps_per_epoch
     epoch_losses = [float(np.mean(losses[start : start + size])) for start in range(0, len(losses), size)]
-    return History(backend, model_config, train_config, losses, epoch_losses, time.perf_counter() - started,
-                   first_step=start_epoch * size, model=model, optimizer=optimizer)
+    return History(
+        backend,
+        model_config,
+        train_config,
+        losses,
+        epoch_losses,
+        time.perf_counter() - started,
+        first_step=start_epoch * size,
+        model=model,
+        optimizer=optimizer,
+    )
 
 
 # --- data parallel (torch_impl.parallel, jax_impl.parallel) ------------------------------------
+
 
 def check_data_parallel(train_config: TrainConfig, dp, devices: int | None = None, where: str = "devices") -> int:
     """dp shards per global batch: every batch, the last smaller one included, must split into
@@ -128,13 +135,14 @@ def check_data_parallel(train_config: TrainConfig, dp, devices: int | None = Non
     if dp < 1:
         raise ValueError(f"dp must be a positive integer, got {dp}")
     if train_config.batch_size % dp != 0:
-        raise ValueError(f"batch_size={train_config.batch_size} is not divisible by dp={dp}: "
-                         f"every global batch is split into {dp} equal shards")
+        raise ValueError(f"batch_size={train_config.batch_size} is not divisible by dp={dp}: every global batch is split into {dp} equal shards")
     last = train_config.n_sequences % train_config.batch_size
     if last % dp != 0:
-        raise ValueError(f"the last batch of each epoch has {last} sequences (n_sequences={train_config.n_sequences} "
-                         f"% batch_size={train_config.batch_size}), not divisible by dp={dp}: "
-                         f"choose n_sequences so that every batch splits into {dp} equal shards")
+        raise ValueError(
+            f"the last batch of each epoch has {last} sequences (n_sequences={train_config.n_sequences} "
+            f"% batch_size={train_config.batch_size}), not divisible by dp={dp}: "
+            f"choose n_sequences so that every batch splits into {dp} equal shards"
+        )
     if devices is not None and dp > devices:
         raise ValueError(f"dp={dp} needs {dp} devices, but only {devices} are available ({where})")
     return train_config.batch_size // dp

@@ -31,10 +31,19 @@ MAX_DEPTH = 3  # {"name": {"shape": [...]}}: three levels; metadata values are s
 OPENING, CLOSING = np.frombuffer(b"{[", dtype=np.uint8), np.frombuffer(b"}]", dtype=np.uint8)
 # safetensors dtype code -> (the name this project reports, a NumPy dtype of that item size)
 SAFETENSORS_DTYPES = {
-    "F64": ("float64", "float64"), "F32": ("float32", "float32"), "F16": ("float16", "float16"),
-    "BF16": ("bfloat16", "uint16"), "I64": ("int64", "int64"), "I32": ("int32", "int32"), "I16": ("int16", "int16"),
-    "I8": ("int8", "int8"), "U64": ("uint64", "uint64"), "U32": ("uint32", "uint32"), "U16": ("uint16", "uint16"),
-    "U8": ("uint8", "uint8"), "BOOL": ("bool", "bool"),
+    "F64": ("float64", "float64"),
+    "F32": ("float32", "float32"),
+    "F16": ("float16", "float16"),
+    "BF16": ("bfloat16", "uint16"),
+    "I64": ("int64", "int64"),
+    "I32": ("int32", "int32"),
+    "I16": ("int16", "int16"),
+    "I8": ("int8", "int8"),
+    "U64": ("uint64", "uint64"),
+    "U32": ("uint32", "uint32"),
+    "U16": ("uint16", "uint16"),
+    "U8": ("uint8", "uint8"),
+    "BOOL": ("bool", "bool"),
 }
 
 
@@ -85,9 +94,12 @@ def validate(arrays: dict, config: ModelConfig, dtype: str | None = None) -> str
     for name in param_shapes(config):
         if name in arrays and not isinstance(arrays[name], np.ndarray):
             raise TypeError(f"weights['{name}'] must be a NumPy array, got {type(arrays[name]).__name__}")
-    return check_layout({name: (value.shape, value.dtype.name) for name, value in arrays.items()
-                         if isinstance(value, np.ndarray)} | {name: None for name, value in arrays.items()
-                                                              if not isinstance(value, np.ndarray)}, config, dtype)
+    return check_layout(
+        {name: (value.shape, value.dtype.name) for name, value in arrays.items() if isinstance(value, np.ndarray)}
+        | {name: None for name, value in arrays.items() if not isinstance(value, np.ndarray)},
+        config,
+        dtype,
+    )
 
 
 def check_layout(layout: dict, config: ModelConfig, dtype: str | None = None) -> str:
@@ -154,8 +166,7 @@ def read(path, expect: ModelConfig | None = None) -> Loaded:
         metadata = header.get("__metadata__") or {}
         if metadata.get("format") != FORMAT or "config" not in metadata:
             raise ValueError(
-                f"{what} is safetensors but not in the {FORMAT} format "
-                f"(metadata {sorted(metadata)} lacks 'format': '{FORMAT}' and 'config')"
+                f"{what} is safetensors but not in the {FORMAT} format (metadata {sorted(metadata)} lacks 'format': '{FORMAT}' and 'config')"
             )
         found["config"] = config = config_from_metadata(metadata, what)
         if expect is not None:
@@ -232,19 +243,18 @@ def read_safetensors(path: Path, what: str, check) -> tuple[bytes, dict]:
         if peek in (b"{", b"") and 0 < header_length <= MAX_HEADER and header_length > size - 8:
             raise ValueError(f"{name} is truncated: its header announces {header_length} bytes but only {size - 8} follow")
         if peek == b"{" and header_length > MAX_HEADER:
-            raise ValueError(f"{name} is not a valid safetensors file: its header announces {header_length} bytes, "
-                             f"more than the {MAX_HEADER}-byte limit")
+            raise ValueError(
+                f"{name} is not a valid safetensors file: its header announces {header_length} bytes, more than the {MAX_HEADER}-byte limit"
+            )
         if header_length > size - 8 or header_length == 0 or peek != b"{":
-            raise ValueError(f"{name} is not a safetensors file (no valid header; "
-                             f"a pickle or torch.save file is refused and never unpickled)")
+            raise ValueError(f"{name} is not a safetensors file (no valid header; a pickle or torch.save file is refused and never unpickled)")
         header_bytes = peek + files.read_exactly(fd, header_length - 1, what, path)
         header = parse_header(header_bytes, name)
         body = body_size(header, name)
         if body > size - 8 - header_length:
             raise ValueError(f"{name} is truncated: its header describes more data than the file holds")
         if body < size - 8 - header_length:
-            raise ValueError(f"{name} is not a valid safetensors file: {size - 8 - header_length - body} bytes "
-                             f"follow the data its header describes")
+            raise ValueError(f"{name} is not a valid safetensors file: {size - 8 - header_length - body} bytes follow the data its header describes")
         check(header)
         checks.check_memory(body, f"reading {name}")
         data = files.read_exactly(fd, body, what, path)
@@ -256,8 +266,9 @@ def read_safetensors(path: Path, what: str, check) -> tuple[bytes, dict]:
 def parse_header(header_bytes: bytes, name: str) -> dict:
     depth = json_depth(header_bytes)
     if depth > MAX_DEPTH:
-        raise ValueError(f"{name} is not a valid safetensors file: its header nests {depth} levels deep, "
-                         f"more than the {MAX_DEPTH} a safetensors header has")
+        raise ValueError(
+            f"{name} is not a valid safetensors file: its header nests {depth} levels deep, more than the {MAX_DEPTH} a safetensors header has"
+        )
     try:
         header = json.loads(header_bytes)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
@@ -288,8 +299,7 @@ def body_size(header: dict, name: str) -> int:
             continue
         offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
         if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(end) is int for end in offsets)):
-            raise ValueError(f"{name} is not a valid safetensors file: "
-                             f"tensor {key!r} has no [begin, end] data_offsets in its header")
+            raise ValueError(f"{name} is not a valid safetensors file: tensor {key!r} has no [begin, end] data_offsets in its header")
         dtype, shape = entry.get("dtype"), entry.get("shape")
         if dtype not in SAFETENSORS_DTYPES:
             raise ValueError(f"{name} is not a valid safetensors file: tensor {key!r} has unknown dtype {dtype!r}")
@@ -297,23 +307,25 @@ def body_size(header: dict, name: str) -> int:
             raise ValueError(f"{name} is not a valid safetensors file: tensor {key!r} has shape {shape!r}")
         nbytes = math.prod(shape) * np.dtype(SAFETENSORS_DTYPES[dtype][1]).itemsize
         if offsets[1] - offsets[0] != nbytes:
-            raise ValueError(f"{name} is not a valid safetensors file: tensor {key!r} ({dtype} {shape}) needs "
-                             f"{nbytes} bytes, its data_offsets {offsets} give {offsets[1] - offsets[0]}")
+            raise ValueError(
+                f"{name} is not a valid safetensors file: tensor {key!r} ({dtype} {shape}) needs "
+                f"{nbytes} bytes, its data_offsets {offsets} give {offsets[1] - offsets[0]}"
+            )
         spans.append((offsets[0], offsets[1], key))
     spans.sort()
     end = 0
     for begin, finish, key in spans:
         if begin != end:
-            raise ValueError(f"{name} is not a valid safetensors file: tensor {key!r} starts at byte {begin}, "
-                             f"expected {end} (tensors overlap or leave a gap)")
+            raise ValueError(
+                f"{name} is not a valid safetensors file: tensor {key!r} starts at byte {begin}, expected {end} (tensors overlap or leave a gap)"
+            )
         end = finish
     return end
 
 
 def tensor_layout(header: dict) -> dict:
     """{name: (shape, NumPy dtype name)} of the tensors a (checked) header declares."""
-    return {key: (tuple(entry["shape"]), SAFETENSORS_DTYPES[entry["dtype"]][0])
-            for key, entry in header.items() if key != "__metadata__"}
+    return {key: (tuple(entry["shape"]), SAFETENSORS_DTYPES[entry["dtype"]][0]) for key, entry in header.items() if key != "__metadata__"}
 
 
 def _describe(config: ModelConfig) -> str:

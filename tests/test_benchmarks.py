@@ -14,14 +14,27 @@ def test_quick_benchmarks_print_every_table(capsys):
     assert main(["bench", "--quick"]) == 0
     out = capsys.readouterr().out
     assert torch.get_num_threads() == threads  # --quick's single thread does not leak out
-    for heading in ("## Attention block", "### torch: forward of the block", "### jax: forward of the block",
-                    "### Peak memory", "### One Linear(D, 3D) against three Linear(D, D)",
-                    "## Training", "### torch: steady-state training steps", "### jax: steady-state training steps",
-                    "### Loss trajectories"):
+    for heading in (
+        "## Attention block",
+        "### torch: forward of the block",
+        "### jax: forward of the block",
+        "### Peak memory",
+        "### One Linear(D, 3D) against three Linear(D, D)",
+        "## Training",
+        "### torch: steady-state training steps",
+        "### jax: steady-state training steps",
+        "### Loss trajectories",
+    ):
         assert heading in out, heading
     assert "- machine: " in out and "torch 2." in out and "jax 0." in out  # the header names the machine
-    for row in ("fused (attn_impl='fused')", "F.scaled_dot_product_attention, direct", "nn.MultiheadAttention",
-                "jax.nn.dot_product_attention, direct", "nnx.MultiHeadAttention", "the project's trainer"):
+    for row in (
+        "fused (attn_impl='fused')",
+        "F.scaled_dot_product_attention, direct",
+        "nn.MultiheadAttention",
+        "jax.nn.dot_product_attention, direct",
+        "nnx.MultiHeadAttention",
+        "the project's trainer",
+    ):
         assert any(line.startswith("| ") and row in line for line in out.splitlines()), f"no table row for {row}"
     # every table row is complete: no empty cells
     for line in out.splitlines():

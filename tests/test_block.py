@@ -35,9 +35,17 @@ def test_every_stage_is_traced_with_its_shape(backend):
     backend.forward(tokens_for(), init_weights(SMALL, 0), SMALL, trace=trace)
     H, D, d = SMALL.n_heads, SMALL.d_model, SMALL.d_head
     assert {name: value.shape for name, value in trace.items()} == {
-        "embed": (B, T, D), "qkv": (B, T, 3 * D), "q": (B, H, T, d), "k": (B, H, T, d), "v": (B, H, T, d),
-        "scores": (B, H, T, T), "weights": (B, H, T, T), "context": (B, H, T, d), "merged": (B, T, D),
-        "attn_out": (B, T, D), "logits": (B, T, SMALL.vocab_size),
+        "embed": (B, T, D),
+        "qkv": (B, T, 3 * D),
+        "q": (B, H, T, d),
+        "k": (B, H, T, d),
+        "v": (B, H, T, d),
+        "scores": (B, H, T, T),
+        "weights": (B, H, T, T),
+        "context": (B, H, T, d),
+        "merged": (B, T, D),
+        "attn_out": (B, T, D),
+        "logits": (B, T, SMALL.vocab_size),
     }
     assert tuple(trace) == STAGES
 

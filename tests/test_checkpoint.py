@@ -29,8 +29,9 @@ RUN = TrainConfig(epochs=2, batch_size=16, n_sequences=48)  # 3 steps per epoch
 
 def state(config=SMALL, train_config=RUN, epochs_done=2, scale=1.0):
     moments = {name: np.full(shape, scale, np.float32) for name, shape in weights.param_shapes(config).items()}
-    return AdamState(epochs_done * train_config.steps_per_epoch, epochs_done, moments,
-                     {name: value * 2 for name, value in moments.items()}, train_config)
+    return AdamState(
+        epochs_done * train_config.steps_per_epoch, epochs_done, moments, {name: value * 2 for name, value in moments.items()}, train_config
+    )
 
 
 def save(path, seed=0, **options):
@@ -69,11 +70,13 @@ def test_a_companion_from_before_the_binding_is_refused_and_bind_converts_it(tmp
     path = tmp_path / "run.safetensors"
     weights.save(path, weights.init_weights(SMALL, 0), SMALL)
     adam_state.save(companion_path(path), state(), SMALL)  # no digest: the format before the binding
-    with pytest.raises(ValueError, match=r"does not record which weights file it belongs to .* "
-                                         r"`python -m shared.checkpoint bind WEIGHTS.safetensors`"):
+    with pytest.raises(
+        ValueError,
+        match=r"does not record which weights file it belongs to .* "
+        r"`python -m shared.checkpoint bind WEIGHTS.safetensors`",
+    ):
         checkpoint.load(path)
-    done = subprocess.run([sys.executable, "-m", "shared.checkpoint", "bind", str(path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-m", "shared.checkpoint", "bind", str(path)], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert checkpoint.load(path)[1].step == 6
 
@@ -83,8 +86,10 @@ BAD_METADATA = {
     "step not a number": ({"step": "six"}, r"step='six' is not a non-negative integer"),
     "step far from epochs": ({"step": "500"}, r"step=500 does not match epochs_done=2 x 3 steps per epoch = 6"),
     "epochs_done past the run": ({"epochs_done": "3", "step": "9"}, r"epochs_done=3 is more than the run's epochs=2"),
-    "no vocab_size": ({"config": json.dumps({k: v for k, v in SMALL.to_dict().items() if k != "vocab_size"})},
-                      r"invalid config in its metadata: missing field\(s\) \['vocab_size'\]"),
+    "no vocab_size": (
+        {"config": json.dumps({k: v for k, v in SMALL.to_dict().items() if k != "vocab_size"})},
+        r"invalid config in its metadata: missing field\(s\) \['vocab_size'\]",
+    ),
 }
 
 

@@ -24,8 +24,9 @@ print(sorted(name for name in {frameworks!r} if name in sys.modules))
 
 
 def imported_frameworks(call: str, argv: list[str]) -> list[str]:
-    result = subprocess.run([sys.executable, "-c", PROBE.format(call=call, argv=argv, frameworks=FRAMEWORKS)],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE.format(call=call, argv=argv, frameworks=FRAMEWORKS)], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     assert "usage:" in result.stdout
     return eval(result.stdout.strip().splitlines()[-1])

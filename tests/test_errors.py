@@ -52,6 +52,7 @@ def with_id(bad_id):
 
 # --- sizes of the block -------------------------------------------------------------------
 
+
 def build(backend, d_model, n_heads, max_len):
     """What each backend builds its block from: a layer, or for numpy_ref's pure functions the
     ModelConfig that numpy_ref.forward takes."""
@@ -61,7 +62,11 @@ def build(backend, d_model, n_heads, max_len):
 
 
 BAD_SIZES = {
-    "30 % 4": ((30, 4, L), ValueError, "d_model=30 is not divisible by n_heads=4; d_model must be a multiple of n_heads (d_head = d_model // n_heads)"),
+    "30 % 4": (
+        (30, 4, L),
+        ValueError,
+        "d_model=30 is not divisible by n_heads=4; d_model must be a multiple of n_heads (d_head = d_model // n_heads)",
+    ),
     "d_model 0": ((0, 4, L), ValueError, "d_model must be a positive integer, got 0"),
     "d_model -24": ((-24, 4, L), ValueError, "d_model must be a positive integer, got -24"),
     "n_heads 0": ((D, 0, L), ValueError, "n_heads must be a positive integer, got 0"),
@@ -161,6 +166,7 @@ def test_bad_masks_in_the_block_and_the_model(backend, case):
 
 # --- weight dicts into a model: everything checked before anything is built ---------------
 
+
 def changed(name=None, value=None, drop=None, dtype=None):
     arrays = init_weights(SMALL, 0)
     if drop is not None:
@@ -177,25 +183,39 @@ def transposed(name):
 
 
 BAD_ARRAYS = {
-    "missing key": (changed(drop="lm_head.bias"), ValueError,
-                    rf"^weights are missing key\(s\) 'lm_head.bias' \(11,\) required by {re.escape(DESCRIBED)}$"),
-    "extra key": (changed("attn.causal_mask", np.ones((L, L), np.float32)), ValueError,
-                  r"^weights have unexpected key\(s\) \['attn.causal_mask'\]; .* expects exactly \['tok_emb.weight', "),
-    "wrong shape": (changed("lm_head.weight", np.zeros((V, D - 1), np.float32)), ValueError,
-                    exactly("weights['lm_head.weight'] has shape (11, 23), expected (11, 24)")),
-    "transposed qkv kernel": (changed("attn.qkv_proj.weight", transposed("attn.qkv_proj.weight")), ValueError,
-                              exactly("weights['attn.qkv_proj.weight'] has shape (24, 72), expected (72, 24) "
-                                      "(looks transposed: exchange weights are PyTorch (out, in))")),
-    "transposed lm_head kernel": (changed("lm_head.weight", transposed("lm_head.weight")), ValueError,
-                                  r"has shape \(24, 11\), expected \(11, 24\) \(looks transposed"),
-    "float16": (changed(dtype=np.float16), ValueError,
-                exactly("weights['tok_emb.weight'] has dtype float16, expected one of float32, float64")),
-    "int64": (changed(dtype=np.int64), ValueError,
-              exactly("weights['tok_emb.weight'] has dtype int64, expected one of float32, float64")),
-    "mixed dtypes": (changed("lm_head.bias", np.zeros(V, np.float64)), ValueError,
-                     r"^weights mix dtypes \{'float32': \[.*\], 'float64': \['lm_head.bias'\]\}; expected one dtype for every array$"),
-    "not an array": (changed("lm_head.bias", [0.0] * V), TypeError,
-                     exactly("weights['lm_head.bias'] must be a NumPy array, got list")),
+    "missing key": (
+        changed(drop="lm_head.bias"),
+        ValueError,
+        rf"^weights are missing key\(s\) 'lm_head.bias' \(11,\) required by {re.escape(DESCRIBED)}$",
+    ),
+    "extra key": (
+        changed("attn.causal_mask", np.ones((L, L), np.float32)),
+        ValueError,
+        r"^weights have unexpected key\(s\) \['attn.causal_mask'\]; .* expects exactly \['tok_emb.weight', ",
+    ),
+    "wrong shape": (
+        changed("lm_head.weight", np.zeros((V, D - 1), np.float32)),
+        ValueError,
+        exactly("weights['lm_head.weight'] has shape (11, 23), expected (11, 24)"),
+    ),
+    "transposed qkv kernel": (
+        changed("attn.qkv_proj.weight", transposed("attn.qkv_proj.weight")),
+        ValueError,
+        exactly("weights['attn.qkv_proj.weight'] has shape (24, 72), expected (72, 24) (looks transposed: exchange weights are PyTorch (out, in))"),
+    ),
+    "transposed lm_head kernel": (
+        changed("lm_head.weight", transposed("lm_head.weight")),
+        ValueError,
+        r"has shape \(24, 11\), expected \(11, 24\) \(looks transposed",
+    ),
+    "float16": (changed(dtype=np.float16), ValueError, exactly("weights['tok_emb.weight'] has dtype float16, expected one of float32, float64")),
+    "int64": (changed(dtype=np.int64), ValueError, exactly("weights['tok_emb.weight'] has dtype int64, expected one of float32, float64")),
+    "mixed dtypes": (
+        changed("lm_head.bias", np.zeros(V, np.float64)),
+        ValueError,
+        r"^weights mix dtypes \{'float32': \[.*\], 'float64': \['lm_head.bias'\]\}; expected one dtype for every array$",
+    ),
+    "not an array": (changed("lm_head.bias", [0.0] * V), TypeError, exactly("weights['lm_head.bias'] must be a NumPy array, got list")),
 }
 
 
@@ -216,8 +236,10 @@ def test_weights_for_another_config_are_refused(backend):
 
 # --- weight files -------------------------------------------------------------------------
 
-def write_exchange(path, arrays, config=SMALL.to_dict()):
-    """A file in the exchange format that bypasses weights.save's own validation."""
+
+def write_exchange(path, arrays, config=None):
+    """A file in the exchange format that bypasses weights.save's own validation (config: SMALL's by default)."""
+    config = SMALL.to_dict() if config is None else config
     metadata = {"format": weights.FORMAT, "format_version": weights.FORMAT_VERSION, "config": json.dumps(config)}
     safetensors.numpy.save_file(arrays, str(path), metadata)
     return path
@@ -244,8 +266,10 @@ BAD_FILE_CONTENTS = {
     "missing key": (changed(drop="lm_head.bias"), r"weights are missing key\(s\) 'lm_head.bias' \(11,\)"),
     "extra key": (changed("extra", np.zeros(2, np.float32)), r"weights have unexpected key\(s\) \['extra'\]"),
     "wrong shape": (changed("lm_head.bias", np.zeros(V + 1, np.float32)), r"weights\['lm_head.bias'\] has shape \(12,\), expected \(11,\)"),
-    "transposed kernel": (changed("attn.qkv_proj.weight", transposed("attn.qkv_proj.weight")),
-                          r"weights\['attn.qkv_proj.weight'\] has shape \(24, 72\), expected \(72, 24\) \(looks transposed"),
+    "transposed kernel": (
+        changed("attn.qkv_proj.weight", transposed("attn.qkv_proj.weight")),
+        r"weights\['attn.qkv_proj.weight'\] has shape \(24, 72\), expected \(72, 24\) \(looks transposed",
+    ),
     "float16": (changed(dtype=np.float16), r"weights\['tok_emb.weight'\] has dtype float16, expected one of float32, float64"),
     "mixed dtypes": (changed("lm_head.bias", np.zeros(V, np.float64)), r"weights mix dtypes"),
 }
@@ -263,8 +287,10 @@ def test_a_file_whose_config_disagrees_with_the_requested_one(tmp_path):
     path = tmp_path / "model.safetensors"
     weights.save(path, init_weights(SMALL, 0), SMALL)
     other = ModelConfig(vocab_size=V, d_model=D, n_heads=6, max_len=L + 1)
-    with pytest.raises(ValueError, match=exactly(f"weights file {str(path)!r} was saved with a different model config: "
-                                                 f"n_heads=4 (expected 6), max_len=7 (expected 8)")):
+    with pytest.raises(
+        ValueError,
+        match=exactly(f"weights file {str(path)!r} was saved with a different model config: n_heads=4 (expected 6), max_len=7 (expected 8)"),
+    ):
         weights.load(path, expect=other)
 
 
@@ -274,13 +300,17 @@ def test_a_file_whose_metadata_config_is_invalid(tmp_path):
         weights.load(path)
 
 
-@pytest.mark.parametrize("cut, pattern", [
-    (0, r"is not a safetensors file: it is empty \(0 bytes\)"),
-    (5, r"is not a safetensors file: only 5 bytes"),
-    (8, r"is truncated: its header announces \d+ bytes but only 0 follow"),
-    (40, r"is truncated: its header announces \d+ bytes but only 32 follow"),
-    (-1, r"is truncated: its header describes more data than the file holds"),
-], ids=["empty", "in the length", "after the length", "in the header", "in the data"])
+@pytest.mark.parametrize(
+    "cut, pattern",
+    [
+        (0, r"is not a safetensors file: it is empty \(0 bytes\)"),
+        (5, r"is not a safetensors file: only 5 bytes"),
+        (8, r"is truncated: its header announces \d+ bytes but only 0 follow"),
+        (40, r"is truncated: its header announces \d+ bytes but only 32 follow"),
+        (-1, r"is truncated: its header describes more data than the file holds"),
+    ],
+    ids=["empty", "in the length", "after the length", "in the header", "in the data"],
+)
 def test_truncated_and_empty_files(tmp_path, cut, pattern):
     raw = good_bytes(tmp_path)
     path = tmp_path / "cut.safetensors"
@@ -307,7 +337,9 @@ def test_a_pickle_renamed_safetensors_is_refused_and_never_unpickled(tmp_path, k
         import torch
 
         torch.save({"tok_emb.weight": Payload(marker)}, path)  # a zip holding a pickle
-    with pytest.raises(ValueError, match=r"is not a safetensors file \(no valid header; a pickle or torch.save file is refused and never unpickled\)"):
+    with pytest.raises(
+        ValueError, match=r"is not a safetensors file \(no valid header; a pickle or torch.save file is refused and never unpickled\)"
+    ):
         weights.load(path)
     assert not marker.exists()
 
@@ -350,6 +382,7 @@ def test_a_file_in_the_wrong_dtype_for_the_run_is_refused_before_training(tmp_pa
 
 
 # --- atomic saves ---------------------------------------------------------------------------
+
 
 def test_a_weights_save_that_fails_midway_keeps_the_previous_file(tmp_path, monkeypatch):
     import shared.files
@@ -394,8 +427,7 @@ def test_an_invalid_weights_save_never_touches_the_previous_file(tmp_path):
     assert path.read_bytes() == before and os.listdir(tmp_path) == ["model.safetensors"]
 
 
-@pytest.mark.parametrize("failure", [OSError(errno.EXDEV, "Invalid cross-device link"), KeyboardInterrupt()],
-                         ids=["rename fails", "interrupted"])
+@pytest.mark.parametrize("failure", [OSError(errno.EXDEV, "Invalid cross-device link"), KeyboardInterrupt()], ids=["rename fails", "interrupted"])
 def test_a_history_save_that_fails_at_the_rename_keeps_the_previous_file(tmp_path, monkeypatch, failure):
     import shared.files
 
@@ -417,6 +449,7 @@ def test_a_history_save_that_fails_at_the_rename_keeps_the_previous_file(tmp_pat
 
 # --- the train command ----------------------------------------------------------------------
 
+
 def run_main(capsys, backend, *flags):
     """train_cli.main in this process: (exit status, stdout, stderr)."""
     try:
@@ -433,8 +466,10 @@ BAD_FLAGS = {
     "--dtype float16": (["--dtype", "float16"], r"error: argument --dtype: invalid choice: 'float16' \(choose from 'float32', 'float64'\)"),
     "--lr 0": (["--lr", "0"], r"error: argument --lr: expected a positive finite number, got 0"),
     "--heatmap-head 4": (["--heatmap-head", "4"], r"error: --heatmap-head 4 is out of range: the model has 4 heads \(0..3\)"),
-    "--save in a missing folder": (["--save", "no/such/folder/w.safetensors"],
-                                   r"error: --save 'no/such/folder/w.safetensors': folder 'no/such/folder' does not exist"),
+    "--save in a missing folder": (
+        ["--save", "no/such/folder/w.safetensors"],
+        r"error: --save 'no/such/folder/w.safetensors': folder 'no/such/folder' does not exist",
+    ),
     "--history a folder": (["--history", "."], r"error: --history '.' is a directory, expected a file name"),
 }
 
@@ -488,19 +523,31 @@ def test_a_weights_file_holding_nan_is_refused_before_the_banner(capsys, tmp_pat
     weights.save(path, arrays, config)
     status, out, err = run_main(capsys, backend_name, "--epochs", "1", "--n-sequences", "64", "--load", str(path))
     assert status == 2 and out == ""
-    assert err.splitlines()[-1].endswith(f"error: weights file {str(path)!r} holds NaN or infinite values in "
-                                         f"['pos_emb.weight']; refusing to train from it")
+    assert err.splitlines()[-1].endswith(
+        f"error: weights file {str(path)!r} holds NaN or infinite values in ['pos_emb.weight']; refusing to train from it"
+    )
 
 
 def test_as_a_command_the_errors_are_one_line_without_traceback(tmp_path):
     # the same two failures in a real process: the exit status and stderr a user sees
-    diverged = subprocess.run([sys.executable, "-m", f"{package(names('train')[0])}.train", "--quiet", *SMALL_RUN, "--lr", "1e30"],
-                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    diverged = subprocess.run(
+        [sys.executable, "-m", f"{package(names('train')[0])}.train", "--quiet", *SMALL_RUN, "--lr", "1e30"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert diverged.returncode == 1
     assert diverged.stderr.splitlines() == ["error: loss became non-finite at step 1 (epoch 1): nan; training stopped (try a smaller --lr)"]
-    bad_flags = subprocess.run([sys.executable, "-m", "shared.tools.cli", "train", "--backend", names("train")[0], "--n-heads", "5", "--d-model", "32"],
-                               cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    bad_flags = subprocess.run(
+        [sys.executable, "-m", "shared.tools.cli", "train", "--backend", names("train")[0], "--n-heads", "5", "--d-model", "32"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad_flags.returncode == 2
-    assert bad_flags.stderr.splitlines()[-1] == ("mhsa train: error: d_model=32 is not divisible by n_heads=5; "
-                                                 "d_model must be a multiple of n_heads (d_head = d_model // n_heads)")
+    assert bad_flags.stderr.splitlines()[-1] == (
+        "mhsa train: error: d_model=32 is not divisible by n_heads=5; d_model must be a multiple of n_heads (d_head = d_model // n_heads)"
+    )
     assert "Traceback" not in diverged.stderr + bad_flags.stderr

@@ -51,8 +51,12 @@ def test_cache_contents_agree_across_backends_at_every_filled_slot(dtype):
         for part in ("k", "v"):
             assert runs[reference][part][step].shape == (B, SMALL.n_heads, filled, SMALL.d_head)
             for other in others:
-                assert_close(f"cache {part.upper()} after step {step}, {other} vs {reference}", runs[other][part][step],
-                             runs[reference][part][step], tolerance("stage", dtype))
+                assert_close(
+                    f"cache {part.upper()} after step {step}, {other} vs {reference}",
+                    runs[other][part][step],
+                    runs[reference][part][step],
+                    tolerance("stage", dtype),
+                )
 
 
 def test_greedy_ids_are_identical_across_backends_and_without_the_cache():
@@ -61,8 +65,11 @@ def test_greedy_ids_are_identical_across_backends_and_without_the_cache():
     for name in GENERATORS:
         model, generate = build(name, seed=3)
         results[name] = generate.generate(model, prompt, SMALL.max_len - PROMPT)
-        np.testing.assert_array_equal(generate.generate(model, prompt, SMALL.max_len - PROMPT, use_cache=False), results[name],
-                                      err_msg=f"{name}: cached and uncached greedy ids differ")
+        np.testing.assert_array_equal(
+            generate.generate(model, prompt, SMALL.max_len - PROMPT, use_cache=False),
+            results[name],
+            err_msg=f"{name}: cached and uncached greedy ids differ",
+        )
     reference = results[GENERATORS[0]]
     assert reference.shape == (B, SMALL.max_len)
     np.testing.assert_array_equal(reference[:, :PROMPT], prompt)
@@ -76,8 +83,7 @@ def test_sampling_with_a_seed_is_reproducible_and_matches_across_cache_modes(nam
     prompt = sequence(4)[:, :2]
     first = generate.generate(model, prompt, 4, greedy=False, temperature=2.0, seed=5)
     np.testing.assert_array_equal(generate.generate(model, prompt, 4, greedy=False, temperature=2.0, seed=5), first)
-    np.testing.assert_array_equal(generate.generate(model, prompt, 4, greedy=False, temperature=2.0, seed=5, use_cache=False),
-                                  first)
+    np.testing.assert_array_equal(generate.generate(model, prompt, 4, greedy=False, temperature=2.0, seed=5, use_cache=False), first)
 
 
 @pytest.mark.parametrize("name", GENERATORS)
@@ -102,7 +108,7 @@ def test_a_prompt_of_max_len_minus_one_tokens_gets_one_more(name):
     ids = generate.generate(model, prompt, 1)
     expected = registry.get(name).model.predict(model, prompt)[:, -1].argmax(-1)
     np.testing.assert_array_equal(ids[:, -1], expected)
-    with pytest.raises(ValueError, match=exactly(f"prompt of 6 tokens plus max_new_tokens=2 is 8 positions, longer than max_len=7")):
+    with pytest.raises(ValueError, match=exactly("prompt of 6 tokens plus max_new_tokens=2 is 8 positions, longer than max_len=7")):
         generate.generate(model, prompt, 2)
 
 
@@ -113,8 +119,9 @@ def test_rows_of_a_batch_decode_as_if_alone(name):
     assert len({tuple(row) for row in prompts}) == B  # different prompts of equal length
     together = generate.generate(model, prompts, 5)
     for row in range(B):
-        np.testing.assert_array_equal(generate.generate(model, prompts[row : row + 1], 5)[0], together[row],
-                                      err_msg=f"{name}: row {row} decodes differently inside the batch")
+        np.testing.assert_array_equal(
+            generate.generate(model, prompts[row : row + 1], 5)[0], together[row], err_msg=f"{name}: row {row} decodes differently inside the batch"
+        )
 
 
 def plant_top_left_mask(monkeypatch, name):
@@ -181,8 +188,12 @@ def test_the_jax_decode_step_compiles_once_for_a_fixed_cache_size():
 
 BAD_REQUESTS = {
     "too long": (np.zeros((B, 5), np.int64), 3, ValueError, "prompt of 5 tokens plus max_new_tokens=3 is 8 positions, longer than max_len=7"),
-    "empty prompt": (np.zeros((B, 0), np.int64), 2, ValueError,
-                     "prompt is empty (shape (3, 0)); expected at least one token id in each of at least one row"),
+    "empty prompt": (
+        np.zeros((B, 0), np.int64),
+        2,
+        ValueError,
+        "prompt is empty (shape (3, 0)); expected at least one token id in each of at least one row",
+    ),
     "id too large": (np.full((B, 2), 11), 2, ValueError, "token id 11 is out of range: ids must lie in [0, 11) for vocab_size=11"),
     "negative id": (np.full((B, 2), -1), 2, ValueError, "token id -1 is out of range: ids must lie in [0, 11) for vocab_size=11"),
     "float prompt": (np.zeros((B, 2)), 2, TypeError, "tokens must be an integer array (B, T) of int32 or int64, got dtype float64"),
@@ -225,11 +236,31 @@ def test_the_generate_command_prints_the_tokens_and_the_last_tokens_attention(tm
 
     path = tmp_path / "run.safetensors"
     weights.save(path, init_weights(SMALL, 10), SMALL)
-    expected = registry.get(GENERATORS[0]).module("generate").generate(
-        registry.get(GENERATORS[0]).model.from_exchange(init_weights(SMALL, 10), SMALL), np.array([[4, 4]]), 3)
+    expected = (
+        registry.get(GENERATORS[0])
+        .module("generate")
+        .generate(registry.get(GENERATORS[0]).model.from_exchange(init_weights(SMALL, 10), SMALL), np.array([[4, 4]]), 3)
+    )
     for extra in ([], ["--no-cache"]):
-        assert main(["generate", "--backend", GENERATORS[0], "--load", str(path), "--prompt", "4,4", "--max-new-tokens", "3",
-                     "--heatmap-head", "2", *extra]) == 0
+        assert (
+            main(
+                [
+                    "generate",
+                    "--backend",
+                    GENERATORS[0],
+                    "--load",
+                    str(path),
+                    "--prompt",
+                    "4,4",
+                    "--max-new-tokens",
+                    "3",
+                    "--heatmap-head",
+                    "2",
+                    *extra,
+                ]
+            )
+            == 0
+        )
         out = capsys.readouterr().out
         assert f"tokens:    {','.join(map(str, expected[0]))}\n" in out
         assert "head 2: attention of the last token (position 4) over the context" in out

@@ -47,6 +47,7 @@ def finishes(call, seconds=10.0):
 
 # --- files that are not regular files ---------------------------------------------------------
 
+
 def special(tmp_path, kind) -> Path:
     path = tmp_path / "model.safetensors"
     if kind == "FIFO":
@@ -75,13 +76,19 @@ def test_a_fifo_a_device_or_a_folder_is_refused_at_once(tmp_path, reader, kind, 
 
 def test_train_load_of_a_fifo_exits_2_at_once(tmp_path):
     path = special(tmp_path, "FIFO")
-    done = subprocess.run([sys.executable, "-m", "shared.tools.cli", "train", "--backend", names("train")[0], "--load", str(path)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "shared.tools.cli", "train", "--backend", names("train")[0], "--load", str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2
     assert done.stderr.splitlines()[-1] == f"mhsa train: error: weights file {str(path)!r} is a FIFO, expected a regular file"
 
 
 # --- crafted safetensors headers ----------------------------------------------------------------
+
 
 def crafted(tmp_path, header: bytes, length: int | None = None, body: bytes = b"") -> Path:
     path = tmp_path / "crafted.safetensors"
@@ -165,6 +172,7 @@ def test_a_config_without_vocab_size_is_refused_not_defaulted(tmp_path):
 
 # --- outputs never overwrite inputs or each other ---------------------------------------------
 
+
 def run_main(capsys, *flags):
     try:
         status = train_cli.main(names("train")[0], ["--quiet", "--epochs", "1", "--n-sequences", "32", *flags])
@@ -173,8 +181,17 @@ def run_main(capsys, *flags):
     return status, *capsys.readouterr()
 
 
-@pytest.mark.parametrize("case", ["--history is --load", "--save is --load", "--plot is --save's companion",
-                                  "--history is a hard link to --load", "--history and --save", "--save is --resume"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "--history is --load",
+        "--save is --load",
+        "--plot is --save's companion",
+        "--history is a hard link to --load",
+        "--history and --save",
+        "--save is --resume",
+    ],
+)
 def test_an_output_colliding_with_an_input_or_another_output_is_refused_before_any_work(capsys, tmp_path, case):
     source = tmp_path / "model.safetensors"
     weights.save(source, init_weights(SMALL, 0), SMALL)
@@ -210,21 +227,28 @@ def test_heads_and_compare_refuse_a_plot_over_their_input(tmp_path, capsys):
 
 # --- sizes and integer flags --------------------------------------------------------------------
 
+
 def test_the_documented_ranges_are_the_ones_enforced():
     table = re.findall(r"^    ((?:parity )?--[a-z-]+)\s+\[(\d+), (\d+)\]", flags.__doc__, re.MULTILINE)
     assert {flag: (int(low), int(high)) for flag, low, high in table} == flags.RANGES
 
 
-@pytest.mark.parametrize("argv, pattern", [
-    (["--seed", str(2**63)], r"argument --seed: expected an integer in \[0, 4294967295\], got 9223372036854775808"),
-    (["--seed", "-1"], r"argument --seed: expected an integer in \[0, 4294967295\], got -1"),
-    (["--d-model", "100000"], r"argument --d-model: expected an integer in \[1, 65536\], got 100000"),
-    (["--n-sequences", "10000000000"], r"argument --n-sequences: expected an integer in \[1, 2147483647\], got 10000000000"),
-    (["--d-model", "65536", "--seq-len", "65536", "--n-heads", "1"],
-     r"this run needs an estimated [\d.]+ GiB of memory \(parameters .* GiB, activations .* GiB, data .* GiB\), "
-     r"more than the .* available; choose smaller sizes"),
-    (["--n-sequences", "2000000000"], r"this run needs an estimated [\d.]+ GiB of memory"),
-], ids=["seed 2**63", "seed -1", "d-model 1e5", "n-sequences 1e10", "D=T=65536", "n-sequences 2e9"])
+@pytest.mark.parametrize(
+    "argv, pattern",
+    [
+        (["--seed", str(2**63)], r"argument --seed: expected an integer in \[0, 4294967295\], got 9223372036854775808"),
+        (["--seed", "-1"], r"argument --seed: expected an integer in \[0, 4294967295\], got -1"),
+        (["--d-model", "100000"], r"argument --d-model: expected an integer in \[1, 65536\], got 100000"),
+        (["--n-sequences", "10000000000"], r"argument --n-sequences: expected an integer in \[1, 2147483647\], got 10000000000"),
+        (
+            ["--d-model", "65536", "--seq-len", "65536", "--n-heads", "1"],
+            r"this run needs an estimated [\d.]+ GiB of memory \(parameters .* GiB, activations .* GiB, data .* GiB\), "
+            r"more than the .* available; choose smaller sizes",
+        ),
+        (["--n-sequences", "2000000000"], r"this run needs an estimated [\d.]+ GiB of memory"),
+    ],
+    ids=["seed 2**63", "seed -1", "d-model 1e5", "n-sequences 1e10", "D=T=65536", "n-sequences 2e9"],
+)
 def test_sizes_out_of_range_or_too_big_to_fit_are_refused_before_allocation(capsys, argv, pattern):
     status, out, err = run_main(capsys, *argv)
     assert status == 2 and out == ""
@@ -259,11 +283,13 @@ def test_float64_weights_without_dtype_are_refused_before_the_banner_with_the_fl
 
 # --- one dtype rule for the block, in every backend ---------------------------------------------
 
+
 @pytest.mark.parametrize("dtype", ["float16", ml_dtypes.bfloat16, "float64"], ids=["float16", "bfloat16", "float64"])
 def test_an_input_in_another_dtype_than_the_block_is_refused_the_same_way_everywhere(backend, dtype):
     x = np.random.default_rng(0).standard_normal((3, 5, SMALL.d_model)).astype(dtype)
-    message = (f"attention input has dtype {np.dtype(dtype).name}, expected float32 (the block's dtype); "
-               f"convert it first, nothing is converted silently")
+    message = (
+        f"attention input has dtype {np.dtype(dtype).name}, expected float32 (the block's dtype); convert it first, nothing is converted silently"
+    )
     with pytest.raises(TypeError, match="^" + re.escape(message) + "$"):
         backend.attention(x, init_weights(SMALL, 0, "float32"), SMALL)
 
@@ -282,10 +308,17 @@ def test_an_id_equal_to_vocab_size_is_refused_by_loss_and_grads_in_every_backend
 
 # --- histories that are not histories -----------------------------------------------------------
 
-@pytest.mark.parametrize("losses, pattern", [
-    ([], r"losses is empty"), (None, r"losses must be a flat list of numbers"),
-    ([[1.0], [2.0]], r"losses must be a flat list of numbers"), (["1.0"], r"losses must be a flat list of numbers"),
-], ids=["empty", "null", "nested", "strings"])
+
+@pytest.mark.parametrize(
+    "losses, pattern",
+    [
+        ([], r"losses is empty"),
+        (None, r"losses must be a flat list of numbers"),
+        ([[1.0], [2.0]], r"losses must be a flat list of numbers"),
+        (["1.0"], r"losses must be a flat list of numbers"),
+    ],
+    ids=["empty", "null", "nested", "strings"],
+)
 def test_compare_refuses_a_history_whose_losses_are_not_numbers_in_one_line(capsys, tmp_path, losses, pattern):
     good = tmp_path / "good.json"
     History("numpy", SMALL, train_cli.TrainConfig(), [1.0], [1.0], 0.1).save(good)
@@ -301,8 +334,9 @@ def test_compare_names_every_differing_field_and_never_calls_different_inits_par
 
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     History("torch", SMALL, TrainConfig(), [2.0, 1.0], [1.5], 0.1, init="shared").save(a)
-    History("jax", SMALL.__class__(**{**SMALL.to_dict(), "attn_impl": "fused"}), TrainConfig(lr=0.02, seed=3),
-            [2.0, 1.0], [1.5], 0.1, init="native").save(b)
+    History(
+        "jax", SMALL.__class__(**{**SMALL.to_dict(), "attn_impl": "fused"}), TrainConfig(lr=0.02, seed=3), [2.0, 1.0], [1.5], 0.1, init="native"
+    ).save(b)
     assert mhsa(["compare", str(a), str(b)]) == 0
     out = capsys.readouterr().out
     assert "model_config differs: attn_impl 'explicit' vs 'fused'" in out
@@ -312,11 +346,11 @@ def test_compare_names_every_differing_field_and_never_calls_different_inits_par
 
 # --- Ctrl-C in a real process ---------------------------------------------------------------------
 
+
 def interrupted(argv, wait_for=None, delay=0.0, stream="stdout"):
     """Start argv, send SIGINT once `wait_for` appears on `stream` (or after `delay`), return
     (returncode, stdout, stderr lines other than -X importtime's)."""
-    child = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    child = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         seen = ""
         while wait_for is not None and wait_for not in seen:
@@ -328,8 +362,7 @@ def interrupted(argv, wait_for=None, delay=0.0, stream="stdout"):
         out, err = child.communicate(timeout=120)
     finally:
         child.kill()
-    lines = [line for line in (seen if stream == "stderr" else "").splitlines() + err.splitlines()
-             if not line.startswith("import time:")]
+    lines = [line for line in (seen if stream == "stderr" else "").splitlines() + err.splitlines() if not line.startswith("import time:")]
     return child.returncode, out, lines
 
 
@@ -352,7 +385,9 @@ def test_ctrl_c_later_in_python_m_impl_train_prints_one_line_and_exits_130(delay
 
 def test_ctrl_c_during_training_with_save_says_nothing_was_saved(tmp_path):
     path = tmp_path / "w.safetensors"
-    code, out, err = interrupted([sys.executable, "-m", f"{package(names('train')[0])}.train", "--quiet", "--epochs", "100000",
-                                  "--n-sequences", "64", "--save", str(path)], wait_for="epoch 1/")
+    code, out, err = interrupted(
+        [sys.executable, "-m", f"{package(names('train')[0])}.train", "--quiet", "--epochs", "100000", "--n-sequences", "64", "--save", str(path)],
+        wait_for="epoch 1/",
+    )
     assert code == 130 and err == ["interrupted: nothing was saved"], err
     assert os.listdir(tmp_path) == []

@@ -48,8 +48,7 @@ def imports(source: str, skip_main_launcher: bool) -> list[list[str]]:
             found += [[alias.name] for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.append([node.module] + [f"{node.module}.{alias.name}" for alias in node.names])
-        elif (isinstance(node, ast.Call) and ast.unparse(node.func).endswith("import_module")
-              and node.args and isinstance(node.args[0], ast.Constant)):
+        elif isinstance(node, ast.Call) and ast.unparse(node.func).endswith("import_module") and node.args and isinstance(node.args[0], ast.Constant):
             found.append([node.args[0].value])
     return found
 
@@ -89,14 +88,17 @@ def test_every_module_keeps_to_its_layer():
     assert found == [], "\n".join(found)
 
 
-@pytest.mark.parametrize("path, source, expected", [
-    ("shared/weights.py", "import torch_impl.model\n", "the contract imports implementation torch_impl.model"),
-    ("shared/config.py", "from shared.tools import registry\n", "the contract imports tool shared.tools"),
-    ("torch_impl/model.py", "from shared.tools.heatmap import ascii_heatmap\n", "an implementation imports the tool"),
-    ("jax_impl/train.py", "def f():\n    from shared.tools import cli\n", "an implementation imports the tool"),
-    ("jax_impl/model.py", "import torch_impl.attention\n", "imports another implementation"),
-    ("shared/tools/heads.py", "import importlib\nimportlib.import_module('jax_impl.model')\n", "instead of through shared.tools.registry"),
-])
+@pytest.mark.parametrize(
+    "path, source, expected",
+    [
+        ("shared/weights.py", "import torch_impl.model\n", "the contract imports implementation torch_impl.model"),
+        ("shared/config.py", "from shared.tools import registry\n", "the contract imports tool shared.tools"),
+        ("torch_impl/model.py", "from shared.tools.heatmap import ascii_heatmap\n", "an implementation imports the tool"),
+        ("jax_impl/train.py", "def f():\n    from shared.tools import cli\n", "an implementation imports the tool"),
+        ("jax_impl/model.py", "import torch_impl.attention\n", "imports another implementation"),
+        ("shared/tools/heads.py", "import importlib\nimportlib.import_module('jax_impl.model')\n", "instead of through shared.tools.registry"),
+    ],
+)
 def test_a_planted_violation_is_found(path, source, expected):
     found = violations(Path(path), source)
     assert len(found) == 1 and expected in found[0], found

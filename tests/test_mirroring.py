@@ -31,8 +31,7 @@ def module_names(package: str) -> set[str]:
 
 # every file any mirrored package has, against the reference: a file missing on one side
 # is still collected (from the other side) and fails
-PAIRS = [(PACKAGES[0], other, name) for other in PACKAGES[1:]
-         for name in sorted(set().union(*(module_names(p) for p in (PACKAGES[0], other))))]
+PAIRS = [(PACKAGES[0], other, name) for other in PACKAGES[1:] for name in sorted(set().union(*(module_names(p) for p in (PACKAGES[0], other))))]
 ASPECTS = ("sections", "signatures", "shapes")
 # a trailing comment that states a shape: `# (B, H, T, d_head)`, `# 3 x (B, T, D)`
 SHAPE_RE = re.compile(r"^#\s*(?:\d+\s*x\s*)?\(.*\)")
@@ -42,19 +41,23 @@ JAX_ONLY_BASES = {"nnx.Variable"}  # the mask is "a non-Param nnx.Variable subcl
 # what truly differs between an eager, stateful framework and a functional, compiled one:
 # name -> (torch arguments, jax arguments, why). Exact, so any further drift still fails.
 KNOWN_SIGNATURES = {
-    "grads_to_exchange": (("model",), ("grads",),
-                          "torch keeps gradients on the parameters; nnx.grad returns them as a State"),
-    "train_step": (("model", "optimizer", "x", "y"), ("graphdef", "state", "x", "y"),
-                   "torch updates model and optimizer in place; JAX threads split state through a pure function"),
-    "train_epoch": (("model", "optimizer", "batches"), ("graphdef", "state", "batches"),
-                    "as train_step"),
+    "grads_to_exchange": (("model",), ("grads",), "torch keeps gradients on the parameters; nnx.grad returns them as a State"),
+    "train_step": (
+        ("model", "optimizer", "x", "y"),
+        ("graphdef", "state", "x", "y"),
+        "torch updates model and optimizer in place; JAX threads split state through a pure function",
+    ),
+    "train_epoch": (("model", "optimizer", "batches"), ("graphdef", "state", "batches"), "as train_step"),
 }
 # per file: functions only one framework needs, by side ("left" = the reference package), with
 # why; their section and shape comments are theirs alone and are not compared
 ONE_SIDED = {
     "train": {
-        "FusedAdam": ("left", "torch.optim.Adam(fused=True) bit for bit, without the import of torch._dynamo "
-                              "every torch.optim optimizer makes; optax.adam has no such cost"),
+        "FusedAdam": (
+            "left",
+            "torch.optim.Adam(fused=True) bit for bit, without the import of torch._dynamo "
+            "every torch.optim optimizer makes; optax.adam has no such cost",
+        ),
     },
     "parallel": {
         "train_rank": ("left", "torch runs one process per rank: this is the body of each process"),
@@ -65,14 +68,17 @@ ONE_SIDED = {
 # per file: signatures that differ for the same reason as train_step's
 FILE_SIGNATURES = {
     "parallel": {
-        "train_epoch": (("model", "optimizer", "batches", "device"), ("graphdef", "state", "batches", "mesh", "shard"),
-                        "torch: in-place state, this rank's shard already chosen; JAX: split state, every shard placed on the mesh"),
+        "train_epoch": (
+            ("model", "optimizer", "batches", "device"),
+            ("graphdef", "state", "batches", "mesh", "shard"),
+            "torch: in-place state, this rank's shard already chosen; JAX: split state, every shard placed on the mesh",
+        ),
     },
 }
 JAX_ONLY_FUNCTIONS = {
     "scan_steps": "the compiled jax.lax.scan over an epoch; torch loops eagerly",
     "assign_exchange": "Flax kernels are transposed on the way in; torch's layout is the exchange layout "
-                       "(load_state_dict, and Adam's moments are used as they are)",
+    "(load_state_dict, and Adam's moments are used as they are)",
 }
 
 
@@ -160,20 +166,23 @@ def section_comments(source: str, skip=()) -> list[str]:
 
 def shape_comments(source: str, skip=()) -> list[str]:
     spans = [(first, last) for first, last, name in scopes(source) if name in skip]
-    return [text for line, text, trailing in comments(source) if trailing and SHAPE_RE.match(text)
-            and not any(first <= line <= last for first, last in spans)]
+    return [
+        text
+        for line, text, trailing in comments(source)
+        if trailing and SHAPE_RE.match(text) and not any(first <= line <= last for first, last in spans)
+    ]
 
 
 def _difference(what: str, torch_items: list, jax_items: list, names: tuple[str, str]) -> list[str]:
     if torch_items == jax_items:
         return []
-    lines = difflib.unified_diff([str(i) for i in torch_items], [str(i) for i in jax_items],
-                                 *names, lineterm="", n=1)
+    lines = difflib.unified_diff([str(i) for i in torch_items], [str(i) for i in jax_items], *names, lineterm="", n=1)
     return [f"{what} differ:"] + [f"    {line}" for line in lines]
 
 
-def mirror_problems(torch_source: str, jax_source: str, aspects=ASPECTS,
-                    names: tuple[str, str] = tuple(PACKAGES[:2]), file: str | None = None) -> list[str]:
+def mirror_problems(
+    torch_source: str, jax_source: str, aspects=ASPECTS, names: tuple[str, str] = tuple(PACKAGES[:2]), file: str | None = None
+) -> list[str]:
     """Every way the jax file drifts from the torch file; empty when they mirror. `names`
     (the two packages) name the sides in the messages; `file` (e.g. "parallel") picks the
     known one-sided functions and signatures of that file."""
@@ -184,8 +193,7 @@ def mirror_problems(torch_source: str, jax_source: str, aspects=ASPECTS,
     known = {**KNOWN_SIGNATURES, **FILE_SIGNATURES.get(file, {})}
     problems = []
     if "sections" in aspects:
-        problems += _difference("section comments", section_comments(torch_source, left_only),
-                                section_comments(jax_source, right_only), names)
+        problems += _difference("section comments", section_comments(torch_source, left_only), section_comments(jax_source, right_only), names)
     if "signatures" in aspects:
         torch_outline, jax_outline = outline(torch_source), outline(jax_source, jax=True)
         torch_outline = [(name, args) for name, args in torch_outline if _owner(name) not in left_only]
@@ -197,16 +205,12 @@ def mirror_problems(torch_source: str, jax_source: str, aspects=ASPECTS,
             elif known.get(name, (None, None))[:2] == (args, jax_names[name]):
                 continue
             elif jax_names[name] != args:
-                problems.append(f"{name} takes ({', '.join(args)}) in {left} "
-                                f"but ({', '.join(jax_names[name])}) in {right}")
-        problems += [f"{name} is in {right} only" for name, _ in jax_outline
-                     if name not in torch_names and name not in JAX_ONLY_FUNCTIONS]
+                problems.append(f"{name} takes ({', '.join(args)}) in {left} but ({', '.join(jax_names[name])}) in {right}")
+        problems += [f"{name} is in {right} only" for name, _ in jax_outline if name not in torch_names and name not in JAX_ONLY_FUNCTIONS]
         common = [name for name, _ in torch_outline if name in jax_names]
-        problems += _difference("the order of classes and functions", common,
-                                [name for name, _ in jax_outline if name in torch_names], names)
+        problems += _difference("the order of classes and functions", common, [name for name, _ in jax_outline if name in torch_names], names)
     if "shapes" in aspects:
-        problems += _difference("shape comments", shape_comments(torch_source, left_only),
-                                shape_comments(jax_source, right_only), names)
+        problems += _difference("shape comments", shape_comments(torch_source, left_only), shape_comments(jax_source, right_only), names)
     return problems
 
 
@@ -228,18 +232,19 @@ def test_there_is_something_to_mirror():
 def test_each_backend_mirrors_the_reference(reference, other, name, aspect):
     paths = [ROOT / package / f"{name}.py" for package in (reference, other)]
     missing = [str(path.relative_to(ROOT)) for path in paths if not path.exists()]
-    assert not missing, (f"{' and '.join(missing)} missing: {reference}/{name}.py and {other}/{name}.py "
-                         "mirror each other file for file (write the twin, or remove both)")
+    assert not missing, (
+        f"{' and '.join(missing)} missing: {reference}/{name}.py and {other}/{name}.py "
+        "mirror each other file for file (write the twin, or remove both)"
+    )
     sources = [path.read_text(encoding="utf-8") for path in paths]
     assert outline(sources[0]), f"{reference}/{name}.py has no public class or function to mirror"
     problems = mirror_problems(*sources, aspects=(aspect,), names=(reference, other), file=name)
-    assert not problems, (f"{reference}/{name}.py and {other}/{name}.py have drifted apart "
-                          f"(see `mhsa diff {name}`):\n" + "\n".join(problems))
+    assert not problems, f"{reference}/{name}.py and {other}/{name}.py have drifted apart (see `mhsa diff {name}`):\n" + "\n".join(problems)
 
 
 # --- the checker itself ----------------------------------------------------------------------
 
-TORCH = textwrap.dedent('''\
+TORCH = textwrap.dedent("""\
     import torch
     from torch import nn
 
@@ -264,7 +269,7 @@ TORCH = textwrap.dedent('''\
     def from_exchange(arrays, config):
         # 1. build
         return Block(**config)
-    ''')
+    """)
 
 JAX = textwrap.dedent('''\
     import jax.numpy as jnp
@@ -304,17 +309,17 @@ def test_a_faithful_mirror_passes():
 
 
 def test_the_checker_catches_every_kind_of_drift():
-    drifted = (JAX
-               .replace("# 2. split", "# 2. split into Q, K, V")  # reworded section comment
-               .replace("# 3 x (B, T, D)", "# (B, T, D) x 3")  # reworded shape comment
-               .replace("mask=None, return_weights=False)", "mask=None)")  # lost an argument
-               .replace("def from_exchange", "def load_exchange"))  # renamed public function
+    drifted = (
+        JAX.replace("# 2. split", "# 2. split into Q, K, V")  # reworded section comment
+        .replace("# 3 x (B, T, D)", "# (B, T, D) x 3")  # reworded shape comment
+        .replace("mask=None, return_weights=False)", "mask=None)")  # lost an argument
+        .replace("def from_exchange", "def load_exchange")
+    )  # renamed public function
     problems = "\n".join(mirror_problems(TORCH, drifted))
     assert "section comments differ" in problems
     assert "-Block.__call__: 2. split\n" in problems and "+Block.__call__: 2. split into Q, K, V" in problems
     assert "shape comments differ" in problems and "(B, T, D) x 3" in problems
-    assert ("Block.__call__ takes (self, x, mask, return_weights) in torch_impl but (self, x, mask) in jax_impl"
-            in problems)
+    assert "Block.__call__ takes (self, x, mask, return_weights) in torch_impl but (self, x, mask) in jax_impl" in problems
     assert "from_exchange is in torch_impl only" in problems
     assert "load_exchange is in jax_impl only" in problems
 

@@ -65,7 +65,10 @@ def test_torch_mask_is_a_buffer_not_a_parameter_and_not_saved():
     assert "attn.causal_mask" not in model.state_dict() and "attn.causal_mask" not in to_exchange(model)
     assert model.attn.causal_mask.dtype == torch.bool and not model.attn.causal_mask.requires_grad
     assert sorted(name for name, _ in model.attn.named_parameters()) == [
-        "out_proj.bias", "out_proj.weight", "qkv_proj.bias", "qkv_proj.weight",
+        "out_proj.bias",
+        "out_proj.weight",
+        "qkv_proj.bias",
+        "qkv_proj.weight",
     ]
 
 

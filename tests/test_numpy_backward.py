@@ -15,8 +15,16 @@ from tests.backends import ADAPTERS, SMALL, B, T, central_difference, names
 
 OTHERS = [name for name in names("grads") if name != "numpy"]
 # the backward pass visits the parameters in this order: read-out first, embeddings last
-BACKWARD_ORDER = ("lm_head.weight", "lm_head.bias", "attn.out_proj.weight", "attn.out_proj.bias",
-                  "attn.qkv_proj.weight", "attn.qkv_proj.bias", "pos_emb.weight", "tok_emb.weight")
+BACKWARD_ORDER = (
+    "lm_head.weight",
+    "lm_head.bias",
+    "attn.out_proj.weight",
+    "attn.out_proj.bias",
+    "attn.qkv_proj.weight",
+    "attn.qkv_proj.bias",
+    "pos_emb.weight",
+    "tok_emb.weight",
+)
 
 
 def inputs(config=SMALL, seed=0):

@@ -43,11 +43,13 @@ def test_hand_worked_t3_two_heads():
     np.testing.assert_allclose(weights[0, 1, 1], [1 / (1 + e), e / (1 + e), 0], atol=1e-15)
     z = 1 + e**3 + e**9
     np.testing.assert_allclose(weights[0, 1, 2], [1 / z, e**3 / z, e**9 / z], atol=1e-15)
-    expected_out = np.array([
-        [1.0, 0.0],
-        [(1 + 2 * e**2) / (1 + e**2), e / (1 + e)],
-        [1.0, (e**3 + 3 * e**9) / z],
-    ])  # head 0 row 1: scores [2, 4] -> weights [1, e^2] / (1 + e^2)
+    expected_out = np.array(
+        [
+            [1.0, 0.0],
+            [(1 + 2 * e**2) / (1 + e**2), e / (1 + e)],
+            [1.0, (e**3 + 3 * e**9) / z],
+        ]
+    )  # head 0 row 1: scores [2, 4] -> weights [1, e^2] / (1 + e^2)
     np.testing.assert_allclose(out[0], expected_out, atol=1e-13)
 
 

@@ -106,11 +106,11 @@ def test_a_run_moves_between_backends_and_continues_exactly(first, then, dtype, 
     assert state.step == 3 and state.epochs_done == 1
     weights.save(tmp_path / "w.safetensors", arrays, SMALL)  # through the files, as --save and --resume do
     adam_state.save(tmp_path / "w.adam.safetensors", state, SMALL)
-    resumed = registry.get(then).train.train(SMALL, train_config, init=tmp_path / "w.safetensors",
-                                             resume=adam_state.load(tmp_path / "w.adam.safetensors", SMALL))
+    resumed = registry.get(then).train.train(
+        SMALL, train_config, init=tmp_path / "w.safetensors", resume=adam_state.load(tmp_path / "w.adam.safetensors", SMALL)
+    )
     assert resumed.first_step == 3 and len(resumed.losses) == 6
-    assert_close(f"{dtype} {first} 1 epoch then {then} vs {then} throughout", resumed.losses, whole.losses[3:],
-                 tolerance("trajectory", dtype))
+    assert_close(f"{dtype} {first} 1 epoch then {then} vs {then} throughout", resumed.losses, whole.losses[3:], tolerance("trajectory", dtype))
 
 
 def test_optimizer_state_round_trips_through_the_exchange():
@@ -127,8 +127,7 @@ def test_optimizer_state_round_trips_through_the_exchange():
 
 def test_a_smaller_last_batch_is_trained_too():
     steps = []
-    history = NUMPY.train.train(SMALL, TrainConfig(epochs=2, n_sequences=70, batch_size=32),
-                                on_step=lambda step, loss: steps.append(step))
+    history = NUMPY.train.train(SMALL, TrainConfig(epochs=2, n_sequences=70, batch_size=32), on_step=lambda step, loss: steps.append(step))
     assert steps == list(range(6)) and len(history.losses) == 6  # 32 + 32 + 6 per epoch
 
 
@@ -148,13 +147,28 @@ ROOT = Path(__file__).resolve().parent.parent
 def run_cli(package, *flags, cwd):
     # this checkout's packages first, whichever copy of the project the environment has installed
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    return subprocess.run([sys.executable, "-m", f"{package}.train", *flags], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", f"{package}.train", *flags], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
 def test_cli_trains_saves_and_another_backend_resumes(tmp_path):
-    first = run_cli(NUMPY.package, "--epochs", "1", "--n-sequences", "96", "--seq-len", "6", "--vocab-size", "9",
-                    "--heatmap-head", "2", "--save", "w.safetensors", "--history", "a.json", cwd=tmp_path)
+    first = run_cli(
+        NUMPY.package,
+        "--epochs",
+        "1",
+        "--n-sequences",
+        "96",
+        "--seq-len",
+        "6",
+        "--vocab-size",
+        "9",
+        "--heatmap-head",
+        "2",
+        "--save",
+        "w.safetensors",
+        "--history",
+        "a.json",
+        cwd=tmp_path,
+    )
     assert first.returncode == 0, first.stderr
     out = first.stdout
     assert out.startswith("backend numpy\nmodel  vocab_size=9 d_model=32 n_heads=4 (d_head=8) max_len=6")
@@ -163,8 +177,9 @@ def test_cli_trains_saves_and_another_backend_resumes(tmp_path):
     data = json.loads((tmp_path / "a.json").read_text())
     assert data["backend"] == "numpy" and len(data["losses"]) == 3
     other = OTHERS[0]
-    second = run_cli(registry.get(other).package, "--epochs", "2", "--n-sequences", "96", "--resume", "w.safetensors",
-                     "--history", "b.json", cwd=tmp_path)
+    second = run_cli(
+        registry.get(other).package, "--epochs", "2", "--n-sequences", "96", "--resume", "w.safetensors", "--history", "b.json", cwd=tmp_path
+    )
     assert second.returncode == 0, second.stderr
     assert "resume after epoch 1 (step 3) of a saved run" in second.stdout
     resumed = History.load(tmp_path / "b.json")

@@ -27,8 +27,7 @@ from tests.backends import SMALL
 ROOT = Path(__file__).resolve().parent.parent
 # float64: batches of 12, 12 and a last one of 4 per epoch, each splits into 2 and into 4 shards;
 # float32: full batches only (each shape is one more XLA compilation, the bulk of this file's time)
-RUNS = {"float64": dict(epochs=2, batch_size=12, n_sequences=28, seed=3),
-        "float32": dict(epochs=2, batch_size=12, n_sequences=24, seed=3)}
+RUNS = {"float64": dict(epochs=2, batch_size=12, n_sequences=28, seed=3), "float32": dict(epochs=2, batch_size=12, n_sequences=24, seed=3)}
 JAX_DPS = {"float64": (2, 4), "float32": (2,)}  # in the subprocess; dp=1 runs in this process
 
 
@@ -56,6 +55,7 @@ def outcome(history, name):
 
 # --- the JAX side: one subprocess with 4 simulated CPU devices --------------------------------
 
+
 def jax_child(folder: str) -> None:
     """Run in the subprocess: every JAX run this file checks, written to folder/jax.npz."""
     from jax_impl import parallel
@@ -80,8 +80,7 @@ def jax_child(folder: str) -> None:
     saved = train.optimizer_to_exchange(first.optimizer, first.model, config("float64", epochs=1))
     weights.save(folder / "epoch1.safetensors", get("jax").model.to_exchange(first.model), SMALL)
     adam_state.save(adam_state.companion_path(folder / "epoch1.safetensors"), saved, SMALL)
-    out[("resumed", 4)] = outcome(train.train(SMALL, config("float64"), init=folder / "epoch1.safetensors",
-                                              resume=saved, dp=4), "jax")
+    out[("resumed", 4)] = outcome(train.train(SMALL, config("float64"), init=folder / "epoch1.safetensors", resume=saved, dp=4), "jax")
     errors = {}
     try:
         train.train(SMALL, config("float64", batch_size=16, n_sequences=32), dp=8)
@@ -99,8 +98,7 @@ def jax_started(tmp_path_factory):
     folder = tmp_path_factory.mktemp("jax_dp")
     env = dict(os.environ, PYTHONPATH=str(ROOT), XLA_FLAGS="")
     code = f"import tests.test_parallel as t; t.jax_child({str(folder)!r})"
-    process = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     yield process, folder
     if process.poll() is None:
         process.kill()
@@ -145,6 +143,7 @@ def section(torch_runs, jax_runs, dtype, dp, kind=None):
 
 # --- the mathematics equals the single-device run ---------------------------------------------
 
+
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_two_torch_ranks_and_two_jax_devices_match_their_single_device_runs_and_each_other(torch_runs, jax_runs, dtype):
     rows = section(torch_runs, jax_runs, dtype, 2)
@@ -181,6 +180,7 @@ def test_a_shard_offset_by_one_sequence_fails_the_data_parallel_rows_naming_the_
 
 # --- checkpoints are ordinary checkpoints --------------------------------------------------------
 
+
 def test_a_jax_dp2_checkpoint_resumes_at_dp4_and_in_torch_at_dp1_as_if_never_stopped(torch_runs, jax_runs):
     from torch_impl import train
 
@@ -194,13 +194,21 @@ def test_a_jax_dp2_checkpoint_resumes_at_dp4_and_in_torch_at_dp1_as_if_never_sto
 
 # --- clear errors before any work ----------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", names("dp"))
-@pytest.mark.parametrize("dp, changes, expected", [
-    (0, {}, "dp must be a positive integer, got 0"),
-    (5, {}, "batch_size=12 is not divisible by dp=5: every global batch is split into 5 equal shards"),
-    (3, {"n_sequences": 26}, "the last batch of each epoch has 2 sequences (n_sequences=26 % batch_size=12), "
-                             "not divisible by dp=3: choose n_sequences so that every batch splits into 3 equal shards"),
-])
+@pytest.mark.parametrize(
+    "dp, changes, expected",
+    [
+        (0, {}, "dp must be a positive integer, got 0"),
+        (5, {}, "batch_size=12 is not divisible by dp=5: every global batch is split into 5 equal shards"),
+        (
+            3,
+            {"n_sequences": 26},
+            "the last batch of each epoch has 2 sequences (n_sequences=26 % batch_size=12), "
+            "not divisible by dp=3: choose n_sequences so that every batch splits into 3 equal shards",
+        ),
+    ],
+)
 def test_a_split_that_cannot_be_equal_is_refused_with_one_line(name, dp, changes, expected):
     with pytest.raises(ValueError) as raised:
         get(name).train.train(SMALL, config("float32", **changes), dp=dp)
@@ -208,8 +216,10 @@ def test_a_split_that_cannot_be_equal_is_refused_with_one_line(name, dp, changes
 
 
 def test_more_devices_than_jax_has_is_refused_naming_the_flag(jax_runs):
-    assert jax_runs[1]["too many"] == ("dp=8 needs 8 devices, but only 4 are available (jax.devices() on cpu; "
-                                       "on CPU set XLA_FLAGS=--xla_force_host_platform_device_count=8 before JAX starts)")
+    assert jax_runs[1]["too many"] == (
+        "dp=8 needs 8 devices, but only 4 are available (jax.devices() on cpu; "
+        "on CPU set XLA_FLAGS=--xla_force_host_platform_device_count=8 before JAX starts)"
+    )
 
 
 def test_a_dp_that_is_not_an_int_is_a_type_error():
@@ -217,12 +227,15 @@ def test_a_dp_that_is_not_an_int_is_a_type_error():
         training.check_data_parallel(config("float32"), 2.0)
 
 
-@pytest.mark.parametrize("flags, expected", [
-    ("", "--xla_force_host_platform_device_count=4"),
-    ("--xla_cpu_foo=1", "--xla_cpu_foo=1 --xla_force_host_platform_device_count=4"),
-    ("--xla_force_host_platform_device_count=2", "--xla_force_host_platform_device_count=4"),
-    ("--xla_force_host_platform_device_count=8", "--xla_force_host_platform_device_count=8"),
-])
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        ("", "--xla_force_host_platform_device_count=4"),
+        ("--xla_cpu_foo=1", "--xla_cpu_foo=1 --xla_force_host_platform_device_count=4"),
+        ("--xla_force_host_platform_device_count=2", "--xla_force_host_platform_device_count=4"),
+        ("--xla_force_host_platform_device_count=8", "--xla_force_host_platform_device_count=8"),
+    ],
+)
 def test_prepare_asks_xla_for_at_least_dp_cpu_devices(monkeypatch, flags, expected):
     from jax_impl import parallel
 
@@ -232,6 +245,7 @@ def test_prepare_asks_xla_for_at_least_dp_cpu_devices(monkeypatch, flags, expect
 
 
 # --- a failing rank stops every rank -------------------------------------------------------------
+
 
 def test_a_rank_that_raises_stops_every_rank_with_one_message_and_no_hang(torch_runs):
     import multiprocessing

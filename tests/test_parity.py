@@ -57,8 +57,11 @@ def test_an_untransposed_kernel_is_found_at_attn_out(monkeypatch):
     import jax_impl.model
 
     # out_proj is square, so loading its weight untransposed raises nothing: only numbers show it
-    copy = faulty(jax_impl.model, '"attn.out_proj.weight": (("attn", "out_proj", "kernel"), True),',
-                  '"attn.out_proj.weight": (("attn", "out_proj", "kernel"), False),')
+    copy = faulty(
+        jax_impl.model,
+        '"attn.out_proj.weight": (("attn", "out_proj", "kernel"), True),',
+        '"attn.out_proj.weight": (("attn", "out_proj", "kernel"), False),',
+    )
     monkeypatch.setattr(jax_impl.model, "from_exchange", copy["from_exchange"])
     report, row = first_failure()
     assert (row.section, row.name, row.failing_pair()) == ("stage", "attn_out", "jax-numpy")
@@ -81,8 +84,11 @@ def test_a_mask_shifted_by_one_is_found_at_weights(monkeypatch):
     import jax_impl.model
 
     # diagonal=1: every query also sees the next key, a leak from the future
-    copy = faulty(jax_impl.attention, "CausalMask(jnp.tril(jnp.ones((max_len, max_len), dtype=bool)))",
-                  "CausalMask(jnp.tril(jnp.ones((max_len, max_len), dtype=bool), k=1))")
+    copy = faulty(
+        jax_impl.attention,
+        "CausalMask(jnp.tril(jnp.ones((max_len, max_len), dtype=bool)))",
+        "CausalMask(jnp.tril(jnp.ones((max_len, max_len), dtype=bool), k=1))",
+    )
     monkeypatch.setattr(jax_impl.model, "MultiHeadSelfAttention", copy["MultiHeadSelfAttention"])
     report, row = first_failure()
     assert (row.section, row.name, row.failing_pair()) == ("stage", "weights", "jax-numpy")
@@ -90,8 +96,7 @@ def test_a_mask_shifted_by_one_is_found_at_weights(monkeypatch):
 
 
 def test_mhsa_parity_prints_the_table_and_exits_by_the_result(capsys, monkeypatch):
-    assert mhsa(["parity", "--epochs", "0", "--samples", "1", "--n-heads", "2", "--d-model", "12",
-                 "--seq-len", "5", "--vocab-size", "7"]) == 0
+    assert mhsa(["parity", "--epochs", "0", "--samples", "1", "--n-heads", "2", "--d-model", "12", "--seq-len", "5", "--vocab-size", "7"]) == 0
     out = capsys.readouterr().out
     assert "| compared" in out and "| torch vs numpy |" in out and "PASS: all" in out
     import torch_impl.attention
@@ -99,8 +104,7 @@ def test_mhsa_parity_prints_the_table_and_exits_by_the_result(capsys, monkeypatc
 
     copy = faulty(torch_impl.attention, " * (1.0 / math.sqrt(self.d_head))", "")
     monkeypatch.setattr(torch_impl.model, "MultiHeadSelfAttention", copy["MultiHeadSelfAttention"])
-    assert mhsa(["parity", "--epochs", "0", "--samples", "1", "--n-heads", "2", "--d-model", "12",
-                 "--seq-len", "5", "--vocab-size", "7"]) == 1
+    assert mhsa(["parity", "--epochs", "0", "--samples", "1", "--n-heads", "2", "--d-model", "12", "--seq-len", "5", "--vocab-size", "7"]) == 1
     out = capsys.readouterr().out
     assert "| scores" in out and "<- the implementations part here" in out
 
@@ -115,8 +119,11 @@ def test_torch_then_jax_hand_off_matches_the_all_torch_run(dtype, tmp_path):
     first = torch_impl.train.train(DEFAULT, TrainConfig(epochs=1, dtype=dtype))
     path = tmp_path / "epoch1.safetensors"
     weights.save(path, torch_impl.model.to_exchange(first.model), DEFAULT)
-    adam_state.save(adam_state.companion_path(path),
-                    torch_impl.train.optimizer_to_exchange(first.optimizer, first.model, TrainConfig(epochs=1, dtype=dtype)), DEFAULT)
+    adam_state.save(
+        adam_state.companion_path(path),
+        torch_impl.train.optimizer_to_exchange(first.optimizer, first.model, TrainConfig(epochs=1, dtype=dtype)),
+        DEFAULT,
+    )
     resume = adam_state.load(adam_state.companion_path(path), DEFAULT)
     assert (resume.step, resume.epochs_done) == (64, 1)
     rest = jax_impl.train.train(DEFAULT, TrainConfig(dtype=dtype), init=path, resume=resume)
@@ -143,13 +150,13 @@ def test_resume_refuses_a_different_batch_stream(tmp_path):
 def test_mhsa_compare_reports_the_gap_and_plots(tmp_path, capsys):
     from shared.history import History
 
-    base = dict(backend="torch", model_config=SMALL, train_config=TrainConfig(epochs=1, n_sequences=160, batch_size=32),
-                epoch_losses=[1.0], seconds=1.0)
+    base = dict(
+        backend="torch", model_config=SMALL, train_config=TrainConfig(epochs=1, n_sequences=160, batch_size=32), epoch_losses=[1.0], seconds=1.0
+    )
     History(losses=[3.0, 2.0, 1.0, 0.5, 0.25], **base).save(tmp_path / "a.json")
     History(losses=[3.0, 2.0, 1.1], **base).save(tmp_path / "b1.json")
     History(losses=[0.5, 0.2], first_step=3, **base).save(tmp_path / "b2.json")
-    assert mhsa(["compare", str(tmp_path / "a.json"), str(tmp_path / "b1.json"), str(tmp_path / "b2.json"),
-                 "--plot", str(tmp_path / "gap.png")]) == 0
+    assert mhsa(["compare", str(tmp_path / "a.json"), str(tmp_path / "b1.json"), str(tmp_path / "b2.json"), "--plot", str(tmp_path / "gap.png")]) == 0
     out = capsys.readouterr().out
     assert "compared 5 common steps (0..4)" in out
     assert "max |A - B|  1.000e-01 at step 2" in out and "mean |A - B| 3.000e-02" in out

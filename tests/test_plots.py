@@ -198,6 +198,7 @@ def test_saved_file_gets_ordinary_permissions_not_the_temporary_0600(tmp_path):
 
 def fail_midway(fig, monkeypatch, error):
     """Make fig.savefig write half a PNG and then fail."""
+
     def savefig(file, **kwargs):
         file.write(PNG_SIGNATURE + b"\0" * 100)
         raise error

@@ -26,8 +26,7 @@ from shared.tools.port_check import (
     transfer_weights,
 )
 
-OUTPUTS = ["ln1", "attn.qkv_proj", "attn.out_proj", "attn", "ln2", "mlp.fc1", "mlp.fc2", "mlp.drop", "mlp",
-           "(model output)"]
+OUTPUTS = ["ln1", "attn.qkv_proj", "attn.out_proj", "attn", "ln2", "mlp.fc1", "mlp.fc2", "mlp.drop", "mlp", "(model output)"]
 
 
 def nnx_pair():
@@ -47,8 +46,7 @@ def first(report):
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("port", ["block", "linen_block"])
 def test_the_example_pairs_agree_at_every_output_and_gradient(dtype, port):
-    report = check_port(torch_block.block()[0], getattr(flax_block, port)()[0], torch_block.example_inputs(),
-                        dtype=dtype, grads=True)
+    report = check_port(torch_block.block()[0], getattr(flax_block, port)()[0], torch_block.example_inputs(), dtype=dtype, grads=True)
     assert report.passed, format_report(report)
     assert outputs(report) == OUTPUTS
     assert [row.name for row in report.rows if row.section == "gradient"] == list(torch_block.block()[0].state_dict())
@@ -63,8 +61,9 @@ def test_flax_layernorm_left_at_its_default_eps_is_named_by_the_lint_and_parts_i
     report = check_port(source, target, x, dtype="float64")
     assert any(finding.startswith("ln2: LayerNorm eps 1e-05 in torch, 1e-06 in jax") for finding in report.lint), report.lint
     assert first(report) == "ln2"
-    assert any("eps of 'ln2' set to torch's 1e-05" in probe and "closes the gap" in probe and "every output then agrees"
-               in probe for probe in report.probes), report.probes
+    assert any(
+        "eps of 'ln2' set to torch's 1e-05" in probe and "closes the gap" in probe and "every output then agrees" in probe for probe in report.probes
+    ), report.probes
     # a difference the numbers of this batch hide still fails the check through the lint
     target.ln2 = nnx.LayerNorm(D, epsilon=1.0001e-5, rngs=nnx.Rngs(0))
     hidden = check_port(source, target, x, dtype="float32")
@@ -88,16 +87,18 @@ def test_gelu_tanh_instead_of_erf_parts_at_the_layer_after_it_and_names_the_gelu
 
 def test_a_square_kernel_copied_without_transposing_is_named_by_the_weights_and_the_transpose_probe():
     source, target, x = nnx_pair()
-    jax_port.load_parameters(target, jax_port.parameters(target) | {
-        name: value for name, value in source.state_dict().items() if name != "attn.out_proj.weight"
-    } | {"attn.qkv_proj.weight": source.state_dict()["attn.qkv_proj.weight"].numpy()})
+    jax_port.load_parameters(
+        target,
+        jax_port.parameters(target)
+        | {name: value for name, value in source.state_dict().items() if name != "attn.out_proj.weight"}
+        | {"attn.qkv_proj.weight": source.state_dict()["attn.qkv_proj.weight"].numpy()},
+    )
     # the planted bug: a hand-written copy that forgets the transpose of one (D, D) kernel
     target.attn.out_proj.kernel[...] = jnp.asarray(source.attn.out_proj.weight.detach().numpy())
     report = check_port(source, target, x, transfer=False)
     assert [(name, "transpose" in why) for name, _, why in report.transfer.differing] == [("attn.out_proj.weight", True)]
     assert first(report) == "attn.out_proj"
-    assert any("kernel of 'attn.out_proj' transposed" in probe and "every output then agrees" in probe
-               for probe in report.probes), report.probes
+    assert any("kernel of 'attn.out_proj' transposed" in probe and "every output then agrees" in probe for probe in report.probes), report.probes
 
 
 def test_dropout_left_active_is_named_by_the_lint_and_at_the_dropout():
@@ -215,8 +216,10 @@ def test_batchnorm_momentum_and_conv_settings_are_compared_in_one_convention():
     torch_bn = {"type": "BatchNorm", **{k: v for k, v in jax_port._settings(nnx.BatchNorm(4, rngs=nnx.Rngs(0))).items()}}
     assert torch_bn["momentum"] == pytest.approx(0.01)  # Flax's default 0.99 in torch's convention
     findings = lint(source, {"bn": torch_bn, "conv": {"type": "Conv", "stride": (1,)}}, ("torch", "jax"))
-    assert findings == ["bn: BatchNorm momentum 0.1 in torch, 0.01 in jax (in torch's convention (weight of the new "
-                        "batch): torch 0.1 = Flax momentum 0.9)", "conv: Conv stride (2,) in torch, (1,) in jax"]
+    assert findings == [
+        "bn: BatchNorm momentum 0.1 in torch, 0.01 in jax (in torch's convention (weight of the new batch): torch 0.1 = Flax momentum 0.9)",
+        "conv: Conv stride (2,) in torch, (1,) in jax",
+    ]
 
 
 def test_capture_leaves_nothing_patched_even_when_the_model_raises():
@@ -241,8 +244,7 @@ def planted_eps():
 
 
 def test_the_command_exits_0_on_the_example_pair_and_1_on_a_planted_bug(capsys, tmp_path):
-    assert mhsa(["port-check", "examples.torch_block:block", "examples.flax_block:block", "--dtype", "float64",
-                 "--grads"]) == 0
+    assert mhsa(["port-check", "examples.torch_block:block", "examples.flax_block:block", "--dtype", "float64", "--grads"]) == 0
     assert "PASS: all 22 comparisons (10 outputs)" in capsys.readouterr().out
     assert mhsa(["port-check", "examples.torch_block:block", "tests.test_port_check:planted_eps", "--dtype", "float64"]) == 1
     out = capsys.readouterr().out
@@ -251,8 +253,20 @@ def test_the_command_exits_0_on_the_example_pair_and_1_on_a_planted_bug(capsys, 
     name_map = tmp_path / "map.json"
     name_map.write_text(json.dumps({"mlp": "mlp"}))
     np.save(tmp_path / "x.npy", torch_block.example_inputs(1))
-    assert mhsa(["port-check", "examples.torch_block:block", "examples.flax_block:linen_block", "--inputs",
-                 str(tmp_path / "x.npy"), "--map", str(name_map)]) == 0
+    assert (
+        mhsa(
+            [
+                "port-check",
+                "examples.torch_block:block",
+                "examples.flax_block:linen_block",
+                "--inputs",
+                str(tmp_path / "x.npy"),
+                "--map",
+                str(name_map),
+            ]
+        )
+        == 0
+    )
 
 
 def test_the_command_names_a_bad_factory_in_one_line(capsys):
@@ -274,8 +288,7 @@ def test_tinylm_through_the_generic_path_reaches_the_parity_verdict_stage_for_st
 
     source, tokens = torch_tinylm()
     report = check_port(source, jax_tinylm()[0], tokens, dtype="float32", probes=False)
-    parity = {row.name: row.diffs["torch-jax"] <= row.tol
-              for row in stage_and_gradient_rows(TINY, "float32", 0, samples=1) if row.section == "stage"}
+    parity = {row.name: row.diffs["torch-jax"] <= row.tol for row in stage_and_gradient_rows(TINY, "float32", 0, samples=1) if row.section == "stage"}
     generic = {row.name: row.passed for row in report.rows}
     both = {"qkv": "attn.qkv_proj", "attn_out": "attn.out_proj", "logits": "lm_head"}
     assert {stage: parity[stage] for stage in both} == {stage: generic[name] for stage, name in both.items()}

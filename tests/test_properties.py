@@ -25,8 +25,9 @@ JITTED = [name for name in OTHERS if "jit" in registry.get(name).supports]
 
 
 def examples(n):
-    return settings(max_examples=n, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    return settings(
+        max_examples=n, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+    )
 
 
 # B, T, H, d_head, V, dtype for the compiled backends: odd and distinct, one per dtype

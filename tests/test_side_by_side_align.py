@@ -70,13 +70,12 @@ def test_strings_and_continuation_lines_are_not_boundaries():
             return a + b
         ''')
     sections = split_sections(lines(source))
-    assert [(s.kind, s.title) for s in sections] == [
-        ("preamble", "preamble"), ("def", "def long_signature"), ("step", "1. real")]
+    assert [(s.kind, s.title) for s in sections] == [("preamble", "preamble"), ("def", "def long_signature"), ("step", "1. real")]
     assert sections[1].lines[-1] == '"""'  # the string's last line, at column 0
 
 
 def test_decorators_and_comments_above_a_definition_belong_to_it():
-    source = textwrap.dedent('''\
+    source = textwrap.dedent("""\
         import functools
 
         # compiled once per shape
@@ -90,7 +89,7 @@ def test_decorators_and_comments_above_a_definition_belong_to_it():
             @property
             def size(self):
                 return 1
-        ''')
+        """)
     sections = split_sections(lines(source))
     assert [(s.kind, s.title, s.start) for s in sections] == [
         ("preamble", "preamble", 1),
@@ -110,8 +109,7 @@ def test_sections_pair_by_comment_text_and_forward_pairs_with_call():
     titles = [(left and left.title, right and right.title) for left, right in pairs]
     assert ("def MultiHeadSelfAttention.forward", "def MultiHeadSelfAttention.__call__") in titles
     assert (None, "class CausalMask") in titles  # only in the flax file: against an empty column
-    for title in ("1. project: one matmul makes Q, K and V", "4. mask: no query may see a later key",
-                  "6. merge heads"):
+    for title in ("1. project: one matmul makes Q, K and V", "4. mask: no query may see a later key", "6. merge heads"):
         assert (title, title) in titles
     assert all(left is None or right is None or left.key == right.key for left, right in pairs)
 
@@ -153,8 +151,7 @@ def test_fixture_rows():
     assert by_left["        super().__init__()"].kind == "left-only"
     # nothing is lost: each side's rows are that whole file, in order
     for side, text in (("left", TORCH), ("right", FLAX)):
-        numbers = [getattr(row, f"{side}_lineno") for row in rows
-                   if row.kind != "section" and getattr(row, side) is not None]
+        numbers = [getattr(row, f"{side}_lineno") for row in rows if row.kind != "section" and getattr(row, side) is not None]
         assert numbers == list(range(1, len(lines(text)) + 1))
 
 
@@ -193,31 +190,30 @@ def test_changed_lines_mark_the_words_that_differ():
 
 def test_numpy_functions_pair_their_steps_with_the_torch_method():
     pairs = pair_sections(split_sections(lines(NUMPY)), split_sections(lines(TORCH)))
-    steps = [(left.title, right.title) for left, right in pairs
-             if left is not None and right is not None and left.kind == "step"]
+    steps = [(left.title, right.title) for left, right in pairs if left is not None and right is not None and left.kind == "step"]
     torch_steps = [s.title for s in split_sections(lines(TORCH)) if s.kind == "step"]
     assert len(torch_steps) == 6
     assert steps == [(title, title) for title in torch_steps]  # every step, in order
     # scopes differ (function `attention`, method `MultiHeadSelfAttention.forward`): still paired
     assert {(left.scope, right.scope) for left, right in pairs if left and right and left.kind == "step"} == {
-        ("attention", "MultiHeadSelfAttention.forward")}
+        ("attention", "MultiHeadSelfAttention.forward")
+    }
     rows = rows_of(lines(NUMPY), lines(TORCH))
     by_left = {row.left: row for row in rows if row.kind != "section" and row.left}
     assert by_left["    # 5. softmax over keys"].right == "        # 5. softmax over keys"
-    assert by_left["    scores = np.where(allowed, scores, -np.inf)"].right == (
-        '        scores = scores.masked_fill(~allowed, float("-inf"))')
+    assert by_left["    scores = np.where(allowed, scores, -np.inf)"].right == ('        scores = scores.masked_fill(~allowed, float("-inf"))')
 
 
 def test_a_step_pair_outweighs_the_order_of_definitions():
     # the class first in one file, the function with the steps first in the other: the
     # steps pair (they are what a reader compares), the wrapping class goes one-sided
-    numpy = NUMPY + textwrap.dedent('''\
+    numpy = NUMPY + textwrap.dedent("""\
 
 
         class MultiHeadSelfAttention:
             def __call__(self, x):
                 return attention(x, self.params, self.n_heads)
-        ''')
+        """)
     pairs = pair_sections(split_sections(lines(numpy)), split_sections(lines(TORCH)))
     paired = [(left.title, right.title) for left, right in pairs if left and right]
     assert ("6. merge heads", "6. merge heads") in paired

@@ -45,13 +45,11 @@ def test_plain_output_when_piped(repo, capsys):
     assert "torch_impl/attention.py" in text_lines[0] and "jax_impl/attention.py" in text_lines[0]
     assert any(re.search(r"## 1\. project: one matmul makes Q, K and V +=", line) for line in text_lines)
     assert any(re.search(r"## \(not in torch_impl\) += +## class CausalMask", line) for line in text_lines)
-    markers = {line[columns([], 100)[0] + 1 + columns([], 100)[1] + 1]
-               for line in text_lines[1:-2] if line.strip()}
+    markers = {line[columns([], 100)[0] + 1 + columns([], 100)[1] + 1] for line in text_lines[1:-2] if line.strip()}
     assert markers == {"|", "*", "<", ">", "="}
     assert CONTINUED in out  # the long register_buffer line is wrapped visibly, not dropped
     assert "persistent=False)" in out
     assert "sections" in text_lines[-1] and "changed" in text_lines[-1]
-
 
 
 def test_html_page_is_self_contained_with_an_index(repo, tmp_path, capsys):
@@ -65,8 +63,7 @@ def test_html_page_is_self_contained_with_an_index(repo, tmp_path, capsys):
     for external in ("http://", "https://", "src=", "<link", "@import", "url(", "<script"):
         assert external not in page
     assert "<style>" in page
-    for left, right in ((left, right) for left, right in pair_sections(
-            split_sections(lines(TORCH)), split_sections(lines(FLAX)))):
+    for left, right in ((left, right) for left, right in pair_sections(split_sections(lines(TORCH)), split_sections(lines(FLAX)))):
         title = (left or right).title
         assert re.search(rf'<a href="#s\d+">[^<]*{re.escape(html.escape(title))}', page), title
     anchors = re.findall(r'<a href="#(s\d+)">', page)
@@ -76,7 +73,6 @@ def test_html_page_is_self_contained_with_an_index(repo, tmp_path, capsys):
     assert '<td class="ln l">21</td>' in page  # line numbers
     assert 'class="k"' in page  # pygments token classes, styled by the embedded stylesheet
     assert "td.code .k {" in page
-
 
 
 def test_unknown_name_is_a_usage_error(capsys):
@@ -142,8 +138,7 @@ def test_the_real_numpy_reference_lines_up_with_each_framework(capsys):
     numpy_file = root / registry.get("numpy").package / "attention.py"
     assert numpy_file.is_file(), f"{numpy_file} is missing"
     for framework in (LEFT, RIGHT):
-        assert cli.main(["diff", "attention", "--left", "numpy", "--right", framework,
-                         "--width", "400", "--color", "never"]) == 0
+        assert cli.main(["diff", "attention", "--left", "numpy", "--right", framework, "--width", "400", "--color", "never"]) == 0
         out = capsys.readouterr().out
         steps = re.findall(r"^ +## (\d+\. [^=]*?) += +## (\d+\. .*)$", out, re.MULTILINE)
         numbered = [left.strip() for left, right in steps if left.strip() == right.strip()]

@@ -18,10 +18,10 @@ LABELS = ("pytorch", "flax")  # what the summary, the legend and the badges call
 def test_wrap_keeps_every_character_and_marks_the_cut():
     text = "x = some_function(argument_one, argument_two, argument_three)  # (B, H, T, d_head)"
     pieces = wrap(text, 20)
-    assert "".join(text[p.begin:p.end] for p in pieces) == text
+    assert "".join(text[p.begin : p.end] for p in pieces) == text
     assert [p.more for p in pieces] == [True] * (len(pieces) - 1) + [False]
     # every screen line fits, its continuation mark included
-    assert all(cell_width(p.lead + text[p.begin:p.end]) <= 20 for p in pieces)
+    assert all(cell_width(p.lead + text[p.begin : p.end]) <= 20 for p in pieces)
     assert [p.lead.endswith(CONTINUED) for p in pieces] == [False] + [True] * (len(pieces) - 1)
     assert wrap("", 20) == [Piece(0, 0, False)]
 
@@ -30,15 +30,18 @@ IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
 
 
 @pytest.mark.parametrize("width", [12, 17, 20, 23, 31, 40])
-@pytest.mark.parametrize("text", [
-    "x = some_function(argument_one, argument_two, argument_three)  # (B, H, T, d_head)",
-    "        weights = weights.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)",
-    "        q = q * (1.0 / math.sqrt(self.d_head))  # scaling Q is T / d_head times cheaper than scaling the scores",
-    "self.register_buffer(\"causal_mask\",torch.tril(torch.ones(max_len,max_len,dtype=torch.bool)),persistent=False)",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "x = some_function(argument_one, argument_two, argument_three)  # (B, H, T, d_head)",
+        "        weights = weights.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)",
+        "        q = q * (1.0 / math.sqrt(self.d_head))  # scaling Q is T / d_head times cheaper than scaling the scores",
+        'self.register_buffer("causal_mask",torch.tril(torch.ones(max_len,max_len,dtype=torch.bool)),persistent=False)',
+    ],
+)
 def test_wrapping_never_splits_an_identifier(text, width):
     pieces = wrap(text, width)
-    assert "".join(text[p.begin:p.end] for p in pieces) == text
+    assert "".join(text[p.begin : p.end] for p in pieces) == text
     assert len(pieces) > 1
     cuts = {p.end for p in pieces[:-1]}
     for match in IDENTIFIER.finditer(text):
@@ -50,8 +53,8 @@ def test_wrapping_never_splits_an_identifier(text, width):
 def test_a_name_wider_than_the_column_is_still_cut_and_kept():
     text = "x = " + "a_very_long_identifier_name" * 2
     pieces = wrap(text, 16)
-    assert "".join(text[p.begin:p.end] for p in pieces) == text
-    assert all(cell_width(p.lead + text[p.begin:p.end]) <= 16 for p in pieces)
+    assert "".join(text[p.begin : p.end] for p in pieces) == text
+    assert all(cell_width(p.lead + text[p.begin : p.end]) <= 16 for p in pieces)
 
 
 def test_continuation_lines_are_marked_and_hang_at_the_indent():
@@ -61,9 +64,9 @@ def test_continuation_lines_are_marked_and_hang_at_the_indent():
     line = next(line for line in out.splitlines() if "self.register_buffer(" in line)
     after = out.splitlines()[out.splitlines().index(line) + 1]
     assert after[:nw].strip() == ""  # no line number on a continuation
-    assert after[nw + 1:].lstrip().startswith(CONTINUED)
-    indent = len(line[nw + 1:]) - len(line[nw + 1:].lstrip())
-    assert after[nw + 1:].index(CONTINUED) == indent  # hangs where the code starts
+    assert after[nw + 1 :].lstrip().startswith(CONTINUED)
+    indent = len(line[nw + 1 :]) - len(line[nw + 1 :].lstrip())
+    assert after[nw + 1 :].index(CONTINUED) == indent  # hangs where the code starts
     assert "…" not in out  # nothing reads as cut off
     assert re.search(r"\d+ pytorch only, \d+ flax only$", out.splitlines()[-1])  # the labels name the sides
 
@@ -74,8 +77,7 @@ def test_colour_on_a_terminal():
     rows = rows_of(lines(TORCH), lines(FLAX))
     buffer = StringIO()
     console = Console(file=buffer, force_terminal=True, color_system="truecolor", width=140)
-    render_rich.render_rich(rows, console, 140, "torch_impl/attention.py", "jax_impl/attention.py",
-                            lines(TORCH), lines(FLAX))
+    render_rich.render_rich(rows, console, 140, "torch_impl/attention.py", "jax_impl/attention.py", lines(TORCH), lines(FLAX))
     out = buffer.getvalue()
     assert ANSI.search(out)
     plain = re.sub(r"\x1b\[[0-9;]*m", "", out)

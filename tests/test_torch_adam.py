@@ -36,8 +36,7 @@ def test_fused_adam_equals_torch_adam_bit_for_bit(dtype):
 
     config = TrainConfig(lr=0.05, betas=(0.8, 0.99), eps=1e-6)
     ours, optimizer = steps(lambda params: FusedAdam(params, config.lr, config.betas, config.eps), dtype)
-    theirs, reference = steps(lambda params: torch.optim.Adam(params, lr=config.lr, betas=config.betas, eps=config.eps,
-                                                              fused=True), dtype)
+    theirs, reference = steps(lambda params: torch.optim.Adam(params, lr=config.lr, betas=config.betas, eps=config.eps, fused=True), dtype)
     for step, (a, b) in enumerate(zip(ours, theirs, strict=True)):
         assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True)), f"step {step}: the weights differ"
     for mine, its in zip(optimizer.state.values(), reference.state.values(), strict=True):
@@ -53,8 +52,10 @@ def test_a_wrong_formula_would_be_caught():
 
 
 def test_the_default_run_never_imports_torch_dynamo():
-    code = ("import sys; from shared.config import ModelConfig, TrainConfig; import torch_impl.train as t; "
-            "t.train(ModelConfig(), TrainConfig(epochs=1, n_sequences=64)); print('torch._dynamo' in sys.modules)")
+    code = (
+        "import sys; from shared.config import ModelConfig, TrainConfig; import torch_impl.train as t; "
+        "t.train(ModelConfig(), TrainConfig(epochs=1, n_sequences=64)); print('torch._dynamo' in sys.modules)"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"

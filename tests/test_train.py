@@ -24,8 +24,7 @@ def trainer(name):
 
 
 def run_cli(backend, *flags, cwd):
-    return subprocess.run([sys.executable, "-m", f"{package(backend)}.train", *flags],
-                          cwd=cwd, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", f"{package(backend)}.train", *flags], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +40,7 @@ def default_runs(tmp_path_factory):
 
 
 def test_default_run_learns_the_copy_task(default_runs):
-    for backend, (result, history, _) in default_runs.items():
+    for backend, (_, history, _) in default_runs.items():
         assert abs(history.losses[0] - np.log(64)) < 0.1, backend  # starts at chance, log(64) = 4.16
         assert history.epoch_losses[-1] < 0.1, backend
         assert len(history.losses) == 3 * 64 and len(history.epoch_losses) == 3
@@ -51,8 +50,12 @@ def test_default_float32_trajectories_agree_at_every_step(default_runs):
     first, *others = TRAINERS
     assert others, "at least two trainers to compare"
     for other in others:
-        assert_close(f"float32 loss trajectory {other} vs {first}", default_runs[other][1].losses,
-                     default_runs[first][1].losses, tolerance("trajectory", "float32"))
+        assert_close(
+            f"float32 loss trajectory {other} vs {first}",
+            default_runs[other][1].losses,
+            default_runs[first][1].losses,
+            tolerance("trajectory", "float32"),
+        )
 
 
 def test_cli_output_and_history_schema_are_the_same_for_both_backends(default_runs):
@@ -101,8 +104,7 @@ def test_in_process_trajectories_agree(dtype):
 @pytest.mark.parametrize("backend", TRAINERS)
 def test_a_smaller_last_batch_is_trained_too(backend):
     steps = []
-    history = trainer(backend).train(SMALL, TrainConfig(epochs=2, n_sequences=70, batch_size=32),
-                                     on_step=lambda step, loss: steps.append(step))
+    history = trainer(backend).train(SMALL, TrainConfig(epochs=2, n_sequences=70, batch_size=32), on_step=lambda step, loss: steps.append(step))
     assert steps == list(range(6)) and len(history.losses) == 6  # 32 + 32 + 6 per epoch
 
 
@@ -137,12 +139,27 @@ def test_a_nan_in_the_weights_stops_training_at_step_0(backend, tmp_path):
 
 @pytest.mark.parametrize("backend", TRAINERS)
 def test_cli_save_then_load_continues_from_the_saved_weights(backend, tmp_path):
-    first = run_cli(backend, "--epochs", "1", "--n-sequences", "128", "--seq-len", "6", "--vocab-size", "9",
-                    "--save", "w.safetensors", "--history", "a.json", "--heatmap-head", "3", cwd=tmp_path)
+    first = run_cli(
+        backend,
+        "--epochs",
+        "1",
+        "--n-sequences",
+        "128",
+        "--seq-len",
+        "6",
+        "--vocab-size",
+        "9",
+        "--save",
+        "w.safetensors",
+        "--history",
+        "a.json",
+        "--heatmap-head",
+        "3",
+        cwd=tmp_path,
+    )
     assert first.returncode == 0, first.stderr
     assert "head 3 of 4" in first.stdout and "saved weights to w.safetensors" in first.stdout
-    second = run_cli(backend, "--epochs", "1", "--n-sequences", "128", "--load", "w.safetensors",
-                     "--history", "b.json", cwd=tmp_path)
+    second = run_cli(backend, "--epochs", "1", "--n-sequences", "128", "--load", "w.safetensors", "--history", "b.json", cwd=tmp_path)
     assert second.returncode == 0, second.stderr
     assert "max_len=6" in second.stdout and "init=w.safetensors" in second.stdout
     a, b = History.load(tmp_path / "a.json"), History.load(tmp_path / "b.json")
@@ -152,7 +169,11 @@ def test_cli_save_then_load_continues_from_the_saved_weights(backend, tmp_path):
 
 
 def test_mhsa_train_runs_a_backend(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "shared.tools.cli", "train", "--backend", TRAINERS[0], "--epochs", "1",
-                             "--n-sequences", "64", "--n-heads", "8"], cwd=tmp_path, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "shared.tools.cli", "train", "--backend", TRAINERS[0], "--epochs", "1", "--n-sequences", "64", "--n-heads", "8"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
     assert "n_heads=8 (d_head=4)" in result.stdout and "epoch 1/1" in result.stdout

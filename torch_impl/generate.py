@@ -74,8 +74,16 @@ def generate(model, prompt, max_new_tokens, *, greedy=True, temperature=1.0, see
     """
     prompt = np.asarray(prompt)
     config = model.config
-    checks.check_generate(prompt.shape, prompt.dtype.name, config.vocab_size, config.max_len, max_new_tokens,
-                          *((prompt.min(), prompt.max()) if prompt.size else (None, None)), greedy, temperature)
+    checks.check_generate(
+        prompt.shape,
+        prompt.dtype.name,
+        config.vocab_size,
+        config.max_len,
+        max_new_tokens,
+        *((prompt.min(), prompt.max()) if prompt.size else (None, None)),
+        greedy,
+        temperature,
+    )
     rng = np.random.default_rng(seed)
     cache = new_cache(model, prompt.shape[0]) if use_cache else None
     tokens = prompt  # (B, P)

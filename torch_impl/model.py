@@ -22,8 +22,7 @@ class TinyLM(nn.Module):
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model, dtype=DTYPES[dtype])
         self.pos_emb = nn.Embedding(config.max_len, config.d_model, dtype=DTYPES[dtype])
-        self.attn = MultiHeadSelfAttention(config.d_model, config.n_heads, config.max_len, config.bias, dtype=dtype,
-                                           attn_impl=config.attn_impl)
+        self.attn = MultiHeadSelfAttention(config.d_model, config.n_heads, config.max_len, config.bias, dtype=dtype, attn_impl=config.attn_impl)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=config.bias, dtype=DTYPES[dtype])
 
     def forward(self, tokens, mask=None, return_weights=False, trace=None, cache=None):
@@ -32,14 +31,16 @@ class TinyLM(nn.Module):
         With a KV cache (torch_impl.generate.KVCache) the tokens sit at positions p..p+T-1,
         p = cache.length, and the cache is extended by them; S = max_len (T without a cache)."""
         checks.check_tokens(
-            tuple(tokens.shape), str(tokens.dtype), self.config.vocab_size, self.config.max_len,
+            tuple(tokens.shape),
+            str(tokens.dtype),
+            self.config.vocab_size,
+            self.config.max_len,
             *_id_range(tokens),
         )
         B, T = tokens.shape
         start = 0 if cache is None else cache.length  # p: positions continue after the cached ones
         if cache is not None:
-            checks.check_cache(B, str(self.tok_emb.weight.dtype), cache.k.shape[0], str(cache.k.dtype), start, T,
-                               self.config.max_len)
+            checks.check_cache(B, str(self.tok_emb.weight.dtype), cache.k.shape[0], str(cache.k.dtype), start, T, self.config.max_len)
 
         # 1. embed: token identity plus learned position
         positions = torch.arange(start, start + T, device=tokens.device)  # (T,)

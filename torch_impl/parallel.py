@@ -57,8 +57,7 @@ def devices(dp):
     return None, "CPU processes"
 
 
-def train(model_config: ModelConfig, train_config: TrainConfig, dp, init="shared", on_step=None, resume=None,
-          *, shard=shard) -> History:
+def train(model_config: ModelConfig, train_config: TrainConfig, dp, init="shared", on_step=None, resume=None, *, shard=shard) -> History:
     """torch_impl.train.train over dp ranks; returns the same History (the model and Adam
     rebuilt in this process from rank 0's final state: ordinary objects, saved as usual).
 
@@ -80,9 +79,10 @@ def train(model_config: ModelConfig, train_config: TrainConfig, dp, init="shared
         context.set_forkserver_preload(PRELOAD)
     results = context.Queue()
     port = free_port()
-    ranks = [context.Process(target=_run_rank, daemon=True,
-                             args=(rank, dp, port, model_config, train_config, init, resume, shard, results))
-             for rank in range(dp)]
+    ranks = [
+        context.Process(target=_run_rank, daemon=True, args=(rank, dp, port, model_config, train_config, init, resume, shard, results))
+        for rank in range(dp)
+    ]
     for rank in ranks:
         rank.start()
 
@@ -144,8 +144,7 @@ def train_rank(rank, dp, model_config: ModelConfig, train_config: TrainConfig, i
 
 def train_epoch(model, optimizer, batches, device):
     """Every step of one epoch on this rank's shards; returns the per-step losses (steps,)."""
-    losses = [train_step(model, optimizer, torch.from_numpy(x).to(device), torch.from_numpy(y).to(device))
-              for x, y in batches]
+    losses = [train_step(model, optimizer, torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)) for x, y in batches]
     return torch.stack(losses)
 
 
@@ -205,4 +204,3 @@ def _stop(ranks, wait: bool) -> None:
         if process.is_alive():
             process.kill()
             process.join()
-

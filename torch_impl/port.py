@@ -67,8 +67,14 @@ def _settings(module) -> dict:
         return {"approximate": module.approximate}
     if kind == "Conv":
         padding = module.padding.upper() if isinstance(module.padding, str) else tuple((p, p) for p in module.padding)
-        return {"bias": module.bias is not None, "stride": tuple(module.stride), "padding": padding,
-                "dilation": tuple(module.dilation), "groups": module.groups, "kernel_size": tuple(module.kernel_size)}
+        return {
+            "bias": module.bias is not None,
+            "stride": tuple(module.stride),
+            "padding": padding,
+            "dilation": tuple(module.dilation),
+            "groups": module.groups,
+            "kernel_size": tuple(module.kernel_size),
+        }
     if kind == "Embedding":
         return {"padding_idx": module.padding_idx}
     return {}
@@ -77,8 +83,7 @@ def _settings(module) -> dict:
 def parameters(model) -> dict[str, np.ndarray]:
     """Every floating-point parameter and persistent buffer (BatchNorm's running statistics), named
     and laid out as in state_dict: the neutral form itself."""
-    return {name: value.detach().cpu().numpy().copy() for name, value in model.state_dict().items()
-            if value.is_floating_point()}
+    return {name: value.detach().cpu().numpy().copy() for name, value in model.state_dict().items() if value.is_floating_point()}
 
 
 def load_parameters(model, arrays: dict):
@@ -119,16 +124,14 @@ def _flatten(path, output) -> list[tuple[str, np.ndarray]]:
     if isinstance(output, torch.Tensor):
         return [(path, output.detach().cpu().numpy().copy())]
     if isinstance(output, (tuple, list)):
-        return [(f"{path}[{i}]", value.detach().cpu().numpy().copy()) for i, value in enumerate(output)
-                if isinstance(value, torch.Tensor)]
+        return [(f"{path}[{i}]", value.detach().cpu().numpy().copy()) for i, value in enumerate(output) if isinstance(value, torch.Tensor)]
     return []
 
 
 def _tensors(model, inputs) -> list[torch.Tensor]:
     # floating inputs take the model's dtype, integer ones (token ids) stay as they are
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    return [torch.as_tensor(x, dtype=dtype) if np.issubdtype(np.asarray(x).dtype, np.floating) else torch.as_tensor(x)
-            for x in inputs]
+    return [torch.as_tensor(x, dtype=dtype) if np.issubdtype(np.asarray(x).dtype, np.floating) else torch.as_tensor(x) for x in inputs]
 
 
 def gradients(model, inputs: tuple) -> dict[str, np.ndarray]:
@@ -138,8 +141,7 @@ def gradients(model, inputs: tuple) -> dict[str, np.ndarray]:
     output = model(*_tensors(model, inputs))
     outputs = output if isinstance(output, (tuple, list)) else (output,)
     sum(value.sum() for value in outputs if isinstance(value, torch.Tensor) and value.is_floating_point()).backward()
-    grads = {name: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().cpu().numpy().copy()
-             for name, p in model.named_parameters()}
+    grads = {name: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().cpu().numpy().copy() for name, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
     return grads
 

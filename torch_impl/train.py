@@ -41,8 +41,7 @@ def train_epoch(model, optimizer, batches):
     return torch.stack(losses).numpy()
 
 
-def train(model_config: ModelConfig, train_config: TrainConfig, init="shared", on_step=None, resume=None,
-          dp=1) -> History:
+def train(model_config: ModelConfig, train_config: TrainConfig, init="shared", on_step=None, resume=None, dp=1) -> History:
     """Train from `init` ("shared", "native" or a weights file); returns the History with the
     model and optimizer.
 
@@ -113,9 +112,21 @@ class FusedAdam:
         steps = [state["step"] for state in states]
         torch._foreach_add_(steps, 1)  # the step count first: bias correction uses the new one
         torch._fused_adam_(
-            params, [parameter.grad for parameter in params], [state["exp_avg"] for state in states],
-            [state["exp_avg_sq"] for state in states], [], steps, amsgrad=False, lr=self.lr, beta1=self.betas[0],
-            beta2=self.betas[1], weight_decay=0.0, eps=self.eps, maximize=False, grad_scale=None, found_inf=None,
+            params,
+            [parameter.grad for parameter in params],
+            [state["exp_avg"] for state in states],
+            [state["exp_avg_sq"] for state in states],
+            [],
+            steps,
+            amsgrad=False,
+            lr=self.lr,
+            beta1=self.betas[0],
+            beta2=self.betas[1],
+            weight_decay=0.0,
+            eps=self.eps,
+            maximize=False,
+            grad_scale=None,
+            found_inf=None,
         )
 
 

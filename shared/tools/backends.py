@@ -25,8 +25,7 @@ class Adapter:
 
     def forward(self, tokens, arrays, config, mask=None, return_weights=False, trace=None):
         """tokens (B, T) -> logits (B, T, V), or (logits, weights (B, H, T, T))."""
-        return self.backend.model.predict(self.model(arrays, config), tokens, mask=mask, return_weights=return_weights,
-                                          trace=trace)
+        return self.backend.model.predict(self.model(arrays, config), tokens, mask=mask, return_weights=return_weights, trace=trace)
 
     def attention(self, x, arrays, config, mask=None, return_weights=False):
         """x (B, T, D) -> (B, T, D), or (out, weights): the block alone."""

@@ -19,8 +19,7 @@ def benchmarks_folder() -> Path:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("which", nargs="?", choices=["all", *SCRIPTS], default="all",
-                        help="which benchmark to run (default: all)")
+    parser.add_argument("which", nargs="?", choices=["all", *SCRIPTS], default="all", help="which benchmark to run (default: all)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes and few runs: seconds, checks that they run")
     parser.add_argument("--repeats", type=int, help="runs per median (default 7, 3 with --quick)")
 
@@ -30,9 +29,11 @@ def run(args) -> int:
     names = list(SCRIPTS) if args.which == "all" else [args.which]
     missing = [SCRIPTS[name] for name in names if not (folder / SCRIPTS[name]).is_file()]
     if missing:
-        print(f"mhsa bench: {', '.join(missing)} not found in {folder}; the benchmarks live in the "
-              "repository's benchmarks/ folder, which is not installed with the package: run it from a checkout",
-              file=sys.stderr)
+        print(
+            f"mhsa bench: {', '.join(missing)} not found in {folder}; the benchmarks live in the "
+            "repository's benchmarks/ folder, which is not installed with the package: run it from a checkout",
+            file=sys.stderr,
+        )
         return 1
     argv = (["--quick"] if args.quick else []) + (["--repeats", str(args.repeats)] if args.repeats else [])
     sys.path.insert(0, str(folder))  # the scripts import bench_common beside them

@@ -43,22 +43,33 @@ def join(parts: list[History]) -> History:
     parts = sorted(parts, key=lambda part: part.first_step)
     for before, after in zip(parts, parts[1:]):
         if before.first_step + len(before.losses) != after.first_step:
-            raise ValueError(f"cannot join: one part ends at step {before.first_step + len(before.losses) - 1}, "
-                             f"the next starts at step {after.first_step}")
+            raise ValueError(
+                f"cannot join: one part ends at step {before.first_step + len(before.losses) - 1}, the next starts at step {after.first_step}"
+            )
     joined = parts[0]
     if len(parts) == 1:
         return joined
-    return History("+".join(part.backend for part in parts), joined.model_config, parts[-1].train_config,
-                   [loss for part in parts for loss in part.losses], [loss for part in parts for loss in part.epoch_losses],
-                   sum(part.seconds for part in parts), first_step=joined.first_step,
-                   init=joined.init, source=joined.source, source_sha256=joined.source_sha256)
+    return History(
+        "+".join(part.backend for part in parts),
+        joined.model_config,
+        parts[-1].train_config,
+        [loss for part in parts for loss in part.losses],
+        [loss for part in parts for loss in part.epoch_losses],
+        sum(part.seconds for part in parts),
+        first_step=joined.first_step,
+        init=joined.init,
+        source=joined.source,
+        source_sha256=joined.source_sha256,
+    )
 
 
 def describe(history: History, path) -> str:
     m, t = history.model_config, history.train_config
-    return (f"{path}: {history.backend}, {t.dtype}, H={m.n_heads} D={m.d_model} T={m.max_len} V={m.vocab_size}, "
-            f"seed {t.seed}, lr {t.lr:g}, steps {history.first_step}..{history.first_step + len(history.losses) - 1}, "
-            f"final loss {history.final_loss:.6g}")
+    return (
+        f"{path}: {history.backend}, {t.dtype}, H={m.n_heads} D={m.d_model} T={m.max_len} V={m.vocab_size}, "
+        f"seed {t.seed}, lr {t.lr:g}, steps {history.first_step}..{history.first_step + len(history.losses) - 1}, "
+        f"final loss {history.final_loss:.6g}"
+    )
 
 
 def differences(first: History, second: History) -> list[str]:
@@ -72,8 +83,10 @@ def differences(first: History, second: History) -> list[str]:
             lines.append(f"{section} differs: {', '.join(changed)}; the losses are not expected to match")
     starts = [(first.init, first.source_sha256), (second.init, second.source_sha256)]
     if starts[0] != starts[1] or "native" in (first.init, second.init) or "unknown" in (first.init, second.init):
-        lines.append(f"the runs' initial weights differ or are unknown (A: {_start(first)}, B: {_start(second)}): "
-                     f"their gap measures the init as much as the ports; it is not a parity check")
+        lines.append(
+            f"the runs' initial weights differ or are unknown (A: {_start(first)}, B: {_start(second)}): "
+            f"their gap measures the init as much as the ports; it is not a parity check"
+        )
     return lines
 
 
@@ -102,8 +115,11 @@ def comparison_figure(result: Comparison, labels: tuple[str, str]):
     gaps.set_xlabel("step")
     gaps.grid(alpha=0.3)
     exact = int((result.gaps == 0).sum())
-    gaps.set_title(f"max {result.gaps.max():.2e} at step {result.worst_step}, mean {result.gaps.mean():.2e}"
-                   + (f"; {exact} steps identical (not drawn)" if exact else ""), fontsize=10)
+    gaps.set_title(
+        f"max {result.gaps.max():.2e} at step {result.worst_step}, mean {result.gaps.mean():.2e}"
+        + (f"; {exact} steps identical (not drawn)" if exact else ""),
+        fontsize=10,
+    )
     figure.suptitle("loss per step: A vs B")
     return figure
 
@@ -112,9 +128,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from shared.tools.flags import png_path
 
     parser.add_argument("a", metavar="A.json", type=Path, help="a --history file")
-    parser.add_argument("b", metavar="B.json", type=Path, nargs="+",
-                        help="another --history file; several are joined in step order (a run handed "
-                             "between backends with --save and --resume)")
+    parser.add_argument(
+        "b",
+        metavar="B.json",
+        type=Path,
+        nargs="+",
+        help="another --history file; several are joined in step order (a run handed between backends with --save and --resume)",
+    )
     parser.add_argument("--plot", metavar="FILE.png", type=png_path, help="draw both curves and their difference")
 
 
@@ -122,8 +142,7 @@ def run(args) -> int:
     import sys
 
     try:
-        checks.check_outputs({"A.json": args.a, **{f"B.json #{n + 1}": path for n, path in enumerate(args.b)}},
-                             {"--plot": args.plot})
+        checks.check_outputs({"A.json": args.a, **{f"B.json #{n + 1}": path for n, path in enumerate(args.b)}}, {"--plot": args.plot})
         first, second = History.load(args.a), join([History.load(path) for path in args.b])
         result = compare(first, second)
     except (ValueError, FileNotFoundError) as error:
@@ -134,8 +153,10 @@ def run(args) -> int:
     for line in differences(first, second):
         print(f"note: {line}")
     print(f"compared {result.steps.size} common steps ({result.steps[0]}..{result.steps[-1]})")
-    print(f"max |A - B|  {result.gaps.max():.3e} at step {result.worst_step} "
-          f"(A {result.a[np.argmax(result.gaps)]:.6g}, B {result.b[np.argmax(result.gaps)]:.6g})")
+    print(
+        f"max |A - B|  {result.gaps.max():.3e} at step {result.worst_step} "
+        f"(A {result.a[np.argmax(result.gaps)]:.6g}, B {result.b[np.argmax(result.gaps)]:.6g})"
+    )
     print(f"mean |A - B| {result.gaps.mean():.3e}")
     if args.plot is not None:
         from shared.tools.plots import save_figure

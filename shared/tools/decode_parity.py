@@ -59,8 +59,9 @@ def _one_backend(name: str, value: float) -> dict:
     return {pair_key(a, b): value if name in (a, b) else None for a, b in pairs()}
 
 
-def decode_rows(config: ModelConfig, dtype: str = "float32", seed: int = 0, prompt_len: int | None = None,
-                names: list[str] | None = None) -> list[Row]:
+def decode_rows(
+    config: ModelConfig, dtype: str = "float32", seed: int = 0, prompt_len: int | None = None, names: list[str] | None = None
+) -> list[Row]:
     """The decode section: rows of shared.tools.parity.Row, section "decode".
 
     prompt_len defaults to half the context; the steps run until max_len positions are filled.
@@ -78,23 +79,43 @@ def decode_rows(config: ModelConfig, dtype: str = "float32", seed: int = 0, prom
     # each backend against itself: the cache must not change the logits
     for name in names:
         worst, at = _worst(zip(runs[name]["cached"], runs[name]["full"]), stage)
-        rows.append(Row(SECTION, f"{name}: cached logits vs its full forward, {steps} steps", _one_backend(name, worst), stage,
-                        note=step_note if at is None else f"decode: {name} parts from its full forward at step {at} (0 = the prefill)"))
+        rows.append(
+            Row(
+                SECTION,
+                f"{name}: cached logits vs its full forward, {steps} steps",
+                _one_backend(name, worst),
+                stage,
+                note=step_note if at is None else f"decode: {name} parts from its full forward at step {at} (0 = the prefill)",
+            )
+        )
 
     # across backends: the cached logits and the cache contents, step by step
     def across(key):
         diffs = {}
         for first, second in pairs():
-            diffs[pair_key(first, second)] = (_worst(zip(runs[first][key], runs[second][key]))[0]
-                                              if first in runs and second in runs else None)
+            diffs[pair_key(first, second)] = _worst(zip(runs[first][key], runs[second][key]))[0] if first in runs and second in runs else None
         return diffs
 
     filled = config.max_len
     rows.append(Row(SECTION, f"cached logits, {steps} steps", across("cached"), stage, note=step_note))
-    rows.append(Row(SECTION, f"cache K, {filled} filled slots at the end", across("k"), stage,
-                    note="decode: cache K and V compared at every filled slot after every step"))
-    rows.append(Row(SECTION, f"cache V, {filled} filled slots at the end", across("v"), stage,
-                    note="decode: cache K and V compared at every filled slot after every step"))
+    rows.append(
+        Row(
+            SECTION,
+            f"cache K, {filled} filled slots at the end",
+            across("k"),
+            stage,
+            note="decode: cache K and V compared at every filled slot after every step",
+        )
+    )
+    rows.append(
+        Row(
+            SECTION,
+            f"cache V, {filled} filled slots at the end",
+            across("v"),
+            stage,
+            note="decode: cache K and V compared at every filled slot after every step",
+        )
+    )
 
     # the ids generate() picks greedily from the prompt alone: identical, not close
     generated = {}
@@ -104,11 +125,17 @@ def decode_rows(config: ModelConfig, dtype: str = "float32", seed: int = 0, prom
         generated[name] = backend.module("generate").generate(model, tokens[:, :prompt_len], config.max_len - prompt_len)
     ids = {}
     for first, second in pairs():
-        ids[pair_key(first, second)] = (float((generated[first] != generated[second]).sum())
-                                        if first in generated and second in generated else None)
+        ids[pair_key(first, second)] = float((generated[first] != generated[second]).sum()) if first in generated and second in generated else None
     shape = generated[names[0]][:, prompt_len:].shape
-    rows.append(Row(SECTION, f"greedy ids, {shape[0]} x {shape[1]} generated", ids, 0.0,
-                    note="decode: greedy ids show the count of differing ids (tolerance 0)"))
+    rows.append(
+        Row(
+            SECTION,
+            f"greedy ids, {shape[0]} x {shape[1]} generated",
+            ids,
+            0.0,
+            note="decode: greedy ids show the count of differing ids (tolerance 0)",
+        )
+    )
 
     # the fused kernel on the decode step: the offset mask goes in explicitly
     fused_config = dataclasses.replace(config, attn_impl="fused")
@@ -119,7 +146,13 @@ def decode_rows(config: ModelConfig, dtype: str = "float32", seed: int = 0, prom
         note = "decode: fused rows compare the fused cached step with the explicit full forward"
         if dtype == "float64":
             note += " (a kernel whose softmax is float32, JAX's, is not used in float64: that row is explicit)"
-        rows.append(Row(SECTION, f"{name} fused: cached logits vs explicit full forward, {steps} steps",
-                        _one_backend(name, worst), stage,
-                        note=note if at is None else f"decode: {name} fused parts from its full forward at step {at} (0 = the prefill)"))
+        rows.append(
+            Row(
+                SECTION,
+                f"{name} fused: cached logits vs explicit full forward, {steps} steps",
+                _one_backend(name, worst),
+                stage,
+                note=note if at is None else f"decode: {name} fused parts from its full forward at step {at} (0 = the prefill)",
+            )
+        )
     return rows

@@ -10,8 +10,9 @@ from shared.tools import registry
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", choices=registry.names("train"), action="append",
-                        help="run only this backend (repeatable); default: every backend that trains")
+    parser.add_argument(
+        "--backend", choices=registry.names("train"), action="append", help="run only this backend (repeatable); default: every backend that trains"
+    )
 
 
 def run(args) -> int:

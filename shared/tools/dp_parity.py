@@ -70,8 +70,15 @@ def rows(found: dict[str, dict[int, tuple]], dtype: str, dp: int) -> list[Row]:
     beyond = [int(np.argmax(~(gap <= tol))) for gap in gaps.values() if not np.all(gap <= tol)]
     if beyond:
         name += f", first beyond tolerance at step {min(beyond)}"
-    result = [Row(SECTION, name, {key: float(gap.max()) for key, gap in gaps.items()}, tol,
-                  note=f"{SECTION}: dp={dp} splits every global batch into {dp} shards; dp=1 is the single-device trainer")]
+    result = [
+        Row(
+            SECTION,
+            name,
+            {key: float(gap.max()) for key, gap in gaps.items()},
+            tol,
+            note=f"{SECTION}: dp={dp} splits every global batch into {dp} shards; dp=1 is the single-device trainer",
+        )
+    ]
     if dtype in WEIGHTS_TOL:
         worst = {key: max(max_abs_diff(a[1][array], b[1][array]) for array in a[1]) for key, (a, b) in compared.items()}
         result.append(Row(SECTION, f"weights after {steps} steps", worst, WEIGHTS_TOL[dtype]))
@@ -87,8 +94,10 @@ def section(model_config: ModelConfig, dtype="float32", seed=0, epochs=3, dp=2, 
 def format_rows(found_rows: list[Row], headers: dict[str, str]) -> str:
     """The section as a markdown table, with the verdict line naming the first failing row."""
     width = max(len(row.name) for row in found_rows)
-    lines = [f"| {'compared':<{width}} | " + " | ".join(f"{header:>16}" for header in headers.values()) + " | tolerance | result |",
-             "|" + "-" * (width + 2) + "|" + "|".join(["-" * 17 + ":"] * len(headers)) + "|----------:|--------|"]
+    lines = [
+        f"| {'compared':<{width}} | " + " | ".join(f"{header:>16}" for header in headers.values()) + " | tolerance | result |",
+        "|" + "-" * (width + 2) + "|" + "|".join(["-" * 17 + ":"] * len(headers)) + "|----------:|--------|",
+    ]
     for row in found_rows:
         cells = " | ".join(f"{'—' if row.diffs.get(key) is None else f'{row.diffs[key]:.2e}':>16}" for key in headers)
         lines.append(f"| {row.name:<{width}} | {cells} | {row.tol:>9.0e} | {'PASS' if row.passed else 'FAIL'}   |")

@@ -101,15 +101,25 @@ def add_model_arguments(parser, title: str, defaults: bool = True):
     defaults=False: every flag defaults to None (train: a loaded file's config fills them)."""
     model = ModelConfig()
     group = parser.add_argument_group(title)
-    for field, flag, text in (("n_heads", "--n-heads", "attention heads H"), ("d_model", "--d-model", "model width D"),
-                              ("max_len", "--seq-len", "context length T = max_len"),
-                              ("vocab_size", "--vocab-size", "vocabulary size V")):
+    for field, flag, text in (
+        ("n_heads", "--n-heads", "attention heads H"),
+        ("d_model", "--d-model", "model width D"),
+        ("max_len", "--seq-len", "context length T = max_len"),
+        ("vocab_size", "--vocab-size", "vocabulary size V"),
+    ):
         low, high = RANGES[flag]
-        group.add_argument(flag, type=int_flag(flag), default=getattr(model, field) if defaults else None,
-                           help=f"{text}, in [{low}, {high}] (default {getattr(model, field)})")
-    group.add_argument("--attn-impl", choices=ATTN_IMPLS, default=model.attn_impl if defaults else None,
-                       help=f"explicit: every step on its own; fused: the framework's attention kernel where "
-                            f"weights are not asked for (default {model.attn_impl})")
+        group.add_argument(
+            flag,
+            type=int_flag(flag),
+            default=getattr(model, field) if defaults else None,
+            help=f"{text}, in [{low}, {high}] (default {getattr(model, field)})",
+        )
+    group.add_argument(
+        "--attn-impl",
+        choices=ATTN_IMPLS,
+        default=model.attn_impl if defaults else None,
+        help=f"explicit: every step on its own; fused: the framework's attention kernel where weights are not asked for (default {model.attn_impl})",
+    )
     return group
 
 

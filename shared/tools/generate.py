@@ -24,14 +24,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--load", metavar="FILE", type=Path, required=True, help="a .safetensors file saved by --save")
     parser.add_argument("--prompt", type=token_list, metavar="IDS", required=True, help="comma-separated ids such as 7,7")
     parser.add_argument("--max-new-tokens", type=non_negative_int, default=10, help="tokens to generate (default 10)")
-    parser.add_argument("--backend", choices=registry.names("generate"), default="numpy",
-                        help="which implementation generates (default: numpy_ref, no framework)")
+    parser.add_argument(
+        "--backend", choices=registry.names("generate"), default="numpy", help="which implementation generates (default: numpy_ref, no framework)"
+    )
     parser.add_argument("--no-cache", action="store_true", help="recompute the whole prefix for every token")
-    parser.add_argument("--temperature", type=positive_float, metavar="T",
-                        help="sample from softmax(logits / T) instead of taking the argmax")
+    parser.add_argument("--temperature", type=positive_float, metavar="T", help="sample from softmax(logits / T) instead of taking the argmax")
     parser.add_argument("--seed", type=non_negative_int, default=0, help="sampling seed (default 0)")
-    parser.add_argument("--heatmap-head", type=non_negative_int, metavar="N",
-                        help="also show head N's attention of the last generated token over the whole context")
+    parser.add_argument(
+        "--heatmap-head", type=non_negative_int, metavar="N", help="also show head N's attention of the last generated token over the whole context"
+    )
 
 
 def attention_row(weights_row: np.ndarray, tokens: list[int]) -> str:
@@ -49,17 +50,20 @@ def run(args) -> int:
         print(f"mhsa generate: error: {error}", file=sys.stderr)
         return 1
     if args.heatmap_head is not None and args.heatmap_head >= config.n_heads:
-        print(f"mhsa generate: error: --heatmap-head {args.heatmap_head} is out of range: the model has "
-              f"{config.n_heads} heads (0..{config.n_heads - 1})", file=sys.stderr)
+        print(
+            f"mhsa generate: error: --heatmap-head {args.heatmap_head} is out of range: the model has "
+            f"{config.n_heads} heads (0..{config.n_heads - 1})",
+            file=sys.stderr,
+        )
         return 2
     backend = registry.get(args.backend)
     model = backend.model.from_exchange(arrays, config)
     prompt = np.array([args.prompt], dtype=np.int64)
     greedy = args.temperature is None
     try:
-        ids = backend.module("generate").generate(model, prompt, args.max_new_tokens, greedy=greedy,
-                                                  temperature=args.temperature or 1.0, seed=args.seed,
-                                                  use_cache=not args.no_cache)
+        ids = backend.module("generate").generate(
+            model, prompt, args.max_new_tokens, greedy=greedy, temperature=args.temperature or 1.0, seed=args.seed, use_cache=not args.no_cache
+        )
     except (ValueError, TypeError) as error:
         print(f"mhsa generate: error: {error}", file=sys.stderr)
         return 2
@@ -67,7 +71,7 @@ def run(args) -> int:
     how = "greedy" if greedy else f"sampled at temperature {args.temperature}, seed {args.seed}"
     print(f"{args.load}: {args.backend}, {'no cache' if args.no_cache else 'KV cache'}, {how}")
     print(f"prompt:    {' '.join(map(str, args.prompt))}")
-    print(f"generated: {' '.join(map(str, tokens[len(args.prompt):]))}")
+    print(f"generated: {' '.join(map(str, tokens[len(args.prompt) :]))}")
     print(f"tokens:    {','.join(map(str, tokens))}")
     if args.heatmap_head is not None:
         # the last token as a query over every position: the last row of a forward over the whole sequence

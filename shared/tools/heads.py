@@ -36,13 +36,14 @@ def token_list(text: str) -> list[int]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_threads_argument(parser)
     parser.add_argument("--load", metavar="FILE", type=Path, required=True, help="a .safetensors file saved by --save")
-    parser.add_argument("--tokens", type=token_list, metavar="IDS",
-                        help="comma-separated input ids (default: a copy-task row, id 7 repeated)")
+    parser.add_argument("--tokens", type=token_list, metavar="IDS", help="comma-separated input ids (default: a copy-task row, id 7 repeated)")
     parser.add_argument("--plot", metavar="FILE.png", type=png_path, help="also write every head as an image")
-    parser.add_argument("--backend", choices=registry.names(), default="numpy",
-                        help="which implementation computes the weights (default: numpy_ref, no framework)")
-    parser.add_argument("--attn-impl", choices=ATTN_IMPLS, default=None,
-                        help="explicit or fused kernel (default: the file's); weights are always computed explicitly")
+    parser.add_argument(
+        "--backend", choices=registry.names(), default="numpy", help="which implementation computes the weights (default: numpy_ref, no framework)"
+    )
+    parser.add_argument(
+        "--attn-impl", choices=ATTN_IMPLS, default=None, help="explicit or fused kernel (default: the file's); weights are always computed explicitly"
+    )
 
 
 def attention_weights(backend: str, arrays: dict, config, tokens: np.ndarray) -> np.ndarray:
@@ -76,8 +77,10 @@ def run(args) -> int:
     if args.plot is not None:
         from shared.tools.plots import heads_figure, save_figure
 
-        title = (f"{args.load.name} · {args.backend} · {config.n_heads} heads · D={config.d_model} max_len={config.max_len} "
-                 f"V={config.vocab_size} · a row of {tokens.shape[1]} tokens")
+        title = (
+            f"{args.load.name} · {args.backend} · {config.n_heads} heads · D={config.d_model} max_len={config.max_len} "
+            f"V={config.vocab_size} · a row of {tokens.shape[1]} tokens"
+        )
         save_figure(heads_figure(attention, tokens=tokens[0].tolist(), title=title), args.plot)
         print(f"saved plot to {args.plot}")
     return 0

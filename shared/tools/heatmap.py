@@ -37,8 +37,7 @@ def check_weights(weights, ndim: int, name: str = "weights") -> np.ndarray:
         raise ValueError(f"{name} must have rank {ndim} {layout}, got rank {array.ndim} with shape {array.shape}{hint}")
     if array.shape[-1] != array.shape[-2]:
         raise ValueError(
-            f"{name} must be square over (query, key) {layout}, got shape {array.shape} "
-            f"({array.shape[-2]} queries, {array.shape[-1]} keys)"
+            f"{name} must be square over (query, key) {layout}, got shape {array.shape} ({array.shape[-2]} queries, {array.shape[-1]} keys)"
         )
     if array.size == 0:
         raise ValueError(f"{name} must hold at least one head and one position {layout}, got shape {array.shape}")

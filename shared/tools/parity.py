@@ -110,8 +110,14 @@ def stage_and_gradient_rows(config, dtype, seed, mask=None, samples=6, adapters=
     for stage in STAGES:
         diffs = {pair_key(a, b): max_abs_diff(traces[a][stage], traces[b][stage]) for a, b in pairs()}
         rows.append(Row("stage", stage, diffs, tolerance(stage_kind(stage), dtype)))
-    rows.append(Row("stage", "loss", {pair_key(a, b): abs(losses[a] - losses[b]) if a in losses and b in losses else None
-                                      for a, b in pairs()}, tolerance("stage", dtype)))
+    rows.append(
+        Row(
+            "stage",
+            "loss",
+            {pair_key(a, b): abs(losses[a] - losses[b]) if a in losses and b in losses else None for a, b in pairs()},
+            tolerance("stage", dtype),
+        )
+    )
 
     arrays64 = {name: value.astype(np.float64) for name, value in arrays.items()}
     rng = np.random.default_rng(seed)
@@ -157,31 +163,43 @@ def trajectory_rows(config, dtype, seed, epochs, cache: dict | None = None) -> l
     def compare(measure) -> dict[str, float | None]:
         return {pair_key(a, b): measure(a, b) if a in runs and b in runs else None for a, b in pairs()}
 
-    rows = [Row("trajectory", f"loss at each of {steps} steps",
-                compare(lambda a, b: max_abs_diff(runs[a].losses, runs[b].losses)), tolerance("trajectory", dtype))]
+    rows = [
+        Row(
+            "trajectory",
+            f"loss at each of {steps} steps",
+            compare(lambda a, b: max_abs_diff(runs[a].losses, runs[b].losses)),
+            tolerance("trajectory", dtype),
+        )
+    ]
     if dtype == "float64":
-        rows.append(Row("trajectory", f"weights after {steps} steps",
-                        compare(lambda a, b: max(max_abs_diff(final[a][name], final[b][name]) for name in final[a])),
-                        tolerance("stage", dtype)))
+        rows.append(
+            Row(
+                "trajectory",
+                f"weights after {steps} steps",
+                compare(lambda a, b: max(max_abs_diff(final[a][name], final[b][name]) for name in final[a])),
+                tolerance("stage", dtype),
+            )
+        )
     return rows
 
 
-def build_report(config: ModelConfig, dtype="float32", seed=0, mask=None, epochs=3, samples=6, adapters=None,
-                 progress=None, decode=True, dp=0) -> Report:
+def build_report(
+    config: ModelConfig, dtype="float32", seed=0, mask=None, epochs=3, samples=6, adapters=None, progress=None, decode=True, dp=0
+) -> Report:
     """Every section of the report in order. progress(index, total, section), if given, is
     called as each section starts (`mhsa parity` shows it on stderr in a terminal).
 
     dp >= 2 adds the data-parallel section (needs epochs > 0, and shared.tools.dp_parity.prepare(dp)
     called before JAX starts)."""
     runs: dict = {}  # trained runs, shared by the sections that need the same one
-    title = (f"mhsa parity · {dtype} · seed {seed} · vocab_size={config.vocab_size} d_model={config.d_model} "
-             f"n_heads={config.n_heads} max_len={config.max_len} bias={config.bias} · "
-             f"{'padding mask (B, 1, 1, T) and causal' if mask is not None else 'causal mask only'}")
-    sections = [("stages and gradients", lambda: stage_and_gradient_rows(config, dtype, seed, mask=mask, samples=samples,
-                                                                          adapters=adapters))]
+    title = (
+        f"mhsa parity · {dtype} · seed {seed} · vocab_size={config.vocab_size} d_model={config.d_model} "
+        f"n_heads={config.n_heads} max_len={config.max_len} bias={config.bias} · "
+        f"{'padding mask (B, 1, 1, T) and causal' if mask is not None else 'causal mask only'}"
+    )
+    sections = [("stages and gradients", lambda: stage_and_gradient_rows(config, dtype, seed, mask=mask, samples=samples, adapters=adapters))]
     if epochs > 0:
-        sections.append((f"trajectories ({epochs} epochs per trainer)",
-                         lambda: trajectory_rows(config, dtype, seed, epochs, cache=runs)))
+        sections.append((f"trajectories ({epochs} epochs per trainer)", lambda: trajectory_rows(config, dtype, seed, epochs, cache=runs)))
     if decode:
         from shared.tools.decode_parity import (
             decode_rows,  # it builds on this module's Row
@@ -234,8 +252,10 @@ def format_report(report: Report) -> str:
     else:
         pair = first.failing_pair()
         failures = sum(not row.passed for row in report.rows)
-        lines.append(f"FAIL: first difference at {first.section} '{first.name}': {report.headers.get(pair) or header(pair)} "
-                     f"{first.diffs[pair]:.2e} > {first.tol:.0e} ({failures} of {len(report.rows)} comparisons fail)")
+        lines.append(
+            f"FAIL: first difference at {first.section} '{first.name}': {report.headers.get(pair) or header(pair)} "
+            f"{first.diffs[pair]:.2e} > {first.tol:.0e} ({failures} of {len(report.rows)} comparisons fail)"
+        )
     return "\n".join(lines)
 
 
@@ -288,17 +308,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     add_threads_argument(parser)
     parser.add_argument("--dtype", choices=DTYPES, default="float32")
-    parser.add_argument("--seed", type=int_flag("--seed"), default=0,
-                        help="weights, inputs and training seed, in [0, 2**32 - 1] (default 0)")
-    parser.add_argument("--dp", type=int_flag("parity --dp"), default=2,
-                        help="ranks or devices of the data-parallel section, in [0, 64] (default 2; 0 skips it)")
+    parser.add_argument("--seed", type=int_flag("--seed"), default=0, help="weights, inputs and training seed, in [0, 2**32 - 1] (default 0)")
+    parser.add_argument(
+        "--dp", type=int_flag("parity --dp"), default=2, help="ranks or devices of the data-parallel section, in [0, 64] (default 2; 0 skips it)"
+    )
     parser.add_argument("--no-decode", action="store_true", help="skip the decode (KV cache) section")
-    parser.add_argument("--mask", choices=("causal", "padding"), default="causal",
-                        help="causal only (default), or also a (B, 1, 1, T) padding mask")
-    parser.add_argument("--epochs", type=int_flag("parity --epochs"), default=3,
-                        help="epochs of the default trainer for the trajectory rows, in [0, 1000] (default 3; 0 skips them)")
-    parser.add_argument("--samples", type=int_flag("--samples"), default=6,
-                        help="finite-difference coordinates per parameter, in [1, 1000] (default 6)")
+    parser.add_argument("--mask", choices=("causal", "padding"), default="causal", help="causal only (default), or also a (B, 1, 1, T) padding mask")
+    parser.add_argument(
+        "--epochs",
+        type=int_flag("parity --epochs"),
+        default=3,
+        help="epochs of the default trainer for the trajectory rows, in [0, 1000] (default 3; 0 skips them)",
+    )
+    parser.add_argument(
+        "--samples", type=int_flag("--samples"), default=6, help="finite-difference coordinates per parameter, in [1, 1000] (default 6)"
+    )
     model = add_model_arguments(parser, "model config (defaults: the lesson's)")
     model.add_argument("--no-bias", action="store_true", help="linear layers without bias")
     parser.set_defaults(parser=parser)
@@ -308,11 +332,18 @@ def run(args) -> int:
     from shared import checks
 
     try:
-        config = ModelConfig(vocab_size=args.vocab_size, d_model=args.d_model, n_heads=args.n_heads,
-                             max_len=args.seq_len, bias=not args.no_bias, attn_impl=args.attn_impl)
+        config = ModelConfig(
+            vocab_size=args.vocab_size,
+            d_model=args.d_model,
+            n_heads=args.n_heads,
+            max_len=args.seq_len,
+            bias=not args.no_bias,
+            attn_impl=args.attn_impl,
+        )
         itemsize = 8 if args.dtype == "float64" else 4
-        checks.check_training_fits(config.vocab_size, config.d_model, config.n_heads, config.max_len,
-                                   TrainConfig.batch_size, TrainConfig.n_sequences, itemsize)
+        checks.check_training_fits(
+            config.vocab_size, config.d_model, config.n_heads, config.max_len, TrainConfig.batch_size, TrainConfig.n_sequences, itemsize
+        )
     except (ValueError, TypeError) as error:
         args.parser.error(str(error))
     if args.dp == 1:
@@ -327,8 +358,17 @@ def run(args) -> int:
         jax.config.update("jax_enable_x64", True)  # off by default: float64 would silently become float32
     notes = configure_accelerators()
     mask = padding_mask(config) if args.mask == "padding" else None
-    report = build_report(config, args.dtype, args.seed, mask=mask, epochs=args.epochs, samples=args.samples,
-                          progress=_progress if sys.stderr.isatty() else None, decode=not args.no_decode, dp=args.dp)
+    report = build_report(
+        config,
+        args.dtype,
+        args.seed,
+        mask=mask,
+        epochs=args.epochs,
+        samples=args.samples,
+        progress=_progress if sys.stderr.isatty() else None,
+        decode=not args.no_decode,
+        dp=args.dp,
+    )
     print(format_report(report))
     for note in notes:
         print(f"note: {note}")

@@ -70,8 +70,7 @@ def training_figure(losses, steps_per_epoch, weights, tokens=None, title=None, f
         layout="constrained",
     )
     top, bottom = figure.subfigures(2, 1, height_ratios=[LOSS_HEIGHT, heads_height])
-    if isinstance(first_step, bool) or not isinstance(first_step, (int, np.integer)) or first_step < 0 \
-            or first_step % steps_per_epoch:
+    if isinstance(first_step, bool) or not isinstance(first_step, (int, np.integer)) or first_step < 0 or first_step % steps_per_epoch:
         raise ValueError(f"first_step must be a non-negative multiple of steps_per_epoch={steps_per_epoch}, got {first_step!r}")
     _draw_losses(top.subplots(), losses, steps_per_epoch, int(first_step))
     spare = figure.get_figwidth() - (PANEL * columns + 1.25)
@@ -195,7 +194,9 @@ def _draw_losses(ax, losses: np.ndarray, steps_per_epoch: int, first_step: int) 
         ax.axvline(first_step + first, color="tab:red", linestyle=":", linewidth=1)
         ax.set_title(
             f"loss {float(losses[first])} at step {first_step + first} cannot be shown on a log axis ({bad.size} step(s) in all)",
-            loc="right", fontsize=8, color="tab:red",
+            loc="right",
+            fontsize=8,
+            color="tab:red",
         )
 
 

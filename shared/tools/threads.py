@@ -24,8 +24,12 @@ XLA_SINGLE_THREAD = "--xla_cpu_multi_thread_eigen=false"
 
 
 def add_threads_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--threads", type=int_flag("--threads"), metavar="N",
-                        help="threads for torch, NumPy's BLAS and (N = 1) XLA, in [1, 1024] (default: each library's own)")
+    parser.add_argument(
+        "--threads",
+        type=int_flag("--threads"),
+        metavar="N",
+        help="threads for torch, NumPy's BLAS and (N = 1) XLA, in [1, 1024] (default: each library's own)",
+    )
 
 
 def apply_threads(threads: int | None) -> None:

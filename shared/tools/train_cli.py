@@ -46,23 +46,29 @@ def add_arguments(parser: argparse.ArgumentParser, backend: str | None = None) -
     run.add_argument("--batch-size", type=int_flag("--batch-size"), default=defaults_train.batch_size, help="sequences per step (default 32)")
     run.add_argument("--n-sequences", type=int_flag("--n-sequences"), default=defaults_train.n_sequences, help="copy-task rows (default 2048)")
     run.add_argument("--lr", type=positive_float, help="Adam learning rate (default 0.01; --resume: the saved run's)")
-    run.add_argument("--seed", type=int_flag("--seed"), default=defaults_train.seed,
-                     help="data, shuffling and init seed, in [0, 2**32 - 1] (default 0)")
+    run.add_argument(
+        "--seed", type=int_flag("--seed"), default=defaults_train.seed, help="data, shuffling and init seed, in [0, 2**32 - 1] (default 0)"
+    )
     run.add_argument("--dtype", choices=DTYPES, default=defaults_train.dtype, help="float32 (default) or float64 everywhere")
-    run.add_argument("--dp", type=int_flag("--dp"), default=1,
-                     help="data parallel: split every batch over N ranks (torch) or devices (jax) (default 1)")
-    run.add_argument("--init", choices=INITS, default="shared",
-                     help="shared: NumPy init identical for every backend (default); native: the framework's own")
+    run.add_argument(
+        "--dp", type=int_flag("--dp"), default=1, help="data parallel: split every batch over N ranks (torch) or devices (jax) (default 1)"
+    )
+    run.add_argument(
+        "--init", choices=INITS, default="shared", help="shared: NumPy init identical for every backend (default); native: the framework's own"
+    )
     files = parser.add_argument_group("files")
     files.add_argument("--load", metavar="FILE", type=Path, help="start from a saved .safetensors weights file")
-    files.add_argument("--resume", metavar="FILE", type=Path,
-                       help="continue a run saved with --save (weights and FILE's .adam.safetensors companion), "
-                            "in either backend; --epochs is the total")
-    files.add_argument("--save", metavar="FILE", type=Path,
-                       help="write the trained weights (exchange format) and Adam's state beside them (.adam.safetensors)")
+    files.add_argument(
+        "--resume",
+        metavar="FILE",
+        type=Path,
+        help="continue a run saved with --save (weights and FILE's .adam.safetensors companion), in either backend; --epochs is the total",
+    )
+    files.add_argument(
+        "--save", metavar="FILE", type=Path, help="write the trained weights (exchange format) and Adam's state beside them (.adam.safetensors)"
+    )
     files.add_argument("--history", metavar="FILE.json", type=Path, help="write every step's loss as JSON")
-    files.add_argument("--plot", metavar="FILE.png", type=png_path,
-                       help="write a figure: the loss curve and every head's attention weights")
+    files.add_argument("--plot", metavar="FILE.png", type=png_path, help="write a figure: the loss curve and every head's attention weights")
     show = parser.add_argument_group("output")
     show.add_argument("--heatmap-head", type=int_flag("--heatmap-head"), default=0, help="which head's weights to draw (default 0)")
     show.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -91,8 +97,12 @@ def configs(args) -> Plan:
     source = args.load if args.load is not None else args.resume
     flag = "--load" if args.load is not None else "--resume"
     inputs = {flag: source, "the Adam companion of --resume": companion_path(args.resume) if args.resume else None}
-    outputs = {"--save": args.save, "the Adam companion of --save": companion_path(args.save) if args.save else None,
-               "--history": args.history, "--plot": args.plot}
+    outputs = {
+        "--save": args.save,
+        "the Adam companion of --save": companion_path(args.save) if args.save else None,
+        "--history": args.history,
+        "--plot": args.plot,
+    }
     checks.check_outputs(inputs, outputs)
     resume, overridden = None, ()
     if source is not None:
@@ -103,13 +113,15 @@ def configs(args) -> Plan:
         else:
             loaded = weights.read(source)
         saved = loaded.config
-        disagree = [f"{MODEL_FLAGS[field]} {value} (file has {getattr(saved, field)})"
-                    for field, value in given.items() if field in MODEL_FLAGS and getattr(saved, field) != value]
+        disagree = [
+            f"{MODEL_FLAGS[field]} {value} (file has {getattr(saved, field)})"
+            for field, value in given.items()
+            if field in MODEL_FLAGS and getattr(saved, field) != value
+        ]
         if disagree:
             raise ValueError(f"weights file {str(source)!r} disagrees with {', '.join(disagree)}")
         if loaded.dtype != args.dtype:
-            raise ValueError(f"weights file {str(source)!r} is {loaded.dtype} and this run trains in {args.dtype}; "
-                             f"add --dtype {loaded.dtype}")
+            raise ValueError(f"weights file {str(source)!r} is {loaded.dtype} and this run trains in {args.dtype}; add --dtype {loaded.dtype}")
         bad = [name for name, value in loaded.arrays.items() if not np.isfinite(value).all()]
         if bad:
             raise ValueError(f"weights file {str(source)!r} holds NaN or infinite values in {bad}; refusing to train from it")
@@ -125,15 +137,17 @@ def configs(args) -> Plan:
             overridden = (f"lr={args.lr:g} (saved run: {saved_train.lr:g})",)
     if args.lr is not None:
         optimizer["lr"] = args.lr
-    train_config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, n_sequences=args.n_sequences,
-                               seed=args.seed, dtype=args.dtype, **optimizer)
+    train_config = TrainConfig(
+        epochs=args.epochs, batch_size=args.batch_size, n_sequences=args.n_sequences, seed=args.seed, dtype=args.dtype, **optimizer
+    )
     if resume is not None:
         resume.check_continues(train_config)
     if args.heatmap_head >= model_config.n_heads:
-        raise ValueError(f"--heatmap-head {args.heatmap_head} is out of range: the model has {model_config.n_heads} heads (0..{model_config.n_heads - 1})")
+        raise ValueError(
+            f"--heatmap-head {args.heatmap_head} is out of range: the model has {model_config.n_heads} heads (0..{model_config.n_heads - 1})"
+        )
     m, t = model_config, train_config
-    checks.check_training_fits(m.vocab_size, m.d_model, m.n_heads, m.max_len, t.batch_size, t.n_sequences,
-                               8 if t.dtype == "float64" else 4)
+    checks.check_training_fits(m.vocab_size, m.d_model, m.n_heads, m.max_len, t.batch_size, t.n_sequences, 8 if t.dtype == "float64" else 4)
     # an output the run cannot write is refused now, not after the training it would lose
     for name, path in outputs.items():
         if path is not None:
@@ -187,8 +201,15 @@ def run(args) -> int:
         print(f"resume after epoch {resume.epochs_done} (step {resume.step}) of a saved run")
         if plan.overridden:
             print(f"overridden from the saved run: {', '.join(plan.overridden)}")
-    bar = tqdm(total=total, initial=0 if resume is None else resume.step, desc="train", unit="step", file=sys.stderr, leave=False,
-               disable=args.quiet or not sys.stderr.isatty())
+    bar = tqdm(
+        total=total,
+        initial=0 if resume is None else resume.step,
+        desc="train",
+        unit="step",
+        file=sys.stderr,
+        leave=False,
+        disable=args.quiet or not sys.stderr.isatty(),
+    )
     epoch_sum = [0.0]
 
     def on_step(step: int, loss: float) -> None:
@@ -203,8 +224,7 @@ def run(args) -> int:
             epoch_sum[0] = 0.0
 
     try:
-        history = trainer.train(model_config, train_config, init=init, on_step=on_step, resume=resume,
-                                **({"dp": args.dp} if args.dp > 1 else {}))
+        history = trainer.train(model_config, train_config, init=init, on_step=on_step, resume=resume, **({"dp": args.dp} if args.dp > 1 else {}))
     except (NonFiniteLossError, RankFailedError, ValueError, TypeError, FileNotFoundError) as error:
         bar.close()
         print(f"error: {error}", file=sys.stderr)
@@ -212,16 +232,20 @@ def run(args) -> int:
     except KeyboardInterrupt:
         bar.close()
         # --save writes only a completed run: the trainer holds the model until it returns
-        print("interrupted: nothing was saved" if args.save is not None or args.history is not None or args.plot is not None
-              else "interrupted", file=sys.stderr)
+        print(
+            "interrupted: nothing was saved" if args.save is not None or args.history is not None or args.plot is not None else "interrupted",
+            file=sys.stderr,
+        )
         return 130
     bar.close()
     if isinstance(init, weights.Loaded):
         history.init, history.source, history.source_sha256 = "file", str(init.path), init.digest
     else:
         history.init = init
-    print(f"final loss {history.final_loss:.6g} (step {history.first_step + len(history.losses) - 1}) · "
-          f"{len(history.losses)} steps in {history.seconds:.2f} s, start-up and compilation included")
+    print(
+        f"final loss {history.final_loss:.6g} (step {history.first_step + len(history.losses) - 1}) · "
+        f"{len(history.losses)} steps in {history.seconds:.2f} s, start-up and compilation included"
+    )
 
     written = []
     try:
@@ -229,26 +253,38 @@ def run(args) -> int:
         _, attention = model_module.predict(history.model, tokens, return_weights=True)
         head = args.heatmap_head
         print()
-        print(ascii_heatmap(attention[0, head], tokens=tokens[0].tolist(),
-                            title=f"{args.backend} · head {head} of {model_config.n_heads} · attention weights on "
-                                  f"{row_note(tokens.shape[1], model_config.max_len)}"))
+        print(
+            ascii_heatmap(
+                attention[0, head],
+                tokens=tokens[0].tolist(),
+                title=f"{args.backend} · head {head} of {model_config.n_heads} · attention weights on "
+                f"{row_note(tokens.shape[1], model_config.max_len)}",
+            )
+        )
 
         if args.plot is not None:
             from shared.tools.plots import save_figure, training_figure
 
             tokens = heatmap_tokens(model_config, FIGURE_POSITIONS)
             _, attention = model_module.predict(history.model, tokens, return_weights=True)
-            title = (f"{args.backend} · {args.history or args.save or 'this run'} · {train_config.dtype} · "
-                     f"{model_config.n_heads} heads · D={model_config.d_model} T={model_config.max_len} V={model_config.vocab_size}"
-                     + ("" if tokens.shape[1] == model_config.max_len else f" · heads on {row_note(tokens.shape[1], model_config.max_len)}"))
-            figure = training_figure(history.losses, train_config.steps_per_epoch, attention[0], tokens=tokens[0].tolist(),
-                                     title=title, first_step=history.first_step)
+            title = (
+                f"{args.backend} · {args.history or args.save or 'this run'} · {train_config.dtype} · "
+                f"{model_config.n_heads} heads · D={model_config.d_model} T={model_config.max_len} V={model_config.vocab_size}"
+                + ("" if tokens.shape[1] == model_config.max_len else f" · heads on {row_note(tokens.shape[1], model_config.max_len)}")
+            )
+            figure = training_figure(
+                history.losses, train_config.steps_per_epoch, attention[0], tokens=tokens[0].tolist(), title=title, first_step=history.first_step
+            )
             save_figure(figure, args.plot)
             written.append(str(args.plot))
             print(f"saved plot to {args.plot}")
         if args.save is not None:
-            companion = checkpoint.save(args.save, model_module.to_exchange(history.model),
-                                        trainer.optimizer_to_exchange(history.optimizer, history.model, train_config), model_config)
+            companion = checkpoint.save(
+                args.save,
+                model_module.to_exchange(history.model),
+                trainer.optimizer_to_exchange(history.optimizer, history.model, train_config),
+                model_config,
+            )
             written.append(f"{args.save} and {companion}")
             print(f"saved weights to {args.save} (Adam's state to {companion})")
         if args.history is not None:
@@ -256,8 +292,12 @@ def run(args) -> int:
             written.append(str(args.history))
             print(f"saved history to {args.history}")
     except KeyboardInterrupt:
-        print(f"interrupted after training: saved {', '.join(written)}; nothing else was written" if written
-              else "interrupted after training: nothing was saved", file=sys.stderr)
+        print(
+            f"interrupted after training: saved {', '.join(written)}; nothing else was written"
+            if written
+            else "interrupted after training: nothing was saved",
+            file=sys.stderr,
+        )
         return 130
     return 0
 

@@ -43,8 +43,7 @@ def align(left: list[str], right: list[str], left_start: int = 1, right_start: i
     matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal":
-            rows += [Row(left[i], right[j], left_start + i, right_start + j, "same")
-                     for i, j in zip(range(i1, i2), range(j1, j2))]
+            rows += [Row(left[i], right[j], left_start + i, right_start + j, "same") for i, j in zip(range(i1, i2), range(j1, j2))]
         else:
             _pair(a, b, i1, i2, j1, j2, rows, left, right, left_start, right_start)
     return rows
@@ -58,13 +57,11 @@ def _pair(a, b, i1, i2, j1, j2, rows, left, right, left_start, right_start) -> N
     if n * m > MAX_PAIRING:
         chosen = [(i1 + k, j1 + k) for k in range(min(n, m))]
     else:
-        ratio = [[difflib.SequenceMatcher(None, a[i1 + i], b[j1 + j], autojunk=False).ratio()
-                  for j in range(m)] for i in range(n)]
+        ratio = [[difflib.SequenceMatcher(None, a[i1 + i], b[j1 + j], autojunk=False).ratio() for j in range(m)] for i in range(n)]
         best = [[0.0] * (m + 1) for _ in range(n + 1)]  # best[i][j]: first i against first j
         for i in range(1, n + 1):
             for j in range(1, m + 1):
-                best[i][j] = max(best[i - 1][j - 1] + ratio[i - 1][j - 1] + 1e-9,
-                                 best[i - 1][j], best[i][j - 1])
+                best[i][j] = max(best[i - 1][j - 1] + ratio[i - 1][j - 1] + 1e-9, best[i - 1][j], best[i][j - 1])
         chosen, i, j = [], n, m
         while i and j:
             if best[i][j] == best[i - 1][j - 1] + ratio[i - 1][j - 1] + 1e-9:
@@ -101,8 +98,7 @@ def pair_sections(left: list[Section], right: list[Section]) -> list[tuple[Secti
     best = [[0] * (m + 1) for _ in range(n + 1)]
     for i in range(n - 1, -1, -1):
         for j in range(m - 1, -1, -1):
-            best[i][j] = max(best[i + 1][j], best[i][j + 1],
-                             best[i + 1][j + 1] + weight[i][j] if weight[i][j] else 0)
+            best[i][j] = max(best[i + 1][j], best[i][j + 1], best[i + 1][j + 1] + weight[i][j] if weight[i][j] else 0)
     pairs: list[tuple[Section | None, Section | None]] = []
     i = j = 0
     skipped_left: list[Section] = []
@@ -148,7 +144,7 @@ def titles_differ(row: Row) -> bool:
 
 
 def _normal_title(title: str) -> str:
-    return f"{title[:-len('.forward')]}.__call__" if title.startswith("def ") and title.endswith(".forward") else title
+    return f"{title[: -len('.forward')]}.__call__" if title.startswith("def ") and title.endswith(".forward") else title
 
 
 def align_files(left_lines: list[str], right_lines: list[str]) -> list[Row]:
@@ -156,8 +152,7 @@ def align_files(left_lines: list[str], right_lines: list[str]) -> list[Row]:
     rows: list[Row] = []
     for ls, rs in pair_sections(split_sections(left_lines), split_sections(right_lines)):
         rows.append(Row(ls and ls.title, rs and rs.title, ls and ls.start, rs and rs.start, "section"))
-        rows += align(ls.lines if ls else [], rs.lines if rs else [],
-                      ls.start if ls else 1, rs.start if rs else 1)
+        rows += align(ls.lines if ls else [], rs.lines if rs else [], ls.start if ls else 1, rs.start if rs else 1)
     return rows
 
 
@@ -181,9 +176,11 @@ def summary(rows: list[Row], labels: tuple[str, str] = ("left", "right")) -> str
     for row in rows:
         if row.kind != "section":
             counts[row.kind] += 1
-    return (f"{len(stats)} sections ({paired} paired, {len(stats) - paired} one-sided); lines: "
-            f"{counts['same']} same, {counts['changed']} changed, "
-            f"{counts['left-only']} {labels[0]} only, {counts['right-only']} {labels[1]} only")
+    return (
+        f"{len(stats)} sections ({paired} paired, {len(stats) - paired} one-sided); lines: "
+        f"{counts['same']} same, {counts['changed']} changed, "
+        f"{counts['left-only']} {labels[0]} only, {counts['right-only']} {labels[1]} only"
+    )
 
 
 def changed_ranges(left: str, right: str) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:

@@ -34,18 +34,24 @@ def repo_root() -> Path:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     left, right = default_sides()
-    parser.add_argument("name", nargs="?", default="attention", choices=NAMES,
-                        help="which file: PACKAGE/NAME.py of each backend (default: attention)")
-    parser.add_argument("--left", choices=registry.names(), default=left,
-                        help=f"the backend in the left column (default: {left})")
-    parser.add_argument("--right", choices=registry.names(), default=right,
-                        help=f"the backend in the right column (default: {right})")
-    parser.add_argument("--html", metavar="FILE", type=Path,
-                        help="write one self-contained HTML page to FILE instead of printing")
-    parser.add_argument("--width", metavar="N", type=int_at_least(MIN_WIDTH, f"a width of at least {MIN_WIDTH}"),
-                        help="total width in characters (default: the terminal's, or 160 when there is none)")
-    parser.add_argument("--color", choices=("auto", "always", "never"), default="auto",
-                        help="colour the terminal output: auto (when stdout is a terminal), always, never")
+    parser.add_argument(
+        "name", nargs="?", default="attention", choices=NAMES, help="which file: PACKAGE/NAME.py of each backend (default: attention)"
+    )
+    parser.add_argument("--left", choices=registry.names(), default=left, help=f"the backend in the left column (default: {left})")
+    parser.add_argument("--right", choices=registry.names(), default=right, help=f"the backend in the right column (default: {right})")
+    parser.add_argument("--html", metavar="FILE", type=Path, help="write one self-contained HTML page to FILE instead of printing")
+    parser.add_argument(
+        "--width",
+        metavar="N",
+        type=int_at_least(MIN_WIDTH, f"a width of at least {MIN_WIDTH}"),
+        help="total width in characters (default: the terminal's, or 160 when there is none)",
+    )
+    parser.add_argument(
+        "--color",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="colour the terminal output: auto (when stdout is a terminal), always, never",
+    )
 
 
 def terminal_width(default: int = 160) -> int:
@@ -67,8 +73,7 @@ def read_lines(path: Path) -> list[str]:
 
 def run(args) -> int:
     if args.left == args.right:
-        print(f"mhsa diff: --left and --right are both {args.left}; expected two different backends",
-              file=sys.stderr)
+        print(f"mhsa diff: --left and --right are both {args.left}; expected two different backends", file=sys.stderr)
         return 2
     root = repo_root()
     labels = (args.left, args.right)
@@ -76,8 +81,7 @@ def run(args) -> int:
     paths = [root / name for name in names]
     missing = [name for name, path in zip(names, paths) if not path.is_file()]
     if missing:
-        print(f"mhsa diff: {' and '.join(missing)} not found under {root}; nothing to compare",
-              file=sys.stderr)
+        print(f"mhsa diff: {' and '.join(missing)} not found under {root}; nothing to compare", file=sys.stderr)
         return 1
     try:
         left_lines, right_lines = (read_lines(path) for path in paths)
@@ -97,8 +101,7 @@ def run(args) -> int:
 
             from shared.tools.diff.render_rich import render_rich
 
-            console = Console(force_terminal=True, width=width, highlight=False, soft_wrap=True,
-                              markup=False, emoji=False)
+            console = Console(force_terminal=True, width=width, highlight=False, soft_wrap=True, markup=False, emoji=False)
             render_rich(rows, console, width, *names, left_lines, right_lines, labels=labels)
         else:
             sys.stdout.write(render_plain(rows, width, *names, labels=labels))
@@ -109,8 +112,7 @@ def run(args) -> int:
     return 0
 
 
-def write_page(target: Path, left_lines: list[str], right_lines: list[str], names: tuple[str, str],
-               labels: tuple[str, str], title: str) -> int:
+def write_page(target: Path, left_lines: list[str], right_lines: list[str], names: tuple[str, str], labels: tuple[str, str], title: str) -> int:
     if not target.parent.is_dir():
         print(f"mhsa diff: cannot write {target}: folder {target.parent} does not exist", file=sys.stderr)
         return 1

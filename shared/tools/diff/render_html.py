@@ -65,8 +65,9 @@ def line_html(pieces: list[tuple[str, str]], marks: list[tuple[int, int]] = ()) 
     return "".join(out)
 
 
-def render_html(left_lines: list[str], right_lines: list[str], left_name: str, right_name: str,
-                title: str = "", labels: tuple[str, str] = ("left", "right")) -> str:
+def render_html(
+    left_lines: list[str], right_lines: list[str], left_name: str, right_name: str, title: str = "", labels: tuple[str, str] = ("left", "right")
+) -> str:
     """One self-contained page: inline CSS, no scripts, no external resources; `labels`
     name the sides in the summary, the legend and the badges ('torch', 'jax')."""
     from pygments.formatters import HtmlFormatter
@@ -109,8 +110,7 @@ def render_html(left_lines: list[str], right_lines: list[str], left_name: str, r
             differing = counts["changed"] + counts["left-only"] + counts["right-only"]
             differing += titles_differ(row)
             badge = ("differs", f"{differing} differ") if differing else ("same", "same")
-        out.append(f'<li class="depth-{min(depth, 2)}"><a href="#s{k}">{esc(label)}</a>'
-                   f'<span class="badge {badge[0]}">{badge[1]}</span></li>')
+        out.append(f'<li class="depth-{min(depth, 2)}"><a href="#s{k}">{esc(label)}</a><span class="badge {badge[0]}">{badge[1]}</span></li>')
     out += [
         "</ol></nav>",
         '<table class="sbs">',

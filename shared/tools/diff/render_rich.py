@@ -52,14 +52,20 @@ def _rich_lines(lines: list[str]) -> list:
     from rich.text import Text
 
     code = "\n".join(lines)
-    parts = Syntax(code, "python", theme="ansi_dark", background_color="default").highlight(code).split(
-        "\n", allow_blank=True)
+    parts = Syntax(code, "python", theme="ansi_dark", background_color="default").highlight(code).split("\n", allow_blank=True)
     return [parts[i] if i < len(parts) and parts[i].plain == line else Text(line) for i, line in enumerate(lines)]
 
 
-def render_rich(rows: list[Row], console, width: int, left_name: str, right_name: str,
-                left_lines: list[str], right_lines: list[str],
-                labels: tuple[str, str] = ("left", "right")) -> None:
+def render_rich(
+    rows: list[Row],
+    console,
+    width: int,
+    left_name: str,
+    right_name: str,
+    left_lines: list[str],
+    right_lines: list[str],
+    labels: tuple[str, str] = ("left", "right"),
+) -> None:
     """Print the rows on `console`; `labels` name the sides in the summary ('torch', 'jax')."""
     from rich.text import Text
 
@@ -74,14 +80,14 @@ def render_rich(rows: list[Row], console, width: int, left_name: str, right_name
         if piece is None or text is None:
             body = Text()
         elif row.kind == "section":
-            body = Text(text[piece.begin:piece.end])
+            body = Text(text[piece.begin : piece.end])
         elif row.kind != "same" and styles is not STYLES:
-            body = Text(text[piece.begin:piece.end])  # 16 colours: no token colours on a highlight
+            body = Text(text[piece.begin : piece.end])  # 16 colours: no token colours on a highlight
         else:
-            body = colour[side][lineno - 1][piece.begin:piece.end]
+            body = colour[side][lineno - 1][piece.begin : piece.end]
         lead = piece.lead if piece is not None and text is not None else ""
         if lead:
-            body = Text(lead[:-len(CONTINUED)]) + Text(CONTINUED, style="dim") + body
+            body = Text(lead[: -len(CONTINUED)]) + Text(CONTINUED, style="dim") + body
         body.pad_right(max(0, cw - body.cell_len))
         if row.kind == "section":
             present = (row.left if side == "left" else row.right) is not None

@@ -123,8 +123,7 @@ def physical_lines(rows: list[Row], cw: int, names: tuple[str, str] = ("left", "
             yield row, k == 0, lp[k] if k < len(lp) else None, rp[k] if k < len(rp) else None
 
 
-def render_plain(rows: list[Row], width: int, left_name: str, right_name: str,
-                 labels: tuple[str, str] = ("left", "right")) -> str:
+def render_plain(rows: list[Row], width: int, left_name: str, right_name: str, labels: tuple[str, str] = ("left", "right")) -> str:
     """Plain text, no escapes; `labels` name the sides in the summary ('torch', 'jax')."""
     names = (left_name, right_name)
     nw, cw = columns(rows, width)
@@ -149,7 +148,7 @@ def marker(row: Row) -> str:
 def _cut(text: str | None, piece: Piece | None) -> str:
     if text is None or piece is None:
         return ""
-    return piece.lead + text[piece.begin:piece.end]
+    return piece.lead + text[piece.begin : piece.end]
 
 
 def _pad(text: str, width: int) -> str:

@@ -147,4 +147,3 @@ def _indent(line: str) -> int:
 
 def _def_title(stripped: str, qualified: str) -> str:
     return f"{'class' if stripped.startswith('class') else 'def'} {qualified}"
-

@@ -15,14 +15,26 @@ exchange convention (torch state_dict names and layouts). The first model is the
 """
 
 from shared.tools.port_check.command import (
-           add_arguments,
-           load_factory,
-           read_inputs,
-           run,
+    add_arguments,
+    load_factory,
+    read_inputs,
+    run,
 )
 from shared.tools.port_check.compare import check_port, lint, transfer_weights
 from shared.tools.port_check.records import PortReport, Row, Transfer, map_name
 from shared.tools.port_check.report import format_report
 
-__all__ = ["PortReport", "Row", "Transfer", "add_arguments", "check_port", "format_report", "lint", "load_factory",
-           "map_name", "read_inputs", "run", "transfer_weights"]
+__all__ = [
+    "PortReport",
+    "Row",
+    "Transfer",
+    "add_arguments",
+    "check_port",
+    "format_report",
+    "lint",
+    "load_factory",
+    "map_name",
+    "read_inputs",
+    "run",
+    "transfer_weights",
+]

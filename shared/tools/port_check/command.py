@@ -79,11 +79,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from shared.tools.train_cli import non_negative_int, positive_int
 
     add_threads_argument(parser)
-    parser.add_argument("torch_factory", metavar="TORCH_FACTORY",
-                        help="package.module:function returning the reference model, or (model, inputs)")
-    parser.add_argument("flax_factory", metavar="FLAX_FACTORY",
-                        help="package.module:function returning the port (nnx.Module or Linen (module, variables)), "
-                             "or (model, inputs)")
+    parser.add_argument("torch_factory", metavar="TORCH_FACTORY", help="package.module:function returning the reference model, or (model, inputs)")
+    parser.add_argument(
+        "flax_factory",
+        metavar="FLAX_FACTORY",
+        help="package.module:function returning the port (nnx.Module or Linen (module, variables)), or (model, inputs)",
+    )
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--input-shape", type=_shape, help="random normal float32 inputs of this shape, e.g. 3,5,24")
     source.add_argument("--inputs", help="inputs from a .npy file, or a .npz file (one array per positional argument)")
@@ -112,7 +113,16 @@ def run(args) -> int:
                 raise ValueError(f"--map {args.map} must hold a JSON object of names to names")
     except (ValueError, TypeError, OSError) as error:
         args.parser.error(str(error))
-    report = check_port(source, target, inputs, target_inputs=target_inputs, name_map=name_map,
-                        transfer=not args.no_transfer, dtype=args.dtype, grads=args.grads, probes=not args.no_probes)
+    report = check_port(
+        source,
+        target,
+        inputs,
+        target_inputs=target_inputs,
+        name_map=name_map,
+        transfer=not args.no_transfer,
+        dtype=args.dtype,
+        grads=args.grads,
+        probes=not args.no_probes,
+    )
     print(format_report(report))
     return 0 if report.passed else 1

@@ -55,10 +55,8 @@ def transfer_weights(source, target, name_map=None, copy=True):
             diff = max_abs_diff(source_params[name], target_params[mapped])
             if diff > tol:
                 value = source_params[name]
-                transposed = value.ndim == 2 and value.shape[0] == value.shape[1] and \
-                    max_abs_diff(value.T, target_params[mapped]) <= tol
-                report.differing.append((name, diff, "the port holds its transpose: a kernel copied without "
-                                                     "transposing" if transposed else ""))
+                transposed = value.ndim == 2 and value.shape[0] == value.shape[1] and max_abs_diff(value.T, target_params[mapped]) <= tol
+                report.differing.append((name, diff, "the port holds its transpose: a kernel copied without transposing" if transposed else ""))
     return target, report
 
 
@@ -83,8 +81,7 @@ def lint(source_desc: dict, target_desc: dict, sides: tuple[str, str], name_map=
                 side = sides[0] if value else sides[1]
                 findings.append(f"{where}: {kind} {what} in {side} only" + (f" ({why})" if why else ""))
             else:
-                findings.append(f"{where}: {kind} {key} {value!r} in {sides[0]}, {other[key]!r} in {sides[1]}"
-                                + (f" ({why})" if why else ""))
+                findings.append(f"{where}: {kind} {key} {value!r} in {sides[0]}, {other[key]!r} in {sides[1]}" + (f" ({why})" if why else ""))
     return findings
 
 
@@ -134,8 +131,7 @@ def output_rows(source_calls, target_calls, source_desc, dtype, name_map=None):
         kind = source_desc.get(path.split("[")[0], {}).get("type", "")
         abs_diff, rel_diff, note = _diffs(value, target[key])
         rows.append(Row("output", label, _label(*key, counts[path]), kind, abs_diff, rel_diff, tol, note, position))
-    unmatched_target = [_label(path, call, 1 + max(c for p, c in target if p == path)) for path, call in target
-                        if (path, call) not in used]
+    unmatched_target = [_label(path, call, 1 + max(c for p, c in target if p == path)) for path, call in target if (path, call) not in used]
     return rows, unmatched, unmatched_target
 
 
@@ -174,16 +170,20 @@ def _hints(report: PortReport, source_calls, source_desc) -> list[str]:
     hints = []
     if last_good is not None:
         parent = ".".join(os.path.commonprefix([_path(last_good.name).split("."), _path(first.name).split(".")]))
-        hints.append(f"the difference enters between '{last_good.name}' (last agreeing output) and '{first.name}'"
-                     + (f": look at the code of '{parent}' that runs between those calls" if parent else ""))
+        hints.append(
+            f"the difference enters between '{last_good.name}' (last agreeing output) and '{first.name}'"
+            + (f": look at the code of '{parent}' that runs between those calls" if parent else "")
+        )
     hints += _unmatched_between(report, source_calls, source_desc, last_good, first)
-    jumps = [(row.abs_diff / before.abs_diff, before, row) for before, row in zip(outputs[at:], outputs[at + 1:])
-             if before.abs_diff > 0 and np.isfinite(row.abs_diff)]
+    jumps = [
+        (row.abs_diff / before.abs_diff, before, row)
+        for before, row in zip(outputs[at:], outputs[at + 1 :])
+        if before.abs_diff > 0 and np.isfinite(row.abs_diff)
+    ]
     if jumps:
         ratio, before, row = max(jumps, key=lambda jump: jump[0])
         if ratio >= 10:
-            hints.append(f"the difference grows {ratio:.0f}x from '{before.name}' to '{row.name}': "
-                         f"a second cause may sit between them")
+            hints.append(f"the difference grows {ratio:.0f}x from '{before.name}' to '{row.name}': a second cause may sit between them")
             hints += _unmatched_between(report, source_calls, source_desc, before, row)
     return hints
 
@@ -199,13 +199,14 @@ def _unmatched_between(report, source_calls, source_desc, before, row) -> list[s
             info = source_desc[path]
             settings = ", ".join(f"{key}={value!r}" for key, value in info.items() if key != "type")
             why = next((text for (kind, _), text in WHY.items() if kind == info["type"]), "")
-            hints.append(f"'{path}' ({info['type']}{': ' + settings if settings else ''}) ran in {report.sides[0]} "
-                         f"just before '{row.name}' and has no counterpart in {report.sides[1]}" + (f"; {why}" if why else ""))
+            hints.append(
+                f"'{path}' ({info['type']}{': ' + settings if settings else ''}) ran in {report.sides[0]} "
+                f"just before '{row.name}' and has no counterpart in {report.sides[1]}" + (f"; {why}" if why else "")
+            )
     return hints
 
 
-def check_port(source, target, inputs, *, target_inputs=None, name_map=None, transfer=True, dtype="float32",
-               grads=False, probes=True) -> PortReport:
+def check_port(source, target, inputs, *, target_inputs=None, name_map=None, transfer=True, dtype="float32", grads=False, probes=True) -> PortReport:
     """Compare a reference model and its port on one batch.
 
     source: the reference (a torch.nn.Module); target: the port (an nnx.Module, or a Linen
@@ -235,15 +236,14 @@ def check_port(source, target, inputs, *, target_inputs=None, name_map=None, tra
 
     source_calls = source_port.capture(source, inputs)
     target_calls = target_port.capture(target, target_inputs)
-    report.rows, report.unmatched_source, report.unmatched_target = output_rows(source_calls, target_calls, source_desc,
-                                                                                dtype, name_map)
+    report.rows, report.unmatched_source, report.unmatched_target = output_rows(source_calls, target_calls, source_desc, dtype, name_map)
     if grads:
-        report.rows += gradient_rows(source_port.gradients(source, inputs), target_port.gradients(target, target_inputs),
-                                     dtype, name_map)
+        report.rows += gradient_rows(source_port.gradients(source, inputs), target_port.gradients(target, target_inputs), dtype, name_map)
     report.hints = _hints(report, source_calls, source_desc)
     if probes and report.first_failure is not None and report.first_failure.section == "output":
-        report.probes = run_probes(report, (source, source_port, inputs), (target, target_port, target_inputs),
-                                   source_desc, target_desc, name_map, dtype)
+        report.probes = run_probes(
+            report, (source, source_port, inputs), (target, target_port, target_inputs), source_desc, target_desc, name_map, dtype
+        )
     return report
 
 
@@ -283,8 +283,9 @@ def run_probes(report, source_side, target_side, source_desc, target_desc, name_
 
     probes = []
     with source_port.highest_precision(), target_port.highest_precision():
-        probes.append(verdict("matmul precision 'highest' (TF32 off) in both",
-                              source_port.capture(source, inputs), target_port.capture(target, target_inputs)))
+        probes.append(
+            verdict("matmul precision 'highest' (TF32 off) in both", source_port.capture(source, inputs), target_port.capture(target, target_inputs))
+        )
     source_calls = source_port.capture(source, inputs)
     linear = next((row for row in failing if row.kind == "Linear"), None)
     switched = None if linear is None else target_port.switched(target, "transpose", _path(linear.target))

@@ -25,8 +25,10 @@ def backend_of(model) -> tuple[str, object]:
         if port.owns(model):
             return name, port
     known = ", ".join(registry.names("port"))
-    raise TypeError(f"model of type {type(model).__name__} is not one the port modules of {known} can read "
-                    f"(a torch.nn.Module, an nnx.Module, or a Linen (module, variables) pair)")
+    raise TypeError(
+        f"model of type {type(model).__name__} is not one the port modules of {known} can read "
+        f"(a torch.nn.Module, an nnx.Module, or a Linen (module, variables) pair)"
+    )
 
 
 def map_name(name: str, name_map: dict[str, str] | None) -> str:
@@ -34,7 +36,7 @@ def map_name(name: str, name_map: dict[str, str] | None) -> str:
     `name` (whole dot-separated parts) found in name_map is replaced; otherwise the same name."""
     for key in sorted(name_map or {}, key=len, reverse=True):
         if name == key or name.startswith(key + ".") or name.startswith(key + "["):
-            return name_map[key] + name[len(key):]
+            return name_map[key] + name[len(key) :]
     return name
 
 

@@ -36,12 +36,13 @@ def format_report(report: PortReport) -> str:
                 section = row.section
             marker = "  <- the models part here" if row is first else ""
             note = f"  ({row.note})" if row.note else ""
-            lines.append(f"| {name:<{width}} | {row.kind:<{kind_width}} | {row.abs_diff:>9.2e} | {row.rel_diff:>9.2e} | "
-                         f"{row.tol:>9.0e} | {'PASS' if row.passed else 'FAIL'}   |{marker}{note}")
+            lines.append(
+                f"| {name:<{width}} | {row.kind:<{kind_width}} | {row.abs_diff:>9.2e} | {row.rel_diff:>9.2e} | "
+                f"{row.tol:>9.0e} | {'PASS' if row.passed else 'FAIL'}   |{marker}{note}"
+            )
         lines.append("")
     if report.unmatched_source:
-        lines.append(f"no counterpart in {b} (compared only through the next matched output): "
-                     + ", ".join(report.unmatched_source))
+        lines.append(f"no counterpart in {b} (compared only through the next matched output): " + ", ".join(report.unmatched_source))
     if report.unmatched_target:
         lines.append(f"no counterpart in {a}: " + ", ".join(report.unmatched_target))
     lines += [f"hint: {hint}" for hint in report.hints]
@@ -55,6 +56,8 @@ def format_report(report: PortReport) -> str:
         lines.append(f"FAIL: every output agrees on this batch, but {len(report.lint)} setting(s) differ (lint above)")
     else:
         failures = sum(not row.passed for row in report.rows)
-        lines.append(f"FAIL: the models part at {first.section} '{first.name}' ({first.kind or 'parameter'}): "
-                     f"{first.abs_diff:.2e} > {first.tol:.0e} ({failures} of {len(report.rows)} comparisons fail)")
+        lines.append(
+            f"FAIL: the models part at {first.section} '{first.name}' ({first.kind or 'parameter'}): "
+            f"{first.abs_diff:.2e} > {first.tol:.0e} ({failures} of {len(report.rows)} comparisons fail)"
+        )
     return "\n".join(lines)
