@@ -13,14 +13,14 @@ STAMP := $(VENV)/.installed
 PIP_LOG := $(VENV)/pip-install.log
 INDEX := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test lint bench clean
 
 # pip's own output goes to a log, shown only when the install fails
 $(STAMP): pyproject.toml constraints.txt
 	@echo "[1/2] creating $(VENV) with $(PYTHON)"
 	@$(PYTHON) -m venv $(VENV)
 	@echo "[2/2] installing the pinned versions of constraints.txt (torch, jax, flax, optax, ...): a minute or two"
-	@$(PY) -m pip install --disable-pip-version-check $(INDEX) $(PIP_ARGS) -c constraints.txt -e ".[test]" > $(PIP_LOG) 2>&1 \
+	@$(PY) -m pip install --disable-pip-version-check $(INDEX) $(PIP_ARGS) -c constraints.txt -e ".[test,lint]" > $(PIP_LOG) 2>&1 \
 		|| { cat $(PIP_LOG); echo "pip install failed: the log above is also in $(PIP_LOG)"; exit 1; }
 	@touch $(STAMP)
 	@echo "installed: $(VENV)/bin/mhsa --help lists every command"
@@ -32,6 +32,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# the checks CI runs before the tests (without make: bash scripts/lint.sh)
+lint: $(STAMP)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/lint.sh
 
 bench: $(STAMP)
 	$(VENV)/bin/mhsa bench
