@@ -106,7 +106,8 @@ def _empty(config: ModelConfig, dtype: str) -> TinyLM:
     initializers whose draws would only be overwritten (compiling them was a large share of the JAX
     demo's start-up, see benchmarks/RESULTS.md): nnx.eval_shape gives the structure, and what is not a parameter (the causal mask) comes
     from the real constructor, compiled with the initializers cut away, once per config."""
-    graphdef, params, rest = nnx.split(nnx.eval_shape(lambda: TinyLM(config, dtype=dtype, rngs=nnx.Rngs(0))), nnx.Param, ...)
+    # two filters give three parts; the stub types split's result as a variadic tuple
+    graphdef, params, rest = nnx.split(nnx.eval_shape(lambda: TinyLM(config, dtype=dtype, rngs=nnx.Rngs(0))), nnx.Param, ...)  # type: ignore[misc]
     params = jax.tree.map(lambda leaf: jnp.asarray(np.zeros(leaf.shape, leaf.dtype)), params)
     # fresh arrays for every model: a trainer donates its state, which deletes the buffers
     nnx.replace_by_pure_dict(rest, jax.tree.map(jnp.array, _buffers(config, dtype, MultiHeadSelfAttention)))

@@ -85,7 +85,7 @@ def train(model_config: ModelConfig, train_config: TrainConfig, dp, init="shared
     state = jax.device_put(state, NamedSharding(mesh, P()))  # replicated
 
     # 2. epochs: the global batch's loss at every step, checked and reported here alone
-    losses = []
+    losses: list[float] = []
     for batches in training.epochs(model_config, train_config, start=start_epoch):
         state, epoch_losses = train_epoch(graphdef, state, batches, mesh, shard)
         training.finish_epoch(losses, epoch_losses, train_config, start_epoch, on_step)

@@ -13,6 +13,7 @@ classes' __call__ for one eager call (restored even on error), Linen's by captur
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -159,7 +160,7 @@ def _merge(a, b):
     return merged
 
 
-def _flat(tree, prefix=()) -> dict[tuple, object]:
+def _flat(tree, prefix=()) -> dict[tuple, Any]:
     out = {}
     for key, value in tree.items():
         if hasattr(value, "items"):
@@ -319,7 +320,7 @@ def capture(model, inputs: tuple) -> list[tuple[str, np.ndarray]]:
     arrays = _arrays(model, inputs)
     if _is_linen(model):
         module, variables = model
-        order = []
+        order: list[str] = []
 
         def linen(variables, arrays):
             calls, _ = _linen_run((module, variables), arrays)

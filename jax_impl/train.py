@@ -97,7 +97,7 @@ def train(model_config: ModelConfig, train_config: TrainConfig, init="shared", o
     graphdef, state = nnx.split((model, optimizer))
 
     # 3. epochs: the same batches as every other backend
-    losses = []
+    losses: list[float] = []
     for batches in training.epochs(model_config, train_config, start=start_epoch):
         for chunk in training.chunks(batches):  # a few steps at a time: progress as it happens
             state, epoch_losses = train_epoch(graphdef, state, chunk)

@@ -61,7 +61,7 @@ def loss(params, tokens, targets, config: ModelConfig, mask=None) -> np.ndarray:
 
 def intermediates(tokens, params, config: ModelConfig, mask=None) -> dict[str, np.ndarray]:
     """Every named stage of one forward pass (shared.trace.STAGES), recorded by `forward` itself."""
-    trace = {}
+    trace: dict[str, np.ndarray] = {}
     forward(tokens, params, config, mask=mask, trace=trace)
     return trace
 
@@ -118,7 +118,7 @@ def loss_and_grads(model: TinyLM, tokens, targets, *, mask=None):
     of numpy_ref.backward, from the stages one forward pass records."""
     from numpy_ref.backward import backward
 
-    trace = {}
+    trace: dict[str, np.ndarray] = {}
     forward(tokens, model.params, model.config, mask=mask, trace=trace)
     loss, grads = backward(tokens, targets, model.params, model.config, trace, mask=mask)
     return float(loss), grads

@@ -76,7 +76,7 @@ def train(model_config: ModelConfig, train_config: TrainConfig, init="shared", o
 
     # 3. epochs: the same batches as every other backend
     # (an overflow is not warned about: finish_epoch names the first non-finite step, as in torch and JAX)
-    losses = []
+    losses: list[float] = []
     for batches in training.epochs(model_config, train_config, start=start_epoch):
         for chunk in training.chunks(batches):  # a few steps at a time: progress as it happens
             with np.errstate(over="ignore", invalid="ignore"):
@@ -105,7 +105,7 @@ def keep_freed_memory() -> bool:
 
 def optimizer_to_exchange(optimizer: Adam, model: TinyLM, train_config: TrainConfig) -> AdamState:
     """Adam's moments and step count in the exchange layout (after train_config.epochs epochs)."""
-    moments = {"exp_avg": {}, "exp_avg_sq": {}}
+    moments: dict[str, dict[str, np.ndarray]] = {"exp_avg": {}, "exp_avg_sq": {}}
     for name in model.params:
         moments["exp_avg"][name] = optimizer.exp_avg[name].copy()
         moments["exp_avg_sq"][name] = optimizer.exp_avg_sq[name].copy()

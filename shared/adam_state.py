@@ -18,13 +18,14 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import safetensors.numpy
 
 from shared import weights
 from shared.config import ModelConfig, TrainConfig
-from shared.files import write_atomically
+from shared.files import PathArg, write_atomically
 
 FORMAT = "mhsa-adam"
 FORMAT_VERSION = "2"  # 2: records weights_sha256, the digest of the weights file it belongs to
@@ -56,13 +57,13 @@ class AdamState:
             )
 
 
-def companion_path(weights_path) -> Path:
+def companion_path(weights_path: PathArg) -> Path:
     """`run.safetensors` -> `run.adam.safetensors`."""
     path = Path(weights_path)
     return path.with_name(f"{path.name.removesuffix('.safetensors')}.adam.safetensors")
 
 
-def save(path, state: AdamState, model_config: ModelConfig, weights_digest: str | None = None) -> None:
+def save(path: PathArg, state: AdamState, model_config: ModelConfig, weights_digest: str | None = None) -> None:
     """Write the companion file atomically. weights_digest: the SHA-256 of the weights file
     it belongs to (shared.checkpoint.save passes it; --resume refuses a file without it)."""
     for moment in MOMENTS:
@@ -85,14 +86,14 @@ def payload(state: AdamState, model_config: ModelConfig, weights_digest: str | N
     return safetensors.numpy.save(arrays, metadata)
 
 
-def load(path, model_config: ModelConfig, weights_digest: str | None = None) -> AdamState:
+def load(path: PathArg, model_config: ModelConfig, weights_digest: str | None = None) -> AdamState:
     """Read and validate a companion file against the model it belongs to, with the bounded
     reads of shared.weights. With weights_digest (the SHA-256 of the weights file beside it),
     a companion that records another digest, or none, is refused: the pair does not belong
     together (a save killed between its two files, or a file copied from another run)."""
     path = Path(path)
     what = f"Adam state file {str(path)!r}"
-    found = {}
+    found: dict[str, Any] = {}
 
     def check(header: dict) -> None:
         metadata = header.get("__metadata__") or {}

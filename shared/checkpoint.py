@@ -19,16 +19,19 @@ import hashlib
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+import numpy as np
 
 from shared import adam_state, checks, weights
 from shared.adam_state import AdamState, companion_path
 from shared.config import ModelConfig
-from shared.files import write_atomically
+from shared.files import PathArg, write_atomically
 
 
-def save(path, arrays: dict, state: AdamState, model_config: ModelConfig) -> Path:
+def save(path: PathArg, arrays: dict[str, np.ndarray], state: AdamState, model_config: ModelConfig) -> Path:
     """Write the weights and their bound Adam companion; returns the companion's path.
 
     Both payloads are built and validated before either file is touched."""
@@ -45,7 +48,7 @@ def save(path, arrays: dict, state: AdamState, model_config: ModelConfig) -> Pat
     return companion
 
 
-def load(path, model_config: ModelConfig | None = None) -> tuple[weights.Loaded, AdamState]:
+def load(path: PathArg, model_config: ModelConfig | None = None) -> tuple[weights.Loaded, AdamState]:
     """Read a checkpoint for --resume: the weights once, then the companion, verified to be
     the one written with exactly these weights."""
     loaded = weights.read(path, expect=model_config)
@@ -54,7 +57,7 @@ def load(path, model_config: ModelConfig | None = None) -> tuple[weights.Loaded,
 
 
 @contextmanager
-def deferred_interrupt():
+def deferred_interrupt() -> Iterator[None]:
     """Hold SIGINT (Ctrl-C) while the block runs, then raise KeyboardInterrupt if one came:
     the two files of a checkpoint are written both or, on an error, neither is half-written."""
     if threading.current_thread() is not threading.main_thread():
@@ -70,7 +73,7 @@ def deferred_interrupt():
         raise KeyboardInterrupt
 
 
-def bind(path) -> Path:
+def bind(path: PathArg) -> Path:
     """Record in the companion of `path` the digest of the weights file `path` (converts a
     checkpoint saved before the binding). The companion must fit the weights' config."""
     loaded = weights.read(path)

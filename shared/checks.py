@@ -17,7 +17,7 @@ BLOCK_DTYPES = ("float32", "float64")
 SEED_RANGE = (0, 2**32 - 1)
 
 
-def check_block(d_model, n_heads, max_len) -> None:
+def check_block(d_model: int, n_heads: int, max_len: int) -> None:
     """Sizes of one attention block: positive integers with d_model % n_heads == 0.
 
     max_len None: no context limit (numpy_ref's pure attention function)."""
@@ -70,7 +70,7 @@ def check_input(shape: tuple, dtype_name: str, d_model: int, max_len: int | None
     check_length(T, max_len)
 
 
-def check_tokens(shape: tuple, dtype_name: str, vocab_size: int, max_len: int, low=None, high=None) -> None:
+def check_tokens(shape: tuple, dtype_name: str, vocab_size: int, max_len: int, low: int | None = None, high: int | None = None) -> None:
     """tokens must be integer (B, T) with 1 <= T <= max_len and every id in [0, vocab_size).
 
     `low` and `high` are the smallest and largest id when they are known (None while tracing).
@@ -80,7 +80,7 @@ def check_tokens(shape: tuple, dtype_name: str, vocab_size: int, max_len: int, l
     if len(shape) != 2:
         raise ValueError(f"tokens must have rank 2 (B, T), got rank {len(shape)} with shape {tuple(shape)}")
     check_length(shape[1], max_len)
-    if low is not None and (low < 0 or high >= vocab_size):
+    if low is not None and high is not None and (low < 0 or high >= vocab_size):  # both known or neither
         bad = low if low < 0 else high
         raise ValueError(f"token id {bad} is out of range: ids must lie in [0, {vocab_size}) for vocab_size={vocab_size}")
 
@@ -104,7 +104,7 @@ def check_mask(mask_shape: tuple, dtype_name: str, target: tuple) -> None:
         raise ValueError(f"mask of shape {tuple(mask_shape)} does not broadcast to (B, H, T, T) = {tuple(target)}")
 
 
-def check_seed(seed, owner: str = "seed") -> None:
+def check_seed(seed: int, owner: str = "seed") -> None:
     """A seed every backend accepts: an int in SEED_RANGE."""
     low, high = SEED_RANGE
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not low <= seed <= high:
@@ -132,7 +132,7 @@ def check_memory(nbytes: int, doing: str, detail: str = "") -> None:
         )
 
 
-def training_bytes(vocab_size, d_model, n_heads, max_len, batch_size, n_sequences, itemsize) -> dict[str, int]:
+def training_bytes(vocab_size: int, d_model: int, n_heads: int, max_len: int, batch_size: int, n_sequences: int, itemsize: int) -> dict[str, int]:
     """A lower-bound estimate of what training allocates, by part (bytes): the parameters
     with their gradients and two Adam moments, one step's activations including the
     (B, H, T, T) attention weights and their gradients, and the copy-task rows and batches."""
@@ -145,7 +145,7 @@ def training_bytes(vocab_size, d_model, n_heads, max_len, batch_size, n_sequence
     }
 
 
-def check_training_fits(vocab_size, d_model, n_heads, max_len, batch_size, n_sequences, itemsize) -> None:
+def check_training_fits(vocab_size: int, d_model: int, n_heads: int, max_len: int, batch_size: int, n_sequences: int, itemsize: int) -> None:
     parts = training_bytes(vocab_size, d_model, n_heads, max_len, min(batch_size, n_sequences), n_sequences, itemsize)
     detail = " (" + ", ".join(f"{name} {_gib(size)}" for name, size in parts.items()) + ")"
     check_memory(sum(parts.values()), "this run", detail)
@@ -174,7 +174,7 @@ def check_outputs(inputs: dict, outputs: dict) -> None:
                 )
 
 
-def check_writable(path, flag: str) -> None:
+def check_writable(path: str | os.PathLike[str], flag: str) -> None:
     """An output file a run will write at its end: refuse it before any work, not after.
 
     Its folder must exist and be writable, and the path must not be a folder itself."""
@@ -189,7 +189,15 @@ def check_writable(path, flag: str) -> None:
 
 
 def check_generate(
-    shape: tuple, dtype_name: str, vocab_size: int, max_len: int, max_new_tokens, low=None, high=None, greedy: bool = True, temperature=1.0
+    shape: tuple,
+    dtype_name: str,
+    vocab_size: int,
+    max_len: int,
+    max_new_tokens: int,
+    low: int | None = None,
+    high: int | None = None,
+    greedy: bool = True,
+    temperature: float = 1.0,
 ) -> None:
     """A generation request, before any work: a non-empty integer prompt (B, P) with ids in
     [0, vocab_size), max_new_tokens a non-negative int, and P + max_new_tokens <= max_len
@@ -210,7 +218,7 @@ def check_generate(
         )
 
 
-def check_cache(batch: int, dtype_name: str, cache_batch: int, cache_dtype_name: str, start, T: int, max_len: int) -> None:
+def check_cache(batch: int, dtype_name: str, cache_batch: int, cache_dtype_name: str, start: int, T: int, max_len: int) -> None:
     """A KV cache given to a forward pass: the batch and dtype of the chunk (B, T, D) it extends,
     and room for T more positions after the `start` already filled (None while tracing)."""
     if cache_batch != batch:

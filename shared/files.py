@@ -22,8 +22,10 @@ import stat
 import tempfile
 from pathlib import Path
 
+PathArg = str | os.PathLike[str]  # what the file functions accept as a path
 
-def open_regular(path, what: str) -> tuple[int, os.stat_result]:
+
+def open_regular(path: PathArg, what: str) -> tuple[int, os.stat_result]:
     """An fd open for reading on a regular file, and its stat; ValueError for anything else.
 
     O_NONBLOCK: opening a FIFO without a writer would otherwise block forever."""
@@ -52,7 +54,7 @@ def open_regular(path, what: str) -> tuple[int, os.stat_result]:
     return fd, info
 
 
-def read_exactly(fd: int, size: int, what: str, path) -> bytes:
+def read_exactly(fd: int, size: int, what: str, path: PathArg) -> bytes:
     """`size` bytes from the fd's current position; ValueError when the file ends first."""
     chunks, left = [], size
     while left > 0:
@@ -67,7 +69,7 @@ def read_exactly(fd: int, size: int, what: str, path) -> bytes:
     return b"".join(chunks)
 
 
-def read_regular(path, what: str, limit: int) -> bytes:
+def read_regular(path: PathArg, what: str, limit: int) -> bytes:
     """The whole content of a regular file of at most `limit` bytes (ValueError otherwise)."""
     fd, info = open_regular(path, what)
     try:
@@ -78,7 +80,7 @@ def read_regular(path, what: str, limit: int) -> bytes:
         os.close(fd)
 
 
-def same_file(a, b) -> bool:
+def same_file(a: PathArg, b: PathArg) -> bool:
     """True when two paths name one file: equal once resolved, or the same (device, inode)."""
     a, b = Path(a), Path(b)
     if a.resolve() == b.resolve():

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.config import ModelConfig, TrainConfig
-from shared.files import read_regular, write_atomically
+from shared.files import PathArg, read_regular, write_atomically
 
 KEYS = ("backend", "model_config", "train_config", "losses", "epoch_losses", "seconds")
 # also written: first_step, the step of losses[0] (0 unless the run resumed a saved one);
@@ -53,12 +53,12 @@ class History:
             "source_sha256": self.source_sha256,
         }
 
-    def save(self, path) -> None:
+    def save(self, path: PathArg) -> None:
         """Write the JSON atomically (temporary file, then rename)."""
         write_atomically(Path(path), json.dumps(self.to_dict(), indent=1).encode())
 
     @classmethod
-    def load(cls, path) -> History:
+    def load(cls, path: PathArg) -> History:
         """Read a --history file with bounded reads; every field type- and range-checked."""
         path = Path(path)
         what = f"history file {str(path)!r}"

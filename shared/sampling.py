@@ -15,5 +15,5 @@ def next_tokens(logits: np.ndarray, greedy: bool, temperature: float, rng: np.ra
     probs = np.exp(scaled - scaled.max(axis=-1, keepdims=True))  # (B, V)
     probs /= probs.sum(axis=-1, keepdims=True)
     # one uniform draw per row against the cumulative probabilities (inverse transform sampling)
-    draws = rng.random(logits.shape[0])  # (B,)
+    draws = rng.random((logits.shape[0],))  # (B,)
     return np.minimum((probs.cumsum(axis=-1) < draws[:, None]).sum(axis=-1), logits.shape[-1] - 1)  # (B,)

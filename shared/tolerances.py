@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 # measured on a prototype: float32 trajectories within 2.2e-5 over 192 steps, float64 within 3e-15
 TOLERANCES = {
@@ -20,7 +21,7 @@ def stage_kind(name: str) -> str:
     return "weights" if name == "weights" else "stage"
 
 
-def max_abs_diff(a, b) -> float:
+def max_abs_diff(a: ArrayLike, b: ArrayLike) -> float:
     """max |a - b|, where equal infinities count as equal and a NaN on one side only is inf."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if a.shape != b.shape:
@@ -31,7 +32,7 @@ def max_abs_diff(a, b) -> float:
     return float(diff.max()) if diff.size else 0.0
 
 
-def assert_close(name: str, actual, expected, tol: float) -> float:
+def assert_close(name: str, actual: ArrayLike, expected: ArrayLike, tol: float) -> float:
     """Raise AssertionError naming the tensor, the max difference and the tolerance."""
     diff = max_abs_diff(actual, expected)
     if not diff <= tol:

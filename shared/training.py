@@ -8,10 +8,13 @@ import time
 from collections.abc import Callable, Iterator
 from itertools import islice
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from shared import weights
+from shared.adam_state import AdamState
 from shared.config import ModelConfig, TrainConfig
 from shared.data import batches, copy_task
 from shared.history import History
@@ -37,7 +40,7 @@ class RankFailedError(RuntimeError):
         super().__init__(f"data-parallel rank {rank} of {dp} failed: {reason}; all {dp} ranks were stopped")
 
 
-def initial_weights(init, model_config: ModelConfig, train_config: TrainConfig) -> dict | None:
+def initial_weights(init: str | Path | weights.Loaded, model_config: ModelConfig, train_config: TrainConfig) -> dict | None:
     """Exchange arrays to start from: "shared" = init_weights(config, seed), identical for every
     backend; "native" = None (the framework's own initializers); a path = a saved weights file;
     a weights.Loaded = a file already read and validated (the command line reads each file once)."""
@@ -85,7 +88,9 @@ def chunks(batches: list, size: int = PROGRESS_STEPS) -> Iterator[list]:
         yield batches[start : start + size]
 
 
-def finish_epoch(losses: list[float], epoch_losses, train_config: TrainConfig, start_epoch: int = 0, on_step: Callable | None = None) -> None:
+def finish_epoch(
+    losses: list[float], epoch_losses: ArrayLike, train_config: TrainConfig, start_epoch: int = 0, on_step: Callable | None = None
+) -> None:
     """Append one epoch's per-step losses; stop at the first non-finite one, naming its step
     (counted over the whole run: a run resumed after start_epoch epochs does not start at 0)."""
     first_step = start_epoch * train_config.steps_per_epoch
@@ -98,7 +103,7 @@ def finish_epoch(losses: list[float], epoch_losses, train_config: TrainConfig, s
             on_step(step, float(loss))
 
 
-def first_epoch(resume, train_config: TrainConfig) -> int:
+def first_epoch(resume: AdamState | None, train_config: TrainConfig) -> int:
     """Where a run starts: 0, or the epochs a resumed AdamState has done (checked to continue)."""
     if resume is None:
         return 0
@@ -106,7 +111,16 @@ def first_epoch(resume, train_config: TrainConfig) -> int:
     return resume.epochs_done
 
 
-def history(backend: str, model_config, train_config, losses: list[float], started: float, model, optimizer, start_epoch: int = 0) -> History:
+def history(
+    backend: str,
+    model_config: ModelConfig,
+    train_config: TrainConfig,
+    losses: list[float],
+    started: float,
+    model: Any,
+    optimizer: Any,
+    start_epoch: int = 0,
+) -> History:
     """Bundle a finished run; epoch means over each epoch's steps."""
     size = train_config.steps_per_epoch
     epoch_losses = [float(np.mean(losses[start : start + size])) for start in range(0, len(losses), size)]
@@ -126,7 +140,7 @@ def history(backend: str, model_config, train_config, losses: list[float], start
 # --- data parallel (torch_impl.parallel, jax_impl.parallel) ------------------------------------
 
 
-def check_data_parallel(train_config: TrainConfig, dp, devices: int | None = None, where: str = "devices") -> int:
+def check_data_parallel(train_config: TrainConfig, dp: int, devices: int | None = None, where: str = "devices") -> int:
     """dp shards per global batch: every batch, the last smaller one included, must split into
     dp equal shards, and dp must not exceed the `devices` available (None: no limit, as for
     gloo ranks on CPU). Returns the shard size of a full batch. Raised before any work."""

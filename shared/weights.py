@@ -12,15 +12,17 @@ import math
 import os
 import re
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import safetensors.numpy
 
 from shared import checks, files
 from shared.config import DTYPES, ModelConfig
-from shared.files import write_atomically
+from shared.files import PathArg, write_atomically
 
 FORMAT = "mhsa-exchange"
 FORMAT_VERSION = "1"
@@ -130,7 +132,7 @@ def check_layout(layout: dict, config: ModelConfig, dtype: str | None = None) ->
     return common
 
 
-def save(path, arrays: dict, config: ModelConfig) -> None:
+def save(path: PathArg, arrays: dict[str, np.ndarray], config: ModelConfig) -> None:
     """Write `arrays` and `config` as safetensors, atomically: a temporary file in the same
     folder, then a rename, so an interrupted save never destroys the previous file."""
     write_atomically(Path(path), payload(arrays, config))
@@ -155,12 +157,12 @@ class Loaded:
     digest: str
 
 
-def read(path, expect: ModelConfig | None = None) -> Loaded:
+def read(path: PathArg, expect: ModelConfig | None = None) -> Loaded:
     """Read and validate a file written by `save`, once, with bounded reads: the header's
     config, names, shapes and dtypes are checked before the body is read."""
     path = Path(path)
     what = f"weights file {str(path)!r}"
-    found = {}
+    found: dict[str, Any] = {}
 
     def check(header: dict) -> None:
         metadata = header.get("__metadata__") or {}
@@ -181,7 +183,7 @@ def read(path, expect: ModelConfig | None = None) -> Loaded:
     return Loaded(path, arrays, found["config"], found["dtype"], hashlib.sha256(raw).hexdigest())
 
 
-def load(path, expect: ModelConfig | None = None) -> tuple[dict[str, np.ndarray], ModelConfig]:
+def load(path: PathArg, expect: ModelConfig | None = None) -> tuple[dict[str, np.ndarray], ModelConfig]:
     """Read a file written by `save`: returns (arrays, config), both validated.
 
     With `expect`, a file whose architecture (sizes, bias) disagrees with it is refused.
@@ -222,7 +224,7 @@ def check_same_architecture(found: ModelConfig, expected: ModelConfig, source: s
         raise ValueError(f"{source} was saved with a different model config: {', '.join(differences)}")
 
 
-def read_safetensors(path: Path, what: str, check) -> tuple[bytes, dict]:
+def read_safetensors(path: Path, what: str, check: Callable[[dict], None]) -> tuple[bytes, dict]:
     """The bytes and header of a safetensors file, read with bounds: a regular file only, a
     header of at most MAX_HEADER bytes nested at most MAX_DEPTH deep, tensors that tile the
     body exactly, the file size equal to what the header declares, `check(header)` passed

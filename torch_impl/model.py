@@ -80,7 +80,12 @@ def to_exchange(model: TinyLM) -> dict[str, np.ndarray]:
 
 def grads_to_exchange(model: TinyLM) -> dict[str, np.ndarray]:
     """The .grad of every parameter after loss.backward() as exchange arrays."""
-    return {name: parameter.grad.detach().cpu().numpy().copy() for name, parameter in model.named_parameters()}
+    grads = {}
+    for name, parameter in model.named_parameters():
+        if parameter.grad is None:
+            raise ValueError(f"parameter {name} has no .grad; expected loss.backward() to have run first")
+        grads[name] = parameter.grad.detach().cpu().numpy().copy()
+    return grads
 
 
 def loss_fn(model, x, y, mask=None):

@@ -80,14 +80,16 @@ def train(model_config: ModelConfig, train_config: TrainConfig, dp, init="shared
     results = context.Queue()
     port = free_port()
     ranks = [
-        context.Process(target=_run_rank, daemon=True, args=(rank, dp, port, model_config, train_config, init, resume, shard, results))
+        # every concrete context has Process; the stub types get_context(str) as BaseContext, which lacks it
+        context.Process(target=_run_rank, daemon=True, args=(rank, dp, port, model_config, train_config, init, resume, shard, results))  # type: ignore[attr-defined]
         for rank in range(dp)
     ]
     for rank in ranks:
         rank.start()
 
     # 2. epochs: the global batch's loss at every step, checked and reported here alone
-    losses, final = [], None
+    losses: list[float] = []
+    final = None
     try:
         while final is None:
             message = _next_message(results, ranks)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import typing
 
 import numpy as np
 import torch
@@ -140,7 +141,8 @@ def gradients(model, inputs: tuple) -> dict[str, np.ndarray]:
     model.zero_grad(set_to_none=True)
     output = model(*_tensors(model, inputs))
     outputs = output if isinstance(output, (tuple, list)) else (output,)
-    sum(value.sum() for value in outputs if isinstance(value, torch.Tensor) and value.is_floating_point()).backward()
+    # a sum of tensors is a tensor (sum's start 0 makes the stub say int | Tensor)
+    typing.cast(torch.Tensor, sum(value.sum() for value in outputs if isinstance(value, torch.Tensor) and value.is_floating_point())).backward()
     grads = {name: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().cpu().numpy().copy() for name, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
     return grads

@@ -17,6 +17,7 @@ if __name__ == "__main__":  # the command line belongs to the tools layer: parse
 
 import time
 
+import numpy as np
 import torch
 
 from shared import training
@@ -70,7 +71,7 @@ def train(model_config: ModelConfig, train_config: TrainConfig, init="shared", o
         optimizer_from_exchange(resume, optimizer, model)
 
     # 3. epochs: the same batches as every other backend
-    losses = []
+    losses: list[float] = []
     for batches in training.epochs(model_config, train_config, start=start_epoch):
         for chunk in training.chunks(batches):  # a few steps at a time: progress as it happens
             epoch_losses = train_epoch(model, optimizer, chunk)
@@ -133,7 +134,7 @@ class FusedAdam:
 def optimizer_to_exchange(optimizer, model, train_config: TrainConfig) -> AdamState:
     """Adam's moments and step count in the exchange layout (after train_config.epochs epochs)."""
     names = {parameter: name for name, parameter in model.named_parameters()}
-    moments = {"exp_avg": {}, "exp_avg_sq": {}}
+    moments: dict[str, dict[str, np.ndarray]] = {"exp_avg": {}, "exp_avg_sq": {}}
     step = 0
     for parameter, state in optimizer.state.items():
         for moment in moments:

@@ -42,6 +42,8 @@ def run(args) -> int:
             if index:
                 print()
             spec = importlib.util.spec_from_file_location(f"mhsa_benchmarks_{name}", folder / SCRIPTS[name])
+            if spec is None or spec.loader is None:  # a script the table names but the folder lacks
+                raise FileNotFoundError(f"benchmark script {folder / SCRIPTS[name]} cannot be loaded")
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
             code = module.main(argv)

@@ -34,6 +34,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    """The parser of one subcommand, as build_parser added it."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[command]
+    raise LookupError(f"the mhsa parser has no subcommands; expected one named {command!r}")
+
+
 def version() -> str:
     """The installed package's version (pyproject.toml), without importing any framework."""
     from importlib.metadata import PackageNotFoundError
@@ -55,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if not argv else 2
     try:  # Ctrl-C while the subcommand's module is imported: one line, as during its run
         module = importlib.import_module(COMMANDS[known.command][0])
-        subparser = parser._subparsers._group_actions[0].choices[known.command]
+        subparser = _subparser(parser, known.command)
         module.add_arguments(subparser)
         args = parser.parse_args(argv)
     except KeyboardInterrupt:

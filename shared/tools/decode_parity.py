@@ -36,7 +36,7 @@ def decode_run(name: str, arrays: dict, config: ModelConfig, tokens: np.ndarray,
     model_module, generate = backend.model, backend.module("generate")
     model = model_module.from_exchange(arrays, config)
     cache = generate.new_cache(model, tokens.shape[0])
-    run = {"cached": [], "full": [], "k": [], "v": []}
+    run: dict[str, list[np.ndarray]] = {"cached": [], "full": [], "k": [], "v": []}
     start = 0
     for end in [prompt_len, *range(prompt_len + 1, tokens.shape[1] + 1)]:
         run["cached"].append(generate.step(model, tokens[:, start:end], cache))  # (B, end - start, V)

@@ -40,7 +40,7 @@ def runs(model_config: ModelConfig, train_config: TrainConfig, dp: int, cache: d
     (runs already in `cache`, shared.tools.parity.trained's, are not trained again)."""
     from shared.tools.parity import trained
 
-    found = {}
+    found: dict[str, dict] = {}
     for name in registry.names("dp"):
         found[name] = {}
         for n in (1, dp):
@@ -105,7 +105,7 @@ def format_rows(found_rows: list[Row], headers: dict[str, str]) -> str:
     if failed is None:
         lines.append(f"PASS: all {len(found_rows)} data-parallel comparisons within tolerance")
     else:
-        key = next(key for key in headers if failed.diffs.get(key) is not None and not failed.diffs[key] <= failed.tol)
+        key = next(key for key in headers if (diff := failed.diffs.get(key)) is not None and not diff <= failed.tol)
         lines.append(f"FAIL: {SECTION} '{failed.name}': {headers[key]} {failed.diffs[key]:.2e} > {failed.tol:.0e}")
     return "\n".join(lines)
 

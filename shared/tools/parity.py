@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,7 +42,7 @@ FD = "finite difference"  # the extra column: the reference backend's gradient a
 class Row:
     section: str  # "stage", "gradient" or "trajectory"
     name: str
-    diffs: dict[str, float | None]  # pair -> max |a - b|, None where a pair does not apply
+    diffs: Mapping[str, float | None]  # pair -> max |a - b|, None where a pair does not apply
     tol: float
     note: str = ""
 
@@ -99,7 +100,7 @@ def stage_and_gradient_rows(config, dtype, seed, mask=None, samples=6, adapters=
     reference = names[0]
     arrays = init_weights(config, seed, dtype)
     tokens, targets = inputs(config, seed)
-    traces = {name: {} for name in names}
+    traces: dict[str, dict[str, np.ndarray]] = {name: {} for name in names}
     for name, trace in traces.items():
         adapters[name].forward(tokens, arrays, config, mask=mask, trace=trace)
     losses, grads = {}, {}
@@ -108,7 +109,7 @@ def stage_and_gradient_rows(config, dtype, seed, mask=None, samples=6, adapters=
 
     rows = []
     for stage in STAGES:
-        diffs = {pair_key(a, b): max_abs_diff(traces[a][stage], traces[b][stage]) for a, b in pairs()}
+        diffs: dict[str, float | None] = {pair_key(a, b): max_abs_diff(traces[a][stage], traces[b][stage]) for a, b in pairs()}
         rows.append(Row("stage", stage, diffs, tolerance(stage_kind(stage), dtype)))
     rows.append(
         Row(
@@ -251,6 +252,7 @@ def format_report(report: Report) -> str:
         lines.append(f"PASS: all {len(report.rows)} comparisons within the tolerances of docs/DESIGN.md")
     else:
         pair = first.failing_pair()
+        assert pair is not None  # a row that fails has a failing pair
         failures = sum(not row.passed for row in report.rows)
         lines.append(
             f"FAIL: first difference at {first.section} '{first.name}': {report.headers.get(pair) or header(pair)} "

@@ -69,7 +69,7 @@ def training_figure(losses, steps_per_epoch, weights, tokens=None, title=None, f
         dpi=DPI,
         layout="constrained",
     )
-    top, bottom = figure.subfigures(2, 1, height_ratios=[LOSS_HEIGHT, heads_height])
+    top, bottom = figure.subfigures(2, 1, height_ratios=[LOSS_HEIGHT, heads_height])  # type: ignore[misc]  # (2, 1) gives an array of two; the stub's union also has a lone SubFigure
     if isinstance(first_step, bool) or not isinstance(first_step, (int, np.integer)) or first_step < 0 or first_step % steps_per_epoch:
         raise ValueError(f"first_step must be a non-negative multiple of steps_per_epoch={steps_per_epoch}, got {first_step!r}")
     _draw_losses(top.subplots(), losses, steps_per_epoch, int(first_step))

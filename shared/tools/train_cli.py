@@ -13,7 +13,7 @@ import numpy as np
 from tqdm import tqdm
 
 from shared import checkpoint, checks, weights
-from shared.adam_state import companion_path
+from shared.adam_state import AdamState, companion_path
 from shared.config import DTYPES, ModelConfig, TrainConfig
 from shared.tools import registry
 from shared.tools.flags import (  # noqa: F401 (importable from here, as before)
@@ -82,8 +82,8 @@ class Plan:
     model_config: ModelConfig
     train_config: TrainConfig
     init: object  # "shared", "native", or the weights.Loaded of --load/--resume
-    resume: object = None  # the AdamState of --resume
-    overridden: tuple = ()  # optimizer settings a flag changed from the resumed run's
+    resume: AdamState | None = None  # the AdamState of --resume
+    overridden: tuple[str, ...] = ()  # optimizer settings a flag changed from the resumed run's
 
 
 def configs(args) -> Plan:
@@ -104,7 +104,8 @@ def configs(args) -> Plan:
         "--plot": args.plot,
     }
     checks.check_outputs(inputs, outputs)
-    resume, overridden = None, ()
+    resume: AdamState | None = None
+    overridden: tuple[str, ...] = ()
     if source is not None:
         if args.init != "shared":
             raise ValueError(f"{flag} and --init {args.init} both choose the initial weights; give one")
@@ -129,16 +130,16 @@ def configs(args) -> Plan:
         init = loaded
     else:
         model_config, init = ModelConfig(**given), args.init
-    optimizer = {"lr": TrainConfig.lr, "betas": TrainConfig.betas, "eps": TrainConfig.eps}
+    lr, betas, eps = TrainConfig.lr, TrainConfig.betas, TrainConfig.eps
     if resume is not None:  # the saved run's optimizer settings continue unless a flag overrides them
         saved_train = resume.train_config
-        optimizer = {"lr": saved_train.lr, "betas": saved_train.betas, "eps": saved_train.eps}
+        lr, betas, eps = saved_train.lr, saved_train.betas, saved_train.eps
         if args.lr is not None and args.lr != saved_train.lr:
             overridden = (f"lr={args.lr:g} (saved run: {saved_train.lr:g})",)
     if args.lr is not None:
-        optimizer["lr"] = args.lr
+        lr = args.lr
     train_config = TrainConfig(
-        epochs=args.epochs, batch_size=args.batch_size, n_sequences=args.n_sequences, seed=args.seed, dtype=args.dtype, **optimizer
+        epochs=args.epochs, batch_size=args.batch_size, n_sequences=args.n_sequences, seed=args.seed, dtype=args.dtype, lr=lr, betas=betas, eps=eps
     )
     if resume is not None:
         resume.check_continues(train_config)

@@ -151,7 +151,7 @@ def align_files(left_lines: list[str], right_lines: list[str]) -> list[Row]:
     """Every row of the view: per section pair a 'section' header row, then its lines."""
     rows: list[Row] = []
     for ls, rs in pair_sections(split_sections(left_lines), split_sections(right_lines)):
-        rows.append(Row(ls and ls.title, rs and rs.title, ls and ls.start, rs and rs.start, "section"))
+        rows.append(Row(ls.title if ls else None, rs.title if rs else None, ls.start if ls else None, rs.start if rs else None, "section"))
         rows += align(ls.lines if ls else [], rs.lines if rs else [], ls.start if ls else 1, rs.start if rs else 1)
     return rows
 

@@ -77,7 +77,8 @@ def run(args) -> int:
         return 2
     root = repo_root()
     labels = (args.left, args.right)
-    names = tuple(f"{registry.get(label).package}/{args.name}.py" for label in labels)
+    left_name, right_name = (f"{registry.get(label).package}/{args.name}.py" for label in labels)
+    names = (left_name, right_name)
     paths = [root / name for name in names]
     missing = [name for name, path in zip(names, paths) if not path.is_file()]
     if missing:

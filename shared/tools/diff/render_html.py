@@ -6,7 +6,9 @@ sections with a badge each, then a table of both files with the differing words 
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from importlib.resources import files
+from typing import cast
 
 from shared.tools.diff.align import (
     MARKERS,
@@ -51,7 +53,7 @@ def tokens_by_line(lines: list[str]) -> list[list[tuple[str, str]]]:
     return out[: len(lines)]
 
 
-def line_html(pieces: list[tuple[str, str]], marks: list[tuple[int, int]] = ()) -> str:
+def line_html(pieces: list[tuple[str, str]], marks: Sequence[tuple[int, int]] = ()) -> str:
     """One line as HTML: token spans, with the character ranges in `marks` inside <mark>."""
     out, position = [], 0
     for css, text in pieces:
@@ -75,7 +77,8 @@ def render_html(
     rows = align_files(left_lines, right_lines)
     tokens = {"l": tokens_by_line(left_lines), "r": tokens_by_line(right_lines)}
     stats = section_stats(rows)
-    depths = [_depth(ls or rs) for ls, rs in pair_sections(split_sections(left_lines), split_sections(right_lines))]
+    # pair_sections never pairs None with None: one side of each pair is a Section
+    depths = [_depth(cast(Section, ls or rs)) for ls, rs in pair_sections(split_sections(left_lines), split_sections(right_lines))]
     esc = html.escape
     out = [
         "<!DOCTYPE html>",
@@ -99,7 +102,7 @@ def render_html(
         '<nav><h2>Sections</h2><ol class="index">',
     ]
     for k, ((row, counts), depth) in enumerate(zip(stats, depths), 1):
-        label = row.left if row.left is not None else row.right
+        label = row.left if row.left is not None else row.right or ""  # a header row has a title on one side at least
         if row.left is not None and row.right is not None and row.left != row.right:
             label = f"{row.left} / {row.right}"
         if row.right is None:
@@ -135,9 +138,11 @@ def render_html(
             out.append(f'<tr class="section{differs}" id="s{k}">{cells[0]}<td class="mark">{mark}</td>{cells[1]}</tr>')
             continue
         mark = "" if row.kind == "same" else MARKERS[row.kind]
-        marks = changed_ranges(row.left, row.right) if row.kind == "changed" else ([], [])
-        left = line_html(tokens["l"][row.left_lineno - 1], marks[0]) if row.left is not None else ""
-        right = line_html(tokens["r"][row.right_lineno - 1], marks[1]) if row.right is not None else ""
+        # a line row has a line number wherever it has text, and a 'changed' row has both texts
+        changed = row.kind == "changed" and row.left is not None and row.right is not None
+        marks = changed_ranges(row.left or "", row.right or "") if changed else ([], [])
+        left = line_html(tokens["l"][row.left_lineno - 1], marks[0]) if row.left is not None and row.left_lineno is not None else ""
+        right = line_html(tokens["r"][row.right_lineno - 1], marks[1]) if row.right is not None and row.right_lineno is not None else ""
         out.append(
             f'<tr class="{row.kind}">'
             f'<td class="ln l">{row.left_lineno or ""}</td><td class="code l">{left}</td>'

@@ -84,6 +84,7 @@ def render_rich(
         elif row.kind != "same" and styles is not STYLES:
             body = Text(text[piece.begin : piece.end])  # 16 colours: no token colours on a highlight
         else:
+            assert lineno is not None, row  # a line row has a line number wherever it has text
             body = colour[side][lineno - 1][piece.begin : piece.end]
         lead = piece.lead if piece is not None and text is not None else ""
         if lead:
@@ -96,7 +97,7 @@ def render_rich(
                 body.stylize(styles["section-differs"])
         elif piece is not None and row.kind != "same":
             body.stylize(styles[row.kind])
-            if row.kind == "changed":
+            if row.kind == "changed" and row.left is not None and row.right is not None:
                 for begin, end in changed_ranges(row.left, row.right)[side == "right"]:
                     begin, end = max(begin, piece.begin), min(end, piece.end)
                     if begin < end:

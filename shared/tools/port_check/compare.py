@@ -91,7 +91,8 @@ def _neutral(kind: str) -> bool:
 
 def _keyed(calls) -> list[tuple[tuple[str, int], np.ndarray]]:
     """(path, output) in call order -> ((path, call number), output)."""
-    seen, keyed = {}, []
+    seen: dict[str, int] = {}
+    keyed = []
     for path, value in calls:
         seen[path] = seen.get(path, -1) + 1
         keyed.append(((path, seen[path]), value))
@@ -289,7 +290,7 @@ def run_probes(report, source_side, target_side, source_desc, target_desc, name_
     source_calls = source_port.capture(source, inputs)
     linear = next((row for row in failing if row.kind == "Linear"), None)
     switched = None if linear is None else target_port.switched(target, "transpose", _path(linear.target))
-    if switched is not None:  # a square kernel: a transposed one has the right shape and wrong values
+    if linear is not None and switched is not None:  # a square kernel: a transposed one has the right shape and wrong values
         what = f"the kernel of '{_path(linear.target)}' transposed in {report.sides[1]}"
         probes.append(verdict(what, source_calls, target_port.capture(switched, target_inputs)))
     norm = next((row for row in failing if row.kind in NORMS), None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from shared.tools import registry
 
@@ -18,7 +19,7 @@ WHY = {
 }
 
 
-def backend_of(model) -> tuple[str, object]:
+def backend_of(model) -> tuple[str, Any]:
     """(backend name, its port module) for the first registered backend that can read `model`."""
     for name in registry.names("port"):
         port = registry.get(name).module("port")
@@ -34,9 +35,10 @@ def backend_of(model) -> tuple[str, object]:
 def map_name(name: str, name_map: dict[str, str] | None) -> str:
     """The port's name for a reference module path or parameter name: the longest prefix of
     `name` (whole dot-separated parts) found in name_map is replaced; otherwise the same name."""
-    for key in sorted(name_map or {}, key=len, reverse=True):
+    mapping = name_map or {}
+    for key in sorted(mapping, key=len, reverse=True):
         if name == key or name.startswith(key + ".") or name.startswith(key + "["):
-            return name_map[key] + name[len(key) :]
+            return mapping[key] + name[len(key) :]
     return name
 
 
