@@ -86,3 +86,12 @@ def test_threads_is_a_flag_of_every_command_that_computes(capsys):
         with pytest.raises(SystemExit):
             main([*command.split(), "--threads", "0"])
         assert "--threads: expected an integer in [1, 1024], got 0" in capsys.readouterr().err, command
+
+
+@pytest.mark.parametrize("name", [name for name in names("train") if name not in names("layers")])
+def test_native_init_is_refused_before_any_work_where_a_backend_has_no_layers(capsys, name):
+    with pytest.raises(SystemExit) as exit:
+        main(["train", "--backend", name, "--init", "native"])
+    out, err = capsys.readouterr()
+    assert exit.value.code == 2 and out == ""
+    assert f"--init native asks for the framework layers' own initializers; the {name} backend has none" in err

@@ -10,10 +10,10 @@ import sys
 # name -> (module with add_arguments(parser) and run(args) -> exit code, one-line help)
 COMMANDS = {
     "demo": ("shared.tools.demo", "train the default copy task with every backend and show a head"),
-    "train": ("shared.tools.train_cli", "train the copy-task model with one backend (--backend torch|jax)"),
+    "train": ("shared.tools.train_cli", "train the copy-task model with one backend (--backend NAME)"),
     "diff": ("shared.tools.diff.command", "show one file of two backends side by side (--left, --right), aligned step by step"),
     "heads": ("shared.tools.heads", "show every attention head of a saved model (text, and an image with --plot)"),
-    "parity": ("shared.tools.parity", "prove numpy_ref, torch_impl and jax_impl agree: every stage, gradient and step"),
+    "parity": ("shared.tools.parity", "prove every backend agrees: every stage, gradient, step, decode step and data-parallel run"),
     "generate": ("shared.tools.generate", "continue a prompt with a saved model, with the KV cache or without (--no-cache)"),
     "port-check": ("shared.tools.port_check", "check your own port: a torch model against its Flax port, module by module"),
     "compare": ("shared.tools.compare", "compare the per-step losses of two --history files"),

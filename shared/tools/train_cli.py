@@ -42,19 +42,31 @@ def add_arguments(parser: argparse.ArgumentParser, backend: str | None = None) -
         parser.add_argument("--backend", choices=registry.names("train"), required=True, help="which implementation trains")
     add_model_arguments(parser, "model (defaults: the lesson's H=4, D=32, T=12, V=64)", defaults=False)
     run = parser.add_argument_group("training")
-    run.add_argument("--epochs", type=int_flag("--epochs"), default=defaults_train.epochs, help="passes over the data (default 3)")
-    run.add_argument("--batch-size", type=int_flag("--batch-size"), default=defaults_train.batch_size, help="sequences per step (default 32)")
-    run.add_argument("--n-sequences", type=int_flag("--n-sequences"), default=defaults_train.n_sequences, help="copy-task rows (default 2048)")
+    run.add_argument(
+        "--epochs",
+        type=int_flag("--epochs"),
+        default=defaults_train.epochs,
+        help="passes over the data, in [1, 1000000]; with --resume the total (default 3)",
+    )
+    run.add_argument(
+        "--batch-size", type=int_flag("--batch-size"), default=defaults_train.batch_size, help="sequences per step, in [1, 1048576] (default 32)"
+    )
+    run.add_argument(
+        "--n-sequences", type=int_flag("--n-sequences"), default=defaults_train.n_sequences, help="copy-task rows, in [1, 2147483647] (default 2048)"
+    )
     run.add_argument("--lr", type=positive_float, help="Adam learning rate (default 0.01; --resume: the saved run's)")
     run.add_argument(
         "--seed", type=int_flag("--seed"), default=defaults_train.seed, help="data, shuffling and init seed, in [0, 2**32 - 1] (default 0)"
     )
     run.add_argument("--dtype", choices=DTYPES, default=defaults_train.dtype, help="float32 (default) or float64 everywhere")
     run.add_argument(
-        "--dp", type=int_flag("--dp"), default=1, help="data parallel: split every batch over N ranks (torch) or devices (jax) (default 1)"
+        "--dp", type=int_flag("--dp"), default=1, help="data parallel: split every batch over N ranks or devices, in [1, 64] (default 1: one device)"
     )
     run.add_argument(
-        "--init", choices=INITS, default="shared", help="shared: NumPy init identical for every backend (default); native: the framework's own"
+        "--init",
+        choices=INITS,
+        default="shared",
+        help="shared: NumPy init identical for every backend (default); native: the framework layers' own (not numpy)",
     )
     files = parser.add_argument_group("files")
     files.add_argument("--load", metavar="FILE", type=Path, help="start from a saved .safetensors weights file")
@@ -189,6 +201,11 @@ def run(args) -> int:
         parser.error(str(error))
     model_config, train_config, init, resume = plan.model_config, plan.train_config, plan.init, plan.resume
     backend = registry.get(args.backend)
+    if init == "native" and "layers" not in backend.supports:
+        parser.error(
+            f"--init native asks for the framework layers' own initializers; the {args.backend} backend has none: "
+            "use --init shared (the same torch-style init, drawn with NumPy)"
+        )
     if args.dp > 1:  # before the framework starts: JAX fixes its CPU device count then
         if "dp" not in backend.supports:
             parser.error(f"--dp {args.dp}: the {args.backend} backend has no data-parallel trainer")
