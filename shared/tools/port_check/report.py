@@ -51,7 +51,7 @@ def format_report(report: PortReport) -> str:
     first = report.first_failure
     outputs = sum(row.section == "output" for row in report.rows)
     if first is None and not report.lint:
-        lines.append(f"PASS: all {len(report.rows)} comparisons ({outputs} outputs) within DESIGN.md tolerances")
+        lines.append(f"PASS: all {len(report.rows)} comparisons ({outputs} outputs) within the tolerances of docs/DESIGN.md")
     elif first is None:
         lines.append(f"FAIL: every output agrees on this batch, but {len(report.lint)} setting(s) differ (lint above)")
     else:
