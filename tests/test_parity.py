@@ -26,7 +26,7 @@ def test_every_stage_and_gradient_agrees(dtype, config, masked):
     assert report.passed, format_report(report)
     names = [row.name for row in report.rows]
     assert names[:12] == ["embed", "qkv", "q", "k", "v", "scores", "weights", "context", "merged", "attn_out", "logits", "loss"]
-    assert names[12:] == list(weights.param_shapes(config))
+    assert names[12:] == list(reversed(weights.param_shapes(config)))  # backward order
     # not vacuous: every pair was compared, and on real numbers
     assert all(diff is not None for row in report.rows for diff in row.diffs.values())
 
@@ -162,3 +162,17 @@ def test_mhsa_compare_reports_the_gap_and_plots(tmp_path, capsys):
     assert "max |A - B|  1.000e-01 at step 2" in out and "mean |A - B| 3.000e-02" in out
     assert (tmp_path / "gap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((tmp_path / "b2.json").read_text())["first_step"] == 3
+
+
+def test_a_planted_fault_in_numpys_backward_pass_is_named_at_its_gradient_row(monkeypatch):
+    from numpy_ref import backward
+
+    # the softmax gradient without the subtraction: w * g instead of w * (g - sum(w * g))
+    monkeypatch.setattr(backward, "softmax_backward", lambda g_weights, weights: weights * g_weights)
+    report, row = first_failure()
+    assert row.section == "gradient" and row.name.startswith("attn.qkv_proj."), format_report(report)  # the layer before the softmax
+    assert row.failing_pair() in ("torch-numpy", "jax-numpy")
+    assert row.diffs["torch-jax"] <= row.tol  # the frameworks still agree with each other
+    # every stage, the loss and the gradients the backward pass reaches before the softmax still agree
+    assert all(r.passed for r in report.rows if r.section == "stage")
+    assert next(r for r in report.rows if r.name == "lm_head.weight").passed

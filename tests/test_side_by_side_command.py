@@ -175,3 +175,11 @@ def test_html_title_names_sides_that_are_not_the_default(repo, tmp_path, capsys)
     assert "numpy only" in capsys.readouterr().out
     page = target.read_text()
     assert f"<title>mhsa diff attention --left numpy --right {RIGHT}</title>" in page
+
+
+def test_the_html_page_is_never_written_over_a_file_it_shows(repo, capsys):
+    source = repo / "torch_impl" / "attention.py"
+    before = source.read_bytes()
+    assert cli.main(["diff", "attention", "--html", str(source)]) == 2
+    assert "is the input torch_impl/attention.py" in capsys.readouterr().err
+    assert source.read_bytes() == before

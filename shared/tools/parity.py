@@ -122,7 +122,9 @@ def stage_and_gradient_rows(config, dtype, seed, mask=None, samples=6, adapters=
 
     arrays64 = {name: value.astype(np.float64) for name, value in arrays.items()}
     rng = np.random.default_rng(seed)
-    for name, value in arrays.items():
+    # in backward order (read-out first, embeddings last), the order the gradients are computed
+    # in: the first row that fails is the parameter nearest to where the backward passes part
+    for name, value in reversed(arrays.items()):
         coords = [tuple(int(rng.integers(0, size)) for size in value.shape) for _ in range(samples)]
         estimate = np.array([central_difference(arrays64, name, c, tokens, targets, config, mask) for c in coords])
         diffs = {}

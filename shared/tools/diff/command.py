@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import shared
+from shared import checks
 from shared.files import write_atomically
 from shared.tools import registry
 from shared.tools.diff.align import align_files, summary
@@ -84,6 +85,12 @@ def run(args) -> int:
     if missing:
         print(f"mhsa diff: {' and '.join(missing)} not found under {root}; nothing to compare", file=sys.stderr)
         return 1
+    if args.html is not None:
+        try:  # never write the page over one of the files it shows
+            checks.check_outputs(dict(zip(names, paths)), {"--html": Path(args.html)})
+        except ValueError as error:
+            print(f"mhsa diff: {error}", file=sys.stderr)
+            return 2
     try:
         left_lines, right_lines = (read_lines(path) for path in paths)
     except (OSError, UnicodeDecodeError) as error:
