@@ -88,7 +88,8 @@ def interleaved(candidates: dict, repeats: int, warmup: int = 2, min_time: float
     Each candidate first runs at least `warmup` times and `warmup_s` seconds (compilation,
     first allocations, waking threads); each measurement repeats the call until it has run
     min_time seconds and divides."""
-    for fn in candidates.values():
+    for index, (name, fn) in enumerate(candidates.items()):
+        progress(f"warming up {index + 1}/{len(candidates)}: {name}")
         start = time.perf_counter()
         calls = 0
         while calls < warmup or time.perf_counter() - start < warmup_s:
@@ -106,7 +107,8 @@ def interleaved(candidates: dict, repeats: int, warmup: int = 2, min_time: float
     collecting = gc.isenabled()
     gc.disable()  # no collection pause inside a measurement
     try:
-        for _ in range(repeats):
+        for round_ in range(repeats):
+            progress(f"measuring round {round_ + 1}/{repeats} of {len(candidates)} candidates")
             shuffle(order)  # no candidate always runs just after the one that freed a gigabyte
             for name in order:
                 fn = candidates[name]
@@ -117,7 +119,14 @@ def interleaved(candidates: dict, repeats: int, warmup: int = 2, min_time: float
     finally:
         if collecting:
             gc.enable()
+        progress(None)
     return times
+
+
+def progress(text: str | None) -> None:
+    """One line of progress on stderr, rewritten in place, only in a terminal (None clears it)."""
+    if sys.stderr.isatty():
+        print("\r\033[K" + (f"bench: {text}" if text else ""), end="", file=sys.stderr, flush=True)
 
 
 def jax_module(make, seed: int = 0):

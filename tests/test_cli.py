@@ -95,3 +95,23 @@ def test_native_init_is_refused_before_any_work_where_a_backend_has_no_layers(ca
     out, err = capsys.readouterr()
     assert exit.value.code == 2 and out == ""
     assert f"--init native asks for the framework layers' own initializers; the {name} backend has none" in err
+
+
+def test_every_flag_of_every_command_has_help_text():
+    import argparse
+    import importlib
+
+    for command, (module_name, _) in COMMANDS.items():
+        parser = argparse.ArgumentParser(prog=command)
+        importlib.import_module(module_name).add_arguments(parser)
+        silent = [action.dest for action in parser._actions if action.help is None or not action.help.strip()]
+        assert silent == [], f"mhsa {command}: no help text for {silent}"
+
+
+def test_a_long_row_is_cut_and_the_title_says_so(tmp_path, capsys):
+    name = names("train")[0]
+    assert main(["train", "--backend", name, "--quiet", "--seq-len", "20", "--epochs", "1", "--n-sequences", "64",
+                 "--plot", str(tmp_path / "run.png")]) == 0
+    out = capsys.readouterr().out
+    assert f"{name} · head 0 of 4 · attention weights on the first 12 of 20 positions of a copy-task row" in out
+    assert (tmp_path / "run.png").exists()

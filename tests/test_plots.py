@@ -288,3 +288,19 @@ def test_the_module_is_framework_neutral_and_needs_no_pyplot():
 def test_returns_figures():
     assert isinstance(heads_figure(causal_weights(1, 2, seed=12)), Figure)
     assert isinstance(training_figure([1.0], 1, causal_weights(1, 2, seed=12)), Figure)
+
+
+def test_the_compare_figure_names_the_runs_and_says_when_they_are_identical():
+    from shared.tools.compare import Comparison, comparison_figure
+
+    steps, losses = np.arange(5), np.array([3.0, 2.0, 1.0, 0.5, 0.25])
+    same = Comparison(steps, losses, losses.copy(), np.zeros(5))
+    labels = ("A = a.json (torch, float32)", "B = b.json (jax, float32)")
+    figure = comparison_figure(same, labels)
+    assert figure.get_suptitle() == "loss per step: A = a.json (torch, float32) vs B = b.json (jax, float32)"
+    curves, gaps = figure.axes
+    assert [text.get_text() for text in curves.get_legend().get_texts()] == list(labels)
+    assert [text.get_text() for text in gaps.texts] == ["A and B are identical at every one of the 5 steps compared"]
+    assert gaps.get_lines() == []  # no empty curve on a meaningless log axis
+    apart = Comparison(steps, losses, losses + 1e-3, np.full(5, 1e-3))
+    assert comparison_figure(apart, labels).axes[1].get_lines() != []

@@ -97,7 +97,9 @@ def _start(history: History) -> str:
 
 
 def comparison_figure(result: Comparison, labels: tuple[str, str]):
-    """Both loss curves (log axis) above their per-step absolute difference (log axis)."""
+    """Both loss curves (log axis) above their per-step absolute difference (log axis).
+    labels name the runs (file, backend, dtype); runs identical at every step get a note
+    instead of an empty difference panel."""
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(10, 6), dpi=100, layout="constrained")
@@ -108,19 +110,31 @@ def comparison_figure(result: Comparison, labels: tuple[str, str]):
     curves.set_ylabel("loss (cross-entropy)")
     curves.legend()
     curves.grid(alpha=0.3)
-    shown = np.where(result.gaps > 0, result.gaps, np.nan)  # exact agreement has no place on a log axis
-    gaps.plot(result.steps, shown, color="tab:red", linewidth=1.0)
-    gaps.set_yscale("log")
-    gaps.set_ylabel("|A - B|")
     gaps.set_xlabel("step")
-    gaps.grid(alpha=0.3)
-    exact = int((result.gaps == 0).sum())
-    gaps.set_title(
-        f"max {result.gaps.max():.2e} at step {result.worst_step}, mean {result.gaps.mean():.2e}"
-        + (f"; {exact} steps identical (not drawn)" if exact else ""),
-        fontsize=10,
-    )
-    figure.suptitle("loss per step: A vs B")
+    if not (result.gaps > 0).any():  # nothing to draw on a log axis: say so instead
+        gaps.set_yticks([])
+        gaps.text(
+            0.5,
+            0.5,
+            f"A and B are identical at every one of the {result.steps.size} steps compared",
+            transform=gaps.transAxes,
+            ha="center",
+            va="center",
+        )
+        gaps.set_title("|A - B| = 0", fontsize=10)
+    else:
+        shown = np.where(result.gaps > 0, result.gaps, np.nan)  # exact agreement has no place on a log axis
+        gaps.plot(result.steps, shown, color="tab:red", linewidth=1.0)
+        gaps.set_yscale("log")
+        gaps.set_ylabel("|A - B|")
+        gaps.grid(alpha=0.3)
+        exact = int((result.gaps == 0).sum())
+        gaps.set_title(
+            f"max {result.gaps.max():.2e} at step {result.worst_step}, mean {result.gaps.mean():.2e}"
+            + (f"; {exact} steps identical (not drawn)" if exact else ""),
+            fontsize=10,
+        )
+    figure.suptitle(f"loss per step: {labels[0]} vs {labels[1]}")
     return figure
 
 
@@ -161,6 +175,8 @@ def run(args) -> int:
     if args.plot is not None:
         from shared.tools.plots import save_figure
 
-        save_figure(comparison_figure(result, (f"A: {first.backend}", f"B: {second.backend}")), args.plot)
+        names = (args.a.name, " + ".join(path.name for path in args.b))
+        labels = tuple(f"{key} = {name} ({run.backend}, {run.train_config.dtype})" for key, name, run in zip("AB", names, (first, second)))
+        save_figure(comparison_figure(result, labels), args.plot)
         print(f"saved plot to {args.plot}")
     return 0

@@ -311,7 +311,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from shared.tools.flags import add_model_arguments, int_flag
 
     add_threads_argument(parser)
-    parser.add_argument("--dtype", choices=DTYPES, default="float32")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="float32 (default) or float64 in every backend")
     parser.add_argument("--seed", type=int_flag("--seed"), default=0, help="weights, inputs and training seed, in [0, 2**32 - 1] (default 0)")
     parser.add_argument(
         "--dp", type=int_flag("parity --dp"), default=2, help="ranks or devices of the data-parallel section, in [0, 64] (default 2; 0 skips it)"
