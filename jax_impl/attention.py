@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +12,9 @@ from flax import nnx
 from shared import checks
 from shared.config import ATTN_IMPLS
 from shared.trace import record
+
+if TYPE_CHECKING:  # the cache's module imports this one
+    from jax_impl.generate import KVCache
 
 DTYPES = {"float32": jnp.float32, "float64": jnp.float64}
 
@@ -36,7 +40,9 @@ class MultiHeadSelfAttention(nnx.Module):
     traced value: the shapes depend on max_len only, so one compiled decode step serves every p.
     """
 
-    def __init__(self, d_model, n_heads, max_len, bias=True, *, dtype="float32", attn_impl="explicit", rngs: nnx.Rngs):
+    def __init__(
+        self, d_model: int, n_heads: int, max_len: int, bias: bool = True, *, dtype: str = "float32", attn_impl: str = "explicit", rngs: nnx.Rngs
+    ) -> None:
         checks.check_block(d_model, n_heads, max_len)
         if attn_impl not in ATTN_IMPLS:
             raise ValueError(f"attn_impl must be one of {', '.join(ATTN_IMPLS)}; got {attn_impl!r}")
@@ -51,7 +57,14 @@ class MultiHeadSelfAttention(nnx.Module):
         # True = may attend: on and below the diagonal
         self.causal_mask = CausalMask(jnp.tril(jnp.ones((max_len, max_len), dtype=bool)))
 
-    def __call__(self, x, mask=None, return_weights=False, trace=None, cache=None):
+    def __call__(
+        self,
+        x: jax.Array,
+        mask: jax.Array | None = None,
+        return_weights: bool = False,
+        trace: dict[str, Any] | None = None,
+        cache: KVCache | None = None,
+    ) -> Any:
         """x (B, T, D); mask optional bool, True = may attend, broadcastable to (B, H, T, S);
         cache optional KVCache of the positions before x. S = T without a cache, max_len with one.
 

@@ -18,7 +18,7 @@ import numpy as np
 from flax import nnx
 
 from jax_impl.attention import DTYPES
-from jax_impl.model import _id_range, predict
+from jax_impl.model import TinyLM, _id_range, predict
 from shared import checks
 from shared.sampling import next_tokens
 
@@ -27,14 +27,14 @@ class KVCache(nnx.Module):
     """K and V of the positions seen so far, (B, H, max_len, d_head) each, of which the first
     `length` slots are filled. Fixed size, like the causal mask; nnx.Cache, not nnx.Param."""
 
-    def __init__(self, batch, n_heads, max_len, d_head, *, dtype="float32"):
+    def __init__(self, batch: int, n_heads: int, max_len: int, d_head: int, *, dtype: str = "float32") -> None:
         shape = (batch, n_heads, max_len, d_head)
         # zeros, not empty: the unfilled slots are masked, but 0 * NaN would still be NaN
         self.k = nnx.Cache(jnp.zeros(shape, dtype=DTYPES[dtype]))
         self.v = nnx.Cache(jnp.zeros(shape, dtype=DTYPES[dtype]))
         self.length = nnx.Cache(jnp.array(0, dtype=jnp.int32))  # p: how many positions are filled
 
-    def update(self, k, v):
+    def update(self, k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array]:
         """Write a chunk's k, v (B, H, T, d_head) into slots length..length+T-1; returns the
         whole cache (B, H, max_len, d_head) twice, K and V."""
         T = k.shape[2]
@@ -50,14 +50,14 @@ class KVCache(nnx.Module):
         return self.k[...], self.v[...]
 
 
-def new_cache(model, batch):
+def new_cache(model: TinyLM, batch: int) -> KVCache:
     """An empty KVCache for `batch` sequences of `model` (its sizes and dtype)."""
     config = model.config
     dtype = str(model.tok_emb.embedding.dtype)
     return KVCache(batch, config.n_heads, config.max_len, config.d_head, dtype=dtype)
 
 
-def step(model, tokens, cache):
+def step(model: TinyLM, tokens: np.ndarray, cache: KVCache) -> np.ndarray:
     """NumPy in, NumPy out: tokens (B, T) at positions cache.length.. -> logits (B, T, V);
     the cache is extended by them."""
     # checked here, where the ids and the count are known; the compiled step sees neither
@@ -87,13 +87,15 @@ def _step(graphdef, state, cache_graphdef, cache_state, tokens):
     return logits, nnx.state(cache)
 
 
-def cache_arrays(cache):
+def cache_arrays(cache: KVCache) -> tuple[np.ndarray, np.ndarray]:
     """The filled part of the cache as NumPy: K and V (B, H, length, d_head)."""
     length = int(cache.length[...])
     return np.array(cache.k[...][:, :, :length]), np.array(cache.v[...][:, :, :length])
 
 
-def generate(model, prompt, max_new_tokens, *, greedy=True, temperature=1.0, seed=0, use_cache=True):
+def generate(
+    model: TinyLM, prompt: np.ndarray, max_new_tokens: int, *, greedy: bool = True, temperature: float = 1.0, seed: int = 0, use_cache: bool = True
+) -> np.ndarray:
     """prompt int (B, P) -> (B, P + max_new_tokens): the prompt and its continuation, NumPy.
 
     use_cache=True reads the prompt in one call (prefill), then one new token per call;
@@ -103,16 +105,8 @@ def generate(model, prompt, max_new_tokens, *, greedy=True, temperature=1.0, see
     """
     prompt = np.asarray(prompt)
     config = model.config
-    checks.check_generate(
-        prompt.shape,
-        prompt.dtype.name,
-        config.vocab_size,
-        config.max_len,
-        max_new_tokens,
-        *((prompt.min(), prompt.max()) if prompt.size else (None, None)),
-        greedy,
-        temperature,
-    )
+    low, high = (prompt.min(), prompt.max()) if prompt.size else (None, None)  # an empty prompt is refused by the check
+    checks.check_generate(prompt.shape, prompt.dtype.name, config.vocab_size, config.max_len, max_new_tokens, low, high, greedy, temperature)
     rng = np.random.default_rng(seed)
     cache = new_cache(model, prompt.shape[0]) if use_cache else None
     tokens = prompt  # (B, P)
@@ -120,7 +114,7 @@ def generate(model, prompt, max_new_tokens, *, greedy=True, temperature=1.0, see
 
     for _ in range(max_new_tokens):
         # 1. forward: with a cache only the new positions, without one the whole prefix again
-        logits = step(model, chunk, cache) if use_cache else predict(model, tokens)  # (B, t, V)
+        logits = step(model, chunk, cache) if cache is not None else predict(model, tokens)  # (B, t, V)
 
         # 2. pick the next token from the last position's logits
         chosen = next_tokens(logits[:, -1], greedy, temperature, rng).astype(prompt.dtype)  # (B,)

@@ -4,6 +4,7 @@ converter, and the NumPy-facing functions of shared.protocol (predict, attend, l
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -16,11 +17,14 @@ from shared import checks, weights
 from shared.config import ModelConfig
 from shared.trace import record
 
+if TYPE_CHECKING:  # the cache's module imports this one
+    from jax_impl.generate import KVCache
+
 
 class TinyLM(nnx.Module):
     """int tokens (B, T) -> logits (B, T, V). Its parameters map one to one onto the exchange names."""
 
-    def __init__(self, config: ModelConfig, *, dtype="float32", rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfig, *, dtype: str = "float32", rngs: nnx.Rngs) -> None:
         self.config = config
         dtypes = {"dtype": DTYPES[dtype], "param_dtype": DTYPES[dtype]}
         self.tok_emb = nnx.Embed(config.vocab_size, config.d_model, **dtypes, rngs=rngs)
@@ -30,7 +34,14 @@ class TinyLM(nnx.Module):
         )
         self.lm_head = nnx.Linear(config.d_model, config.vocab_size, use_bias=config.bias, **dtypes, rngs=rngs)
 
-    def __call__(self, tokens, mask=None, return_weights=False, trace=None, cache=None):
+    def __call__(
+        self,
+        tokens: jax.Array,
+        mask: jax.Array | None = None,
+        return_weights: bool = False,
+        trace: dict[str, Any] | None = None,
+        cache: KVCache | None = None,
+    ) -> Any:
         """tokens int (B, T) -> logits (B, T, V), or (logits, weights (B, H, T, S)).
 
         With a KV cache (jax_impl.generate.KVCache) the tokens sit at positions p..p+T-1,
@@ -92,7 +103,7 @@ def _variable(tree, path):
     return tree
 
 
-def from_exchange(arrays: dict, config: ModelConfig) -> TinyLM:
+def from_exchange(arrays: dict[str, np.ndarray], config: ModelConfig) -> TinyLM:
     """A TinyLM holding the exchange arrays, in their dtype. Everything is checked before
     anything is assigned (nnx.update checks no shapes); linear weights are transposed here."""
     dtype = weights.validate(arrays, config)
@@ -122,7 +133,7 @@ def _buffers(config: ModelConfig, dtype: str, block) -> dict:
     return jax.tree.map(np.asarray, nnx.to_pure_dict(compiled()))
 
 
-def assign_exchange(tree, arrays: dict) -> None:
+def assign_exchange(tree: nnx.Module | nnx.State, arrays: dict[str, np.ndarray]) -> None:
     """Write exchange arrays into a TinyLM, or into a State shaped like its parameters (such
     as Adam's moments), transposing linear weights; every shape is checked before any write."""
     values = {}
@@ -159,17 +170,19 @@ def _exchange_arrays(tree) -> dict[str, np.ndarray]:
     return arrays
 
 
-def loss_fn(model, x, y, mask=None):
+def loss_fn(model: TinyLM, x: jax.Array, y: jax.Array, mask: jax.Array | None = None) -> jax.Array:
     """Mean cross-entropy of the next-token logits: x, y int (B, T) -> scalar."""
     logits = model(x, mask=mask)  # (B, T, V)
     return optax.softmax_cross_entropy_with_integer_labels(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).mean()  # (B * T, V) against (B * T,)
 
 
-def predict(model, tokens, *, mask=None, return_weights=False, trace=None):
+def predict(
+    model: TinyLM, tokens: np.ndarray, *, mask: np.ndarray | None = None, return_weights: bool = False, trace: dict[str, np.ndarray] | None = None
+) -> Any:
     """NumPy in, NumPy out: tokens (B, T) -> logits (B, T, V), or (logits, weights (B, H, T, T))."""
     tokens = np.asarray(tokens)
     if trace is not None:  # eagerly: the trace holds concrete arrays
-        inner = {}
+        inner: dict[str, jax.Array] = {}
         result = model(jnp.asarray(tokens), mask=_array(mask), return_weights=return_weights, trace=inner)
         trace.update({name: np.asarray(value) for name, value in inner.items()})
     else:
@@ -184,7 +197,7 @@ def _forward(graphdef, state, tokens, mask, return_weights):
     return nnx.merge(graphdef, state)(tokens, mask=mask, return_weights=return_weights)
 
 
-def attend(model, x, *, mask=None, return_weights=False):
+def attend(model: TinyLM, x: np.ndarray, *, mask: np.ndarray | None = None, return_weights: bool = False) -> Any:
     """NumPy in, NumPy out: the attention block alone, x (B, T, D) -> (B, T, D), or (out, weights)."""
     x = np.asarray(x)  # checked before conversion, as in torch_impl
     checks.check_input(x.shape, x.dtype.name, model.attn.d_model, model.attn.max_len, str(model.attn.qkv_proj.kernel.dtype))
@@ -192,7 +205,7 @@ def attend(model, x, *, mask=None, return_weights=False):
     return tuple(np.asarray(value) for value in result) if return_weights else np.asarray(result)
 
 
-def loss_and_grads(model, tokens, targets, *, mask=None):
+def loss_and_grads(model: TinyLM, tokens: np.ndarray, targets: np.ndarray, *, mask: np.ndarray | None = None) -> tuple[float, dict[str, np.ndarray]]:
     """NumPy in, NumPy out: (loss, d loss / d every exchange array) by jax.grad."""
     # compiled as one function: op by op, each of the ~100 operations of forward and backward
     # would compile on its own for every new shape; the maths is the same

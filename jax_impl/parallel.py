@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
@@ -27,19 +28,20 @@ from jax.sharding import PartitionSpec as P
 from jax_impl.model import TinyLM, from_exchange
 from jax_impl.train import optimizer_from_exchange, scan_steps
 from shared import training
+from shared.adam_state import AdamState
 from shared.config import ModelConfig, TrainConfig
 from shared.history import History
 
 HOST_DEVICES = "--xla_force_host_platform_device_count"
 
 
-def shard(x, rank, dp):
+def shard(x: np.ndarray, rank: int, dp: int) -> np.ndarray:
     """Rank `rank`'s equal share of a global batch: x (..., B, T) -> (..., B // dp, T)."""
     size = x.shape[-2] // dp
     return x[..., rank * size : (rank + 1) * size, :]  # (..., B // dp, T)
 
 
-def prepare(dp):
+def prepare(dp: int) -> None:
     """Ask XLA for at least dp CPU devices; works only before JAX initializes its backend
     (afterwards the device count is fixed and train() says how many there are)."""
     flags = os.environ.get("XLA_FLAGS", "")
@@ -50,7 +52,7 @@ def prepare(dp):
         os.environ["XLA_FLAGS"] = flags.replace(found.group(0), f"{HOST_DEVICES}={dp}")
 
 
-def devices(dp):
+def devices(dp: int) -> tuple[int | None, str]:
     """(how many devices there are, what they are): jax.devices() of the default backend."""
     where = f"jax.devices() on {jax.default_backend()}"
     if jax.default_backend() == "cpu":
@@ -58,7 +60,16 @@ def devices(dp):
     return len(jax.devices()), where
 
 
-def train(model_config: ModelConfig, train_config: TrainConfig, dp, init="shared", on_step=None, resume=None, *, shard=shard) -> History:
+def train(
+    model_config: ModelConfig,
+    train_config: TrainConfig,
+    dp: int,
+    init: str = "shared",
+    on_step: Callable[[int, float], object] | None = None,
+    resume: AdamState | None = None,
+    *,
+    shard: Callable[[np.ndarray, int, int], np.ndarray] = shard,
+) -> History:
     """jax_impl.train.train over dp devices; returns the same History (the model and Adam
     gathered back onto one device: ordinary objects, saved as usual).
 
@@ -96,7 +107,13 @@ def train(model_config: ModelConfig, train_config: TrainConfig, dp, init="shared
     return training.history("jax", model_config, train_config, losses, started, model, optimizer, start_epoch)
 
 
-def train_epoch(graphdef, state, batches, mesh, shard):
+def train_epoch(
+    graphdef: nnx.GraphDef,
+    state: nnx.State,
+    batches: Sequence[tuple[np.ndarray, np.ndarray]],
+    mesh: Mesh,
+    shard: Callable[[np.ndarray, int, int], np.ndarray],
+) -> tuple[nnx.State, np.ndarray]:
     """jax_impl.train.train_epoch on batches split over the mesh: full batches under one
     jax.lax.scan, a smaller last batch as one more scanned step; XLA all-reduces the gradients."""
     size = len(batches[0][0])
@@ -109,7 +126,7 @@ def train_epoch(graphdef, state, batches, mesh, shard):
     return state, np.asarray(losses)
 
 
-def place(x, mesh, shard):
+def place(x: np.ndarray, mesh: Mesh, shard: Callable[[np.ndarray, int, int], np.ndarray]) -> jax.Array:
     """A NumPy global batch (steps, B, T) as one jax.Array split along B: device r holds
     shard(x, r, dp), which is what NamedSharding(mesh, P(None, "data")) says it holds."""
     dp = mesh.devices.size

@@ -13,6 +13,7 @@ classes' __call__ for one eager call (restored even on error), Linen's by captur
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -22,6 +23,9 @@ from flax import linen as nn
 from flax import nnx
 
 DTYPES = {"float32": jnp.float32, "float64": jnp.float64}
+
+# what this port reads: an nnx.Module, or a Linen (module, variables) pair
+Model = Any
 
 # module class -> the neutral type name the other side's port module uses too
 TYPES = (
@@ -56,7 +60,7 @@ LAYOUTS = {
 }
 
 
-def owns(model) -> bool:
+def owns(model: object) -> bool:
     """Whether this backend can read `model`: an nnx.Module, or a Linen (module, variables) pair."""
     return isinstance(model, nnx.Module) or _is_linen(model)
 
@@ -65,12 +69,12 @@ def _is_linen(model) -> bool:
     return isinstance(model, tuple) and len(model) == 2 and isinstance(model[0], nn.Module)
 
 
-def module_type(module) -> str:
+def module_type(module: object) -> str:
     """The neutral type name of one submodule (its class name where no neutral name exists)."""
     return next((name for cls, name in TYPES if isinstance(module, cls)), type(module).__name__)
 
 
-def describe(model, inputs: tuple) -> dict[str, dict]:
+def describe(model: Model, inputs: tuple) -> dict[str, dict]:
     """module path ("" for the model itself) -> {"type": neutral name, setting: value, ...}, with
     the settings the lint compares, in torch's conventions. inputs: Linen's submodules exist only
     while the model is called, so a Linen model is called once with them."""
@@ -141,7 +145,7 @@ def _join(path) -> str:
     return ".".join(str(key) for key in path)
 
 
-def parameters(model) -> dict[str, np.ndarray]:
+def parameters(model: Model) -> dict[str, np.ndarray]:
     """Every parameter and batch statistic, named and laid out as torch's state_dict would."""
     return {name: np.array(value) for name, value in _neutral(model, _variables(model)).items()}
 
@@ -233,7 +237,7 @@ def _native_paths(model) -> dict[str, tuple]:
     return native
 
 
-def load_parameters(model, arrays: dict):
+def load_parameters(model: Model, arrays: dict[str, np.ndarray]) -> Model:
     """Write neutral arrays (already matched and shape-checked by the caller) into `model`, each
     in the dtype of the variable it replaces; returns the model (for Linen a new pair)."""
     native = _native_paths(model)
@@ -274,7 +278,7 @@ def _variable(model, path):
     return model
 
 
-def cast(model, dtype: str):
+def cast(model: Model, dtype: str) -> Model:
     """A copy of `model` with every floating-point variable in `dtype`, and every submodule's
     computation dtype too (a layer built with dtype=float32 would otherwise compute in float32).
     float64 turns on jax_enable_x64, without which JAX silently keeps float32."""
@@ -308,7 +312,7 @@ def _is_float_dtype(value) -> bool:
         return False
 
 
-def capture(model, inputs: tuple) -> list[tuple[str, np.ndarray]]:
+def capture(model: Model, inputs: tuple) -> list[tuple[str, np.ndarray]]:
     """Call the model once and return (module path, output) for every submodule call in the order
     the calls return (a child before its parent; the model itself last, path ""). A tuple output
     gives one entry per array, "path[i]". NNX: each submodule class's __call__ is wrapped for this
@@ -438,7 +442,7 @@ def _arrays(model, inputs) -> list:
     return arrays
 
 
-def gradients(model, inputs: tuple) -> dict[str, np.ndarray]:
+def gradients(model: Model, inputs: tuple) -> dict[str, np.ndarray]:
     """d (sum of every floating-point output) / d every parameter, neutral names and layout
     (compiled as one function, as capture is)."""
     arrays = _arrays(model, inputs)
@@ -464,7 +468,7 @@ def gradients(model, inputs: tuple) -> dict[str, np.ndarray]:
     return {name: np.array(value) for name, value in _neutral(model, nnx.to_pure_dict(grads)).items()}
 
 
-def switched(model, switch: str, path: str, value=None):
+def switched(model: Model, switch: str, path: str, value: float | None = None) -> Model | None:
     """A copy of `model` with one likely cause of a difference switched, for the probes:
     "transpose" the (square) kernel of the Linear at `path`, or "eps" = value for the norm at
     `path`. None where the switch does not apply (a Linen module's settings are frozen)."""
@@ -486,7 +490,7 @@ def switched(model, switch: str, path: str, value=None):
 
 
 @contextlib.contextmanager
-def highest_precision():
+def highest_precision() -> Iterator[None]:
     """Full float32 matmuls for the duration: on GPUs JAX's default uses TF32 (bf16 passes on TPUs)."""
     with jax.default_matmul_precision("highest"):
         yield

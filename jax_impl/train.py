@@ -17,6 +17,7 @@ if __name__ == "__main__":  # the command line belongs to the tools layer: parse
 
 import functools
 import time
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -31,7 +32,7 @@ from shared.config import ModelConfig, TrainConfig
 from shared.history import History
 
 
-def train_step(graphdef, state, x, y):
+def train_step(graphdef: nnx.GraphDef, state: nnx.State, x: jax.Array, y: jax.Array) -> tuple[nnx.State, jax.Array]:
     """One Adam step on split state; returns (new state, the loss before the update).
 
     Pure, so jax.jit compiles it and jax.lax.scan repeats it; merge and split cost
@@ -44,12 +45,12 @@ def train_step(graphdef, state, x, y):
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=1)
-def scan_steps(graphdef, state, xs, ys):
+def scan_steps(graphdef: nnx.GraphDef, state: nnx.State, xs: jax.Array, ys: jax.Array) -> tuple[nnx.State, jax.Array]:
     """train_step over stacked batches xs, ys (steps, B, T) in one compiled loop."""
     return jax.lax.scan(lambda state, batch: train_step(graphdef, state, *batch), state, (xs, ys))
 
 
-def train_epoch(graphdef, state, batches):
+def train_epoch(graphdef: nnx.GraphDef, state: nnx.State, batches: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[nnx.State, np.ndarray]:
     """Every step of `batches` (an epoch, or a run of its steps), compiled; returns (new state, per-step losses as NumPy).
 
     Full batches run under one jax.lax.scan; a smaller last batch (when batch_size does
@@ -65,7 +66,14 @@ def train_epoch(graphdef, state, batches):
     return state, np.asarray(losses)
 
 
-def train(model_config: ModelConfig, train_config: TrainConfig, init="shared", on_step=None, resume=None, dp=1) -> History:
+def train(
+    model_config: ModelConfig,
+    train_config: TrainConfig,
+    init: str = "shared",
+    on_step: Callable[[int, float], object] | None = None,
+    resume: AdamState | None = None,
+    dp: int = 1,
+) -> History:
     """Train from `init` ("shared", "native" or a weights file); returns the History with the
     model and optimizer.
 
@@ -106,7 +114,7 @@ def train(model_config: ModelConfig, train_config: TrainConfig, init="shared", o
     return training.history("jax", model_config, train_config, losses, started, model, optimizer, start_epoch)
 
 
-def optimizer_to_exchange(optimizer, model, train_config: TrainConfig) -> AdamState:
+def optimizer_to_exchange(optimizer: nnx.Optimizer, model: TinyLM, train_config: TrainConfig) -> AdamState:
     """Adam's moments and step count in the exchange layout (after train_config.epochs epochs)."""
     adam = optimizer.opt_state[0]  # optax.adam = (ScaleByAdamState(count, mu, nu), scale by -lr)
     moments = {"exp_avg": grads_to_exchange(adam.mu), "exp_avg_sq": grads_to_exchange(adam.nu)}
@@ -114,7 +122,7 @@ def optimizer_to_exchange(optimizer, model, train_config: TrainConfig) -> AdamSt
     return AdamState(step, train_config.epochs, moments["exp_avg"], moments["exp_avg_sq"], train_config)
 
 
-def optimizer_from_exchange(adam_state: AdamState, optimizer, model) -> None:
+def optimizer_from_exchange(adam_state: AdamState, optimizer: nnx.Optimizer, model: TinyLM) -> None:
     """Give a fresh Adam the saved moments and step count of every parameter."""
     adam = optimizer.opt_state[0]
     assign_exchange(adam.mu, adam_state.exp_avg)

@@ -20,7 +20,17 @@ from __future__ import annotations
 import numpy as np
 
 
-def adam_update(param, grad, exp_avg, exp_avg_sq, step: int, lr: float, betas: tuple[float, float], eps: float, scratch=None) -> None:
+def adam_update(
+    param: np.ndarray,
+    grad: np.ndarray,
+    exp_avg: np.ndarray,
+    exp_avg_sq: np.ndarray,
+    step: int,
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+    scratch: np.ndarray | None = None,
+) -> None:
     """One Adam update of one parameter, in place: param, exp_avg, exp_avg_sq [any shape, one dtype].
 
     step: the step count t after this update (1 on the first). scratch: an optional array of
@@ -56,7 +66,7 @@ class Adam:
     number of updates taken (as torch's optimizer.state[p]["step"] and optax's count).
     """
 
-    def __init__(self, params: dict, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
+    def __init__(self, params: dict, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
         self.params = params
         self.lr, self.betas, self.eps = float(lr), (float(betas[0]), float(betas[1])), float(eps)
         self.step_count = 0

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from shared import checks
 from shared.trace import record
 
+if TYPE_CHECKING:  # the cache's module imports this one
+    from numpy_ref.generate import KVCache
 
-def linear(x, weight, bias=None):
+
+def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
     """x (..., in) @ weight (out, in)^T + bias (out,) -> (..., out): PyTorch layout."""
     out = x @ weight.T  # (..., out)
     return out if bias is None else out + bias
@@ -49,7 +53,15 @@ def softmax(scores: np.ndarray) -> np.ndarray:
     return exp / np.where(total == 0, 1, total)
 
 
-def attention(x, params, n_heads, mask=None, return_weights=False, trace=None, cache=None):
+def attention(
+    x: np.ndarray,
+    params: dict[str, np.ndarray],
+    n_heads: int,
+    mask: Any = None,
+    return_weights: bool = False,
+    trace: dict[str, np.ndarray] | None = None,
+    cache: KVCache | None = None,
+) -> Any:
     """Causal self-attention of x (B, T, D) with the `attn.*` arrays of the exchange dict.
 
     mask: optional bool, True = may attend, broadcastable to (B, H, T, S), ANDed with the

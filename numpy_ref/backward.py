@@ -12,6 +12,7 @@ B batch, T sequence, D d_model, H heads, d_head = D // H, V vocab_size, N = B * 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -21,7 +22,7 @@ from shared.config import ModelConfig
 # --- model.py, step 3 and the loss ----------------------------------------------------------
 
 
-def cross_entropy_backward(logits: np.ndarray, targets: np.ndarray):
+def cross_entropy_backward(logits: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """[B, T, V], int [B, T] -> (loss, a 0-d array; g_logits [B, T, V]).
 
     L = -(1/N) sum_n log p_n[t_n] with p_n = softmax(z_n). Since log p_n[t] = z_n[t] - logsumexp(z_n),
@@ -41,7 +42,7 @@ def cross_entropy_backward(logits: np.ndarray, targets: np.ndarray):
     return loss, g_logits
 
 
-def linear_backward(g_out: np.ndarray, x: np.ndarray, weight: np.ndarray, bias: bool = True):
+def linear_backward(g_out: np.ndarray, x: np.ndarray, weight: np.ndarray, bias: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """g_out [B, T, out], x [B, T, in], weight [out, in] -> (g_x [B, T, in], g_weight [out, in], g_bias [out] or None).
 
     y = x W^T + b, so dy_o/dx_i = W[o, i], dy_o/dW[o, i] = x_i, dy_o/db_o = 1. Hence
@@ -58,7 +59,7 @@ def linear_backward(g_out: np.ndarray, x: np.ndarray, weight: np.ndarray, bias: 
     return g_x, g_weight, g_bias
 
 
-def read_out_backward(g_logits, x, params):
+def read_out_backward(g_logits: np.ndarray, x: np.ndarray, params: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """3. read out: g_logits [B, T, V] -> (g_x [B, T, D], {lm_head.*: gradient}). The LM head is a linear layer."""
     g_x, g_weight, g_bias = linear_backward(g_logits, x, params["lm_head.weight"], "lm_head.bias" in params)
     return g_x, _named("lm_head", g_weight, g_bias)
@@ -76,7 +77,7 @@ def merge_heads_backward(g_merged: np.ndarray, n_heads: int) -> np.ndarray:
     return split_heads(g_merged, n_heads)  # (B, H, T, d_head)
 
 
-def weighted_values_backward(g_context: np.ndarray, weights: np.ndarray, v: np.ndarray):
+def weighted_values_backward(g_context: np.ndarray, weights: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """7. weight the values: g_context [B, H, T, d_head], weights [B, H, T, T], v [B, H, T, d_head]
     -> (g_weights [B, H, T, T], g_v [B, H, T, d_head]).
 
@@ -114,7 +115,7 @@ def mask_backward(g_scores: np.ndarray, allowed: np.ndarray) -> np.ndarray:
     return np.where(allowed, g_scores, 0)
 
 
-def scores_backward(g_scores: np.ndarray, q: np.ndarray, k: np.ndarray, scale: float):
+def scores_backward(g_scores: np.ndarray, q: np.ndarray, k: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:
     """4. score and scale: g_scores [B, H, T, T], q, k [B, H, T, d_head] -> (g_q, g_k), each [B, H, T, d_head].
 
     scores[i, j] = scale * q[i] . k[j]. So dL/dq[i] = scale * sum_j g[i, j] k[j], i.e.
@@ -141,7 +142,9 @@ def split_backward(g_q: np.ndarray, g_k: np.ndarray, g_v: np.ndarray) -> np.ndar
     return np.concatenate([g_q, g_k, g_v], axis=-1)  # (B, T, 3D)
 
 
-def attention_backward(g_out, trace, params, n_heads, mask=None):
+def attention_backward(
+    g_out: np.ndarray, trace: dict[str, np.ndarray], params: dict[str, np.ndarray], n_heads: int, mask: Any = None
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """The block, steps 9 to 1: g_out [B, T, D] -> (g_x [B, T, D], {attn.*: gradient}).
 
     trace: the forward's stages (numpy_ref.attention records them): embed (the block's input x),
@@ -188,7 +191,7 @@ def attention_backward(g_out, trace, params, n_heads, mask=None):
 # --- model.py, step 1 -----------------------------------------------------------------------
 
 
-def embed_backward(g_x: np.ndarray, tokens: np.ndarray, vocab_size: int, max_len: int):
+def embed_backward(g_x: np.ndarray, tokens: np.ndarray, vocab_size: int, max_len: int) -> tuple[np.ndarray, np.ndarray]:
     """1. embed: g_x [B, T, D], int tokens [B, T] -> (g_tok_emb [V, D], g_pos_emb [max_len, D]).
 
     x[b, t] = tok_emb[tokens[b, t]] + pos_emb[t]: a lookup is a selection, so each row of the
@@ -211,7 +214,9 @@ def embed_backward(g_x: np.ndarray, tokens: np.ndarray, vocab_size: int, max_len
 # --- the whole model ------------------------------------------------------------------------
 
 
-def backward(tokens, targets, params, config: ModelConfig, trace, mask=None):
+def backward(
+    tokens: Any, targets: Any, params: dict[str, np.ndarray], config: ModelConfig, trace: dict[str, np.ndarray], mask: Any = None
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """(loss, d loss / d every exchange array), from one forward pass's trace (numpy_ref.forward(...,
     trace=trace) records every stage it needs): the loss, then steps 3, 2 (the block) and 1."""
     tokens, targets = np.asarray(tokens), np.asarray(targets)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from numpy_ref.model import predict
+from numpy_ref.model import TinyLM, predict
 from shared import checks
 from shared.sampling import next_tokens
 
@@ -19,14 +19,14 @@ class KVCache:
     """K and V of the positions seen so far, (B, H, max_len, d_head) each, of which the first
     `length` slots are filled. Fixed size, like the frameworks' caches."""
 
-    def __init__(self, batch, n_heads, max_len, d_head, *, dtype="float32"):
+    def __init__(self, batch: int, n_heads: int, max_len: int, d_head: int, *, dtype: str = "float32") -> None:
         shape = (batch, n_heads, max_len, d_head)
         # zeros, not empty: the unfilled slots are masked, but 0 * NaN would still be NaN
         self.k = np.zeros(shape, dtype=dtype)
         self.v = np.zeros(shape, dtype=dtype)
         self.length = 0  # p: how many positions are filled; the next chunk starts here
 
-    def update(self, k, v):
+    def update(self, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Write a chunk's k, v (B, H, T, d_head) into slots length..length+T-1; returns the
         whole cache (B, H, max_len, d_head) twice, K and V."""
         T = k.shape[2]
@@ -40,23 +40,25 @@ class KVCache:
         return self.k, self.v
 
 
-def new_cache(model, batch):
+def new_cache(model: TinyLM, batch: int) -> KVCache:
     """An empty KVCache for `batch` sequences of `model` (its sizes and dtype)."""
     config = model.config
     return KVCache(batch, config.n_heads, config.max_len, config.d_head, dtype=model.params["tok_emb.weight"].dtype.name)
 
 
-def step(model, tokens, cache):
+def step(model: TinyLM, tokens: np.ndarray, cache: KVCache) -> np.ndarray:
     """tokens (B, T) at positions cache.length.. -> logits (B, T, V); the cache is extended by them."""
     return model(np.asarray(tokens), cache=cache)
 
 
-def cache_arrays(cache):
+def cache_arrays(cache: KVCache) -> tuple[np.ndarray, np.ndarray]:
     """The filled part of the cache: K and V (B, H, length, d_head), copies."""
     return cache.k[:, :, : cache.length].copy(), cache.v[:, :, : cache.length].copy()
 
 
-def generate(model, prompt, max_new_tokens, *, greedy=True, temperature=1.0, seed=0, use_cache=True):
+def generate(
+    model: TinyLM, prompt: np.ndarray, max_new_tokens: int, *, greedy: bool = True, temperature: float = 1.0, seed: int = 0, use_cache: bool = True
+) -> np.ndarray:
     """prompt int (B, P) -> (B, P + max_new_tokens): the prompt and its continuation.
 
     use_cache=True reads the prompt in one call (prefill), then one new token per call;
@@ -65,16 +67,8 @@ def generate(model, prompt, max_new_tokens, *, greedy=True, temperature=1.0, see
     """
     prompt = np.asarray(prompt)
     config = model.config
-    checks.check_generate(
-        prompt.shape,
-        prompt.dtype.name,
-        config.vocab_size,
-        config.max_len,
-        max_new_tokens,
-        *((prompt.min(), prompt.max()) if prompt.size else (None, None)),
-        greedy,
-        temperature,
-    )
+    low, high = (prompt.min(), prompt.max()) if prompt.size else (None, None)  # an empty prompt is refused by the check
+    checks.check_generate(prompt.shape, prompt.dtype.name, config.vocab_size, config.max_len, max_new_tokens, low, high, greedy, temperature)
     rng = np.random.default_rng(seed)
     cache = new_cache(model, prompt.shape[0]) if use_cache else None
     tokens = prompt  # (B, P)
@@ -82,7 +76,7 @@ def generate(model, prompt, max_new_tokens, *, greedy=True, temperature=1.0, see
 
     for _ in range(max_new_tokens):
         # 1. forward: with a cache only the new positions, without one the whole prefix again
-        logits = step(model, chunk, cache) if use_cache else predict(model, tokens)  # (B, t, V)
+        logits = step(model, chunk, cache) if cache is not None else predict(model, tokens)  # (B, t, V)
 
         # 2. pick the next token from the last position's logits
         chosen = next_tokens(logits[:, -1], greedy, temperature, rng).astype(prompt.dtype)  # (B,)

@@ -4,6 +4,7 @@ object of shared.protocol: numpy_ref's TinyLM is its exchange dict and its confi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -13,8 +14,19 @@ from shared.config import ModelConfig
 from shared.trace import record
 from shared.weights import validate as validate_weights
 
+if TYPE_CHECKING:  # the cache's module imports this one
+    from numpy_ref.generate import KVCache
 
-def forward(tokens, params, config: ModelConfig, mask=None, return_weights=False, trace=None, cache=None):
+
+def forward(
+    tokens: Any,
+    params: dict[str, np.ndarray],
+    config: ModelConfig,
+    mask: Any = None,
+    return_weights: bool = False,
+    trace: dict[str, np.ndarray] | None = None,
+    cache: KVCache | None = None,
+) -> Any:
     """tokens int (B, T) -> logits (B, T, V), or (logits, weights (B, H, T, S)).
 
     With a KV cache (numpy_ref.generate.KVCache) the tokens sit at positions p..p+T-1,
@@ -54,12 +66,12 @@ def cross_entropy(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     return -picked.mean()
 
 
-def loss(params, tokens, targets, config: ModelConfig, mask=None) -> np.ndarray:
+def loss(params: dict[str, np.ndarray], tokens: Any, targets: Any, config: ModelConfig, mask: Any = None) -> np.ndarray:
     """Copy-task loss: cross_entropy(forward(tokens), targets)."""
     return cross_entropy(forward(tokens, params, config, mask=mask), np.asarray(targets))
 
 
-def intermediates(tokens, params, config: ModelConfig, mask=None) -> dict[str, np.ndarray]:
+def intermediates(tokens: Any, params: dict[str, np.ndarray], config: ModelConfig, mask: Any = None) -> dict[str, np.ndarray]:
     """Every named stage of one forward pass (shared.trace.STAGES), recorded by `forward` itself."""
     trace: dict[str, np.ndarray] = {}
     forward(tokens, params, config, mask=mask, trace=trace)
@@ -73,13 +85,15 @@ class TinyLM:
     int tokens (B, T) -> logits (B, T, V), or (logits, weights (B, H, T, T))."""
 
     config: ModelConfig
-    params: dict
+    params: dict[str, np.ndarray]
 
-    def __call__(self, tokens, mask=None, return_weights=False, trace=None, cache=None):
+    def __call__(
+        self, tokens: Any, mask: Any = None, return_weights: bool = False, trace: dict[str, np.ndarray] | None = None, cache: KVCache | None = None
+    ) -> Any:
         return forward(tokens, self.params, self.config, mask=mask, return_weights=return_weights, trace=trace, cache=cache)
 
 
-def from_exchange(arrays: dict, config: ModelConfig) -> TinyLM:
+def from_exchange(arrays: dict[str, np.ndarray], config: ModelConfig) -> TinyLM:
     """A TinyLM holding copies of the exchange arrays, checked first."""
     validate_weights(arrays, config)
     return TinyLM(config, {name: np.array(value) for name, value in arrays.items()})
@@ -90,17 +104,17 @@ def to_exchange(model: TinyLM) -> dict[str, np.ndarray]:
     return {name: value.copy() for name, value in model.params.items()}
 
 
-def loss_fn(model: TinyLM, x, y, mask=None) -> np.ndarray:
+def loss_fn(model: TinyLM, x: Any, y: Any, mask: Any = None) -> np.ndarray:
     """Mean cross-entropy of the next-token logits: x, y int (B, T) -> 0-d array."""
     return loss(model.params, x, y, model.config, mask=mask)
 
 
-def predict(model: TinyLM, tokens, *, mask=None, return_weights=False, trace=None):
+def predict(model: TinyLM, tokens: Any, *, mask: Any = None, return_weights: bool = False, trace: dict[str, np.ndarray] | None = None) -> Any:
     """tokens (B, T) -> logits (B, T, V), or (logits, weights (B, H, T, T)); NumPy already."""
     return model(np.asarray(tokens), mask=mask, return_weights=return_weights, trace=trace)
 
 
-def attend(model: TinyLM, x, *, mask=None, return_weights=False):
+def attend(model: TinyLM, x: Any, *, mask: Any = None, return_weights: bool = False) -> Any:
     """The attention block alone: x (B, T, D) -> (B, T, D), or (out, weights); T <= max_len
     as in the frameworks' blocks (the pure `attention` function has no context limit)."""
     x = np.asarray(x)
@@ -108,12 +122,12 @@ def attend(model: TinyLM, x, *, mask=None, return_weights=False):
     return attention(x, model.params, model.config.n_heads, mask=mask, return_weights=return_weights)
 
 
-def grads_to_exchange(grads: dict) -> dict[str, np.ndarray]:
+def grads_to_exchange(grads: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Gradients from loss_and_grads (already exchange-named NumPy arrays) as copies."""
     return {name: value.copy() for name, value in grads.items()}
 
 
-def loss_and_grads(model: TinyLM, tokens, targets, *, mask=None):
+def loss_and_grads(model: TinyLM, tokens: Any, targets: Any, *, mask: Any = None) -> tuple[float, dict[str, np.ndarray]]:
     """NumPy in, NumPy out: (loss, d loss / d every exchange array) by the analytic backward
     of numpy_ref.backward, from the stages one forward pass records."""
     from numpy_ref.backward import backward

@@ -22,6 +22,7 @@ if __name__ == "__main__":  # the command line belongs to the tools layer: parse
 import ctypes
 import ctypes.util
 import time
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -33,19 +34,25 @@ from shared.config import ModelConfig, TrainConfig
 from shared.history import History
 
 
-def train_step(model: TinyLM, optimizer: Adam, x, y) -> float:
+def train_step(model: TinyLM, optimizer: Adam, x: np.ndarray, y: np.ndarray) -> float:
     """One Adam step; returns the loss before the update."""
     loss, grads = loss_and_grads(model, x, y)  # forward, then the backward pass by hand
     optimizer.step(grads)  # updates model.params in place
     return loss
 
 
-def train_epoch(model: TinyLM, optimizer: Adam, batches) -> np.ndarray:
+def train_epoch(model: TinyLM, optimizer: Adam, batches: Iterable[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
     """Every step of `batches` (an epoch, or a run of its steps); returns the per-step losses as a NumPy array."""
     return np.array([train_step(model, optimizer, x, y) for x, y in batches])
 
 
-def train(model_config: ModelConfig, train_config: TrainConfig, init="shared", on_step=None, resume=None) -> History:
+def train(
+    model_config: ModelConfig,
+    train_config: TrainConfig,
+    init: str = "shared",
+    on_step: Callable[[int, float], object] | None = None,
+    resume: AdamState | None = None,
+) -> History:
     """Train from `init` ("shared" or a weights file); returns the History with the model and optimizer.
 
     resume: an AdamState saved with those weights (by any backend): the run continues

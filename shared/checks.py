@@ -17,7 +17,7 @@ BLOCK_DTYPES = ("float32", "float64")
 SEED_RANGE = (0, 2**32 - 1)
 
 
-def check_block(d_model: int, n_heads: int, max_len: int) -> None:
+def check_block(d_model: int, n_heads: int, max_len: int | None) -> None:
     """Sizes of one attention block: positive integers with d_model % n_heads == 0.
 
     max_len None: no context limit (numpy_ref's pure attention function)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -11,6 +12,9 @@ from torch import nn
 from shared import checks
 from shared.config import ATTN_IMPLS
 from shared.trace import record
+
+if TYPE_CHECKING:  # the cache's module imports this one
+    from torch_impl.generate import KVCache
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -29,7 +33,7 @@ class MultiHeadSelfAttention(nn.Module):
     after p+T-1 are masked), so keys and weights have max_len columns instead of T.
     """
 
-    def __init__(self, d_model, n_heads, max_len, bias=True, *, dtype="float32", attn_impl="explicit"):
+    def __init__(self, d_model: int, n_heads: int, max_len: int, bias: bool = True, *, dtype: str = "float32", attn_impl: str = "explicit") -> None:
         super().__init__()
         checks.check_block(d_model, n_heads, max_len)
         if attn_impl not in ATTN_IMPLS:
@@ -39,13 +43,19 @@ class MultiHeadSelfAttention(nn.Module):
         self.d_head = d_model // n_heads
         self.max_len = max_len
         self.attn_impl = attn_impl
-        dtype = DTYPES[dtype]
-        self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=bias, dtype=dtype)
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias, dtype=dtype)
+        self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=bias, dtype=DTYPES[dtype])
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias, dtype=DTYPES[dtype])
         # True = may attend: on and below the diagonal
         self.register_buffer("causal_mask", torch.tril(torch.ones(max_len, max_len, dtype=torch.bool)), persistent=False)
 
-    def forward(self, x, mask=None, return_weights=False, trace=None, cache=None):
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        return_weights: bool = False,
+        trace: dict[str, Any] | None = None,
+        cache: KVCache | None = None,
+    ) -> Any:
         """x (B, T, D); mask optional bool, True = may attend, broadcastable to (B, H, T, S);
         cache optional KVCache of the positions before x. S = T without a cache, max_len with one.
 

@@ -3,6 +3,8 @@ converter, and the NumPy-facing functions of shared.protocol (predict, attend, l
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -13,11 +15,14 @@ from shared.config import ModelConfig
 from shared.trace import record
 from torch_impl.attention import DTYPES, MultiHeadSelfAttention
 
+if TYPE_CHECKING:  # the cache's module imports this one
+    from torch_impl.generate import KVCache
+
 
 class TinyLM(nn.Module):
     """int tokens (B, T) -> logits (B, T, V). Its state_dict keys are the exchange names."""
 
-    def __init__(self, config: ModelConfig, *, dtype="float32"):
+    def __init__(self, config: ModelConfig, *, dtype: str = "float32") -> None:
         super().__init__()
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model, dtype=DTYPES[dtype])
@@ -25,7 +30,14 @@ class TinyLM(nn.Module):
         self.attn = MultiHeadSelfAttention(config.d_model, config.n_heads, config.max_len, config.bias, dtype=dtype, attn_impl=config.attn_impl)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=config.bias, dtype=DTYPES[dtype])
 
-    def forward(self, tokens, mask=None, return_weights=False, trace=None, cache=None):
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        return_weights: bool = False,
+        trace: dict[str, Any] | None = None,
+        cache: KVCache | None = None,
+    ) -> Any:
         """tokens int (B, T) -> logits (B, T, V), or (logits, weights (B, H, T, S)).
 
         With a KV cache (torch_impl.generate.KVCache) the tokens sit at positions p..p+T-1,
@@ -64,7 +76,7 @@ def _id_range(tokens):
     return int(tokens.min()), int(tokens.max())
 
 
-def from_exchange(arrays: dict, config: ModelConfig) -> TinyLM:
+def from_exchange(arrays: dict[str, np.ndarray], config: ModelConfig) -> TinyLM:
     """A TinyLM holding the exchange arrays, in their dtype. Everything is checked before
     anything is assigned; torch's layout is the exchange layout, so nothing is transposed."""
     dtype = weights.validate(arrays, config)
@@ -88,23 +100,25 @@ def grads_to_exchange(model: TinyLM) -> dict[str, np.ndarray]:
     return grads
 
 
-def loss_fn(model, x, y, mask=None):
+def loss_fn(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Mean cross-entropy of the next-token logits: x, y int (B, T) -> scalar."""
     logits = model(x, mask=mask)  # (B, T, V)
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))  # (B * T, V) against (B * T,)
 
 
-def predict(model, tokens, *, mask=None, return_weights=False, trace=None):
+def predict(
+    model: TinyLM, tokens: np.ndarray, *, mask: np.ndarray | None = None, return_weights: bool = False, trace: dict[str, np.ndarray] | None = None
+) -> Any:
     """NumPy in, NumPy out: tokens (B, T) -> logits (B, T, V), or (logits, weights (B, H, T, T))."""
-    inner = {} if trace is not None else None
+    inner: dict[str, torch.Tensor] | None = {} if trace is not None else None
     with torch.no_grad():
         result = model(torch.from_numpy(np.asarray(tokens)), mask=_tensor(mask), return_weights=return_weights, trace=inner)
-    if trace is not None:
+    if trace is not None and inner is not None:
         trace.update({name: value.numpy() for name, value in inner.items()})
     return tuple(value.numpy() for value in result) if return_weights else result.numpy()
 
 
-def attend(model, x, *, mask=None, return_weights=False):
+def attend(model: TinyLM, x: np.ndarray, *, mask: np.ndarray | None = None, return_weights: bool = False) -> Any:
     """NumPy in, NumPy out: the attention block alone, x (B, T, D) -> (B, T, D), or (out, weights)."""
     x = np.asarray(x)  # checked before conversion: torch.from_numpy refuses some dtypes (bfloat16) in its own words
     checks.check_input(x.shape, x.dtype.name, model.attn.d_model, model.attn.max_len, str(model.attn.qkv_proj.weight.dtype))
@@ -113,7 +127,7 @@ def attend(model, x, *, mask=None, return_weights=False):
     return tuple(value.numpy() for value in result) if return_weights else result.numpy()
 
 
-def loss_and_grads(model, tokens, targets, *, mask=None):
+def loss_and_grads(model: TinyLM, tokens: np.ndarray, targets: np.ndarray, *, mask: np.ndarray | None = None) -> tuple[float, dict[str, np.ndarray]]:
     """NumPy in, NumPy out: (loss, d loss / d every exchange array) by autograd."""
     model.zero_grad(set_to_none=True)
     loss = loss_fn(model, torch.from_numpy(np.asarray(tokens)), torch.from_numpy(np.asarray(targets)), mask=_tensor(mask))

@@ -20,13 +20,17 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Callable, Iterable
+from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 from shared import training
+from shared.adam_state import AdamState
 from shared.config import ModelConfig, TrainConfig
 from shared.history import History
 from torch_impl.model import TinyLM, from_exchange, to_exchange
@@ -40,24 +44,33 @@ START_METHOD = "forkserver" if "forkserver" in mp.get_all_start_methods() else "
 PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel", "shared.training"]
 
 
-def shard(x, rank, dp):
+def shard(x: np.ndarray, rank: int, dp: int) -> np.ndarray:
     """Rank `rank`'s equal share of a global batch: x (..., B, T) -> (..., B // dp, T)."""
     size = x.shape[-2] // dp
     return x[..., rank * size : (rank + 1) * size, :]  # (..., B // dp, T)
 
 
-def prepare(dp):
+def prepare(dp: int) -> None:
     """Nothing to set before torch starts: ranks are processes (JAX's twin makes CPU devices)."""
 
 
-def devices(dp):
+def devices(dp: int) -> tuple[int | None, str]:
     """(how many ranks can run, what they run on): CUDA devices, or any number of CPU processes."""
     if torch.cuda.is_available():
         return torch.cuda.device_count(), "CUDA devices (torch.cuda.device_count())"
     return None, "CPU processes"
 
 
-def train(model_config: ModelConfig, train_config: TrainConfig, dp, init="shared", on_step=None, resume=None, *, shard=shard) -> History:
+def train(
+    model_config: ModelConfig,
+    train_config: TrainConfig,
+    dp: int,
+    init: str = "shared",
+    on_step: Callable[[int, float], object] | None = None,
+    resume: AdamState | None = None,
+    *,
+    shard: Callable[[np.ndarray, int, int], np.ndarray] = shard,
+) -> History:
     """torch_impl.train.train over dp ranks; returns the same History (the model and Adam
     rebuilt in this process from rank 0's final state: ordinary objects, saved as usual).
 
@@ -110,7 +123,16 @@ def train(model_config: ModelConfig, train_config: TrainConfig, dp, init="shared
     return training.history("torch", model_config, train_config, losses, started, model, optimizer, start_epoch)
 
 
-def train_rank(rank, dp, model_config: ModelConfig, train_config: TrainConfig, init, resume, shard, results) -> None:
+def train_rank(
+    rank: int,
+    dp: int,
+    model_config: ModelConfig,
+    train_config: TrainConfig,
+    init: str,
+    resume: AdamState | None,
+    shard: Callable[[np.ndarray, int, int], np.ndarray],
+    results: Any,
+) -> None:
     """One rank's run, inside an initialized process group: the single-device train() with the
     model wrapped in DistributedDataParallel and each batch cut to this rank's shard."""
     start_epoch = training.first_epoch(resume, train_config)
@@ -144,7 +166,7 @@ def train_rank(rank, dp, model_config: ModelConfig, train_config: TrainConfig, i
         results.put(("done", to_exchange(model), optimizer_to_exchange(optimizer, model, train_config)))
 
 
-def train_epoch(model, optimizer, batches, device):
+def train_epoch(model: torch.nn.Module, optimizer: FusedAdam, batches: Iterable[tuple[np.ndarray, np.ndarray]], device: torch.device) -> torch.Tensor:
     """Every step of one epoch on this rank's shards; returns the per-step losses (steps,)."""
     losses = [train_step(model, optimizer, torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)) for x, y in batches]
     return torch.stack(losses)

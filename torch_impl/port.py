@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import typing
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -33,17 +34,17 @@ TYPES = (
 )
 
 
-def owns(model) -> bool:
+def owns(model: object) -> bool:
     """Whether this backend can read `model`."""
     return isinstance(model, nn.Module)
 
 
-def module_type(module) -> str:
+def module_type(module: nn.Module) -> str:
     """The neutral type name of one submodule (its class name where no neutral name exists)."""
     return next((name for cls, name in TYPES if isinstance(module, cls)), type(module).__name__)
 
 
-def describe(model, inputs: tuple) -> dict[str, dict]:
+def describe(model: nn.Module, inputs: tuple) -> dict[str, dict]:
     """module path ("" for the model itself) -> {"type": neutral name, setting: value, ...}, with
     the settings the lint compares, in torch's conventions. inputs: unused here (Linen needs them)."""
     return {path: {"type": module_type(module), **_settings(module)} for path, module in model.named_modules()}
@@ -81,13 +82,13 @@ def _settings(module) -> dict:
     return {}
 
 
-def parameters(model) -> dict[str, np.ndarray]:
+def parameters(model: nn.Module) -> dict[str, np.ndarray]:
     """Every floating-point parameter and persistent buffer (BatchNorm's running statistics), named
     and laid out as in state_dict: the neutral form itself."""
     return {name: value.detach().cpu().numpy().copy() for name, value in model.state_dict().items() if value.is_floating_point()}
 
 
-def load_parameters(model, arrays: dict):
+def load_parameters(model: nn.Module, arrays: dict[str, np.ndarray]) -> nn.Module:
     """Write neutral arrays (already matched and shape-checked by the caller) into `model`, in
     its dtype; returns the model."""
     state = model.state_dict()
@@ -97,12 +98,12 @@ def load_parameters(model, arrays: dict):
     return model
 
 
-def cast(model, dtype: str):
+def cast(model: nn.Module, dtype: str) -> nn.Module:
     """A copy of `model` with every floating-point parameter and buffer in `dtype`."""
     return copy.deepcopy(model).to(DTYPES[dtype])
 
 
-def capture(model, inputs: tuple) -> list[tuple[str, np.ndarray]]:
+def capture(model: nn.Module, inputs: tuple) -> list[tuple[str, np.ndarray]]:
     """Call `model(*inputs)` once and return (module path, output) for every submodule call in
     the order the calls return (a child before its parent; the model itself last, path "").
     A tuple output gives one entry per array, "path[i]". Hooks are removed even on error."""
@@ -135,7 +136,7 @@ def _tensors(model, inputs) -> list[torch.Tensor]:
     return [torch.as_tensor(x, dtype=dtype) if np.issubdtype(np.asarray(x).dtype, np.floating) else torch.as_tensor(x) for x in inputs]
 
 
-def gradients(model, inputs: tuple) -> dict[str, np.ndarray]:
+def gradients(model: nn.Module, inputs: tuple) -> dict[str, np.ndarray]:
     """d (sum of every floating-point output) / d every parameter, neutral names and layout;
     a parameter the output does not reach gets zeros."""
     model.zero_grad(set_to_none=True)
@@ -148,12 +149,12 @@ def gradients(model, inputs: tuple) -> dict[str, np.ndarray]:
     return grads
 
 
-def switched(model, switch: str, path: str, value=None):
+def switched(model: nn.Module, switch: str, path: str, value: float | None = None) -> nn.Module | None:
     """A copy of `model` with one likely cause of a difference switched, for the probes:
     "transpose" the (square) weight of the Linear at `path`, or "eps" = value for the norm
     at `path`. None where the switch does not apply."""
     model = copy.deepcopy(model)
-    module = model.get_submodule(path)
+    module: typing.Any = model.get_submodule(path)  # any layer: its weight or eps is looked up by name
     if switch == "transpose" and module_type(module) == "Linear" and module.weight.shape[0] == module.weight.shape[1]:
         with torch.no_grad():
             module.weight.copy_(module.weight.T.clone())
@@ -165,7 +166,7 @@ def switched(model, switch: str, path: str, value=None):
 
 
 @contextlib.contextmanager
-def highest_precision():
+def highest_precision() -> Iterator[None]:
     """Full float32 matmuls for the duration: TF32 off (it is on by default for cuDNN)."""
     saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision()
     torch.backends.cuda.matmul.allow_tf32 = False

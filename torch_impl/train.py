@@ -16,6 +16,7 @@ if __name__ == "__main__":  # the command line belongs to the tools layer: parse
     raise SystemExit(main("torch"))
 
 import time
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch
@@ -27,7 +28,7 @@ from shared.history import History
 from torch_impl.model import TinyLM, from_exchange, loss_fn
 
 
-def train_step(model, optimizer, x, y):
+def train_step(model: torch.nn.Module, optimizer: FusedAdam, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """One Adam step; returns the loss before the update (a 0-d tensor, no host sync)."""
     optimizer.zero_grad(set_to_none=True)
     loss = loss_fn(model, x, y)
@@ -36,13 +37,20 @@ def train_step(model, optimizer, x, y):
     return loss.detach()
 
 
-def train_epoch(model, optimizer, batches):
+def train_epoch(model: torch.nn.Module, optimizer: FusedAdam, batches: Iterable[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
     """Every step of `batches` (an epoch, or a run of its steps), eagerly; returns the per-step losses as a NumPy array."""
     losses = [train_step(model, optimizer, torch.from_numpy(x), torch.from_numpy(y)) for x, y in batches]
     return torch.stack(losses).numpy()
 
 
-def train(model_config: ModelConfig, train_config: TrainConfig, init="shared", on_step=None, resume=None, dp=1) -> History:
+def train(
+    model_config: ModelConfig,
+    train_config: TrainConfig,
+    init: str = "shared",
+    on_step: Callable[[int, float], object] | None = None,
+    resume: AdamState | None = None,
+    dp: int = 1,
+) -> History:
     """Train from `init` ("shared", "native" or a weights file); returns the History with the
     model and optimizer.
 
@@ -87,12 +95,12 @@ class FusedAdam:
     nearly doubled the start-up of a default run (benchmarks/RESULTS.md); nothing else differs.
     tests/test_torch_adam.py holds it equal to torch.optim.Adam, bit for bit, step by step."""
 
-    def __init__(self, params, lr, betas, eps):
-        self.params = list(params)
+    def __init__(self, params: Iterable[torch.nn.Parameter], lr: float, betas: tuple[float, float], eps: float) -> None:
+        self.params: list[torch.Tensor] = list(params)
         self.lr, self.betas, self.eps = float(lr), (float(betas[0]), float(betas[1])), float(eps)
-        self.state = {}  # parameter -> {"step", "exp_avg", "exp_avg_sq"}, as torch.optim.Adam's
+        self.state: dict[torch.Tensor, dict[str, torch.Tensor]] = {}  # parameter -> {"step", "exp_avg", "exp_avg_sq"}, as torch.optim.Adam's
 
-    def zero_grad(self, set_to_none=True):
+    def zero_grad(self, set_to_none: bool = True) -> None:
         for parameter in self.params:
             if set_to_none:
                 parameter.grad = None
@@ -100,7 +108,7 @@ class FusedAdam:
                 parameter.grad.zero_()
 
     @torch.no_grad()
-    def step(self):
+    def step(self) -> None:
         params = [parameter for parameter in self.params if parameter.grad is not None]
         for parameter in params:
             if parameter not in self.state:  # created on first use, like torch.optim.Adam's
@@ -114,7 +122,7 @@ class FusedAdam:
         torch._foreach_add_(steps, 1)  # the step count first: bias correction uses the new one
         torch._fused_adam_(
             params,
-            [parameter.grad for parameter in params],
+            [parameter.grad for parameter in params],  # type: ignore[misc]  # never None: filtered above
             [state["exp_avg"] for state in states],
             [state["exp_avg_sq"] for state in states],
             [],
@@ -131,9 +139,9 @@ class FusedAdam:
         )
 
 
-def optimizer_to_exchange(optimizer, model, train_config: TrainConfig) -> AdamState:
+def optimizer_to_exchange(optimizer: FusedAdam, model: TinyLM, train_config: TrainConfig) -> AdamState:
     """Adam's moments and step count in the exchange layout (after train_config.epochs epochs)."""
-    names = {parameter: name for name, parameter in model.named_parameters()}
+    names: dict[torch.Tensor, str] = {parameter: name for name, parameter in model.named_parameters()}
     moments: dict[str, dict[str, np.ndarray]] = {"exp_avg": {}, "exp_avg_sq": {}}
     step = 0
     for parameter, state in optimizer.state.items():
@@ -143,7 +151,7 @@ def optimizer_to_exchange(optimizer, model, train_config: TrainConfig) -> AdamSt
     return AdamState(step, train_config.epochs, moments["exp_avg"], moments["exp_avg_sq"], train_config)
 
 
-def optimizer_from_exchange(adam_state: AdamState, optimizer, model) -> None:
+def optimizer_from_exchange(adam_state: AdamState, optimizer: FusedAdam, model: TinyLM) -> None:
     """Give a fresh Adam the saved moments and step count of every parameter."""
     for name, parameter in model.named_parameters():
         optimizer.state[parameter] = {

@@ -176,7 +176,7 @@ def run(args) -> int:
         from shared.tools.plots import save_figure
 
         names = (args.a.name, " + ".join(path.name for path in args.b))
-        labels = tuple(f"{key} = {name} ({run.backend}, {run.train_config.dtype})" for key, name, run in zip("AB", names, (first, second)))
-        save_figure(comparison_figure(result, labels), args.plot)
+        label_a, label_b = (f"{key} = {name} ({run.backend}, {run.train_config.dtype})" for key, name, run in zip("AB", names, (first, second)))
+        save_figure(comparison_figure(result, (label_a, label_b)), args.plot)
         print(f"saved plot to {args.plot}")
     return 0
