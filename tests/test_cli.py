@@ -110,8 +110,10 @@ def test_every_flag_of_every_command_has_help_text():
 
 def test_a_long_row_is_cut_and_the_title_says_so(tmp_path, capsys):
     name = names("train")[0]
-    assert main(["train", "--backend", name, "--quiet", "--seq-len", "20", "--epochs", "1", "--n-sequences", "64",
-                 "--plot", str(tmp_path / "run.png")]) == 0
+    assert (
+        main(["train", "--backend", name, "--quiet", "--seq-len", "20", "--epochs", "1", "--n-sequences", "64", "--plot", str(tmp_path / "run.png")])
+        == 0
+    )
     out = capsys.readouterr().out
     assert f"{name} · head 0 of 4 · attention weights on the first 12 of 20 positions of a copy-task row" in out
     assert (tmp_path / "run.png").exists()
