@@ -45,7 +45,7 @@ class ModelConfig:
     bias: bool = True
     attn_impl: str = "explicit"  # "fused" calls the framework's attention kernel when weights are not requested
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         _check_positive_int("ModelConfig", "vocab_size", self.vocab_size)
         checks.check_block(self.d_model, self.n_heads, self.max_len)
         if not isinstance(self.bias, bool):
@@ -81,7 +81,7 @@ class TrainConfig:
     seed: int = 0
     dtype: str = "float32"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "n_sequences"):
             _check_positive_int("TrainConfig", name, getattr(self, name))
         checks.check_seed(self.seed, "TrainConfig.seed")  # one range for every backend

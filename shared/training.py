@@ -25,7 +25,7 @@ INITS = ("shared", "native")
 class NonFiniteLossError(RuntimeError):
     """The loss became NaN or infinite; names the first such step (counted from 0)."""
 
-    def __init__(self, step: int, loss: float, steps_per_epoch: int):
+    def __init__(self, step: int, loss: float, steps_per_epoch: int) -> None:
         self.step, self.loss = step, loss
         super().__init__(
             f"loss became non-finite at step {step} (epoch {step // steps_per_epoch + 1}): {loss}; training stopped (try a smaller --lr)"
@@ -35,7 +35,7 @@ class NonFiniteLossError(RuntimeError):
 class RankFailedError(RuntimeError):
     """One rank (process or device) of a data-parallel run failed; every rank was stopped."""
 
-    def __init__(self, rank: int, dp: int, reason: str):
+    def __init__(self, rank: int, dp: int, reason: str) -> None:
         self.rank, self.dp, self.reason = rank, dp, reason
         super().__init__(f"data-parallel rank {rank} of {dp} failed: {reason}; all {dp} ranks were stopped")
 
