@@ -2,6 +2,9 @@
 
 Names are exactly the torch `TinyLM.state_dict()` keys. Linear weights are (out, in).
 Nothing here imports a framework, and nothing is ever unpickled.
+
+Over 300 lines on purpose: the bounded safetensors reader and every check of a weights file
+live together, so that no read of a weights file can skip one.
 """
 
 from __future__ import annotations

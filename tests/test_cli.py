@@ -9,7 +9,7 @@ import pytest
 from shared.tools.cli import COMMANDS, main
 from tests.backends import names, package
 
-FRAMEWORKS = ("torch", "jax", "flax", "optax")
+FRAMEWORKS = ("flax", "jax", "optax", "torch")  # the framework modules, not the backends
 
 # runs one entry point's --help in a fresh interpreter and prints which frameworks it imported
 PROBE = """

@@ -149,7 +149,7 @@ def test_two_torch_ranks_and_two_jax_devices_match_their_single_device_runs_and_
     rows = section(torch_runs, jax_runs, dtype, 2)
     assert set(rows[0].diffs) == {"dp torch", "dp jax", "dp torch-jax"}
     for row in rows:
-        assert row.passed, dp_parity.format_rows(rows, dp_parity.columns(["torch", "jax"], 2))
+        assert row.passed, dp_parity.format_rows(rows, dp_parity.columns(names("dp"), 2))
     steps = 2 * config(dtype).steps_per_epoch
     assert rows[0].name == f"loss at each of {steps} steps"
     assert [row.name for row in rows][1:] == ([f"weights after {steps} steps"] if dtype == "float64" else [])

@@ -1,10 +1,14 @@
 """`mhsa parity`: load one set of weights into every registered backend and show,
 stage by stage, gradient by gradient and step by step, where they agree and where they part.
 
-The intermediates come from each implementation's real forward pass (its `trace`), the
-gradients from torch autograd and jax.grad, checked against a fourth-order finite difference
-of numpy_ref's loss in float64 on a sample of coordinates, and the trajectories from the two
-real trainers. Tolerances are docs/DESIGN.md's (shared.tolerances).
+The intermediates come from each implementation's real forward pass (its `trace`); the
+gradients from each backend's own loss_and_grads (torch autograd, jax.grad, numpy_ref's
+hand-written backward pass), the reference's also held against a fourth-order finite
+difference of its loss in float64 on a sample of coordinates; the trajectories from every real
+trainer. Tolerances are docs/DESIGN.md's (shared.tolerances).
+
+Over 300 lines on purpose: the report's own sections, its tables and its command; the decode and
+data-parallel sections live in decode_parity.py and dp_parity.py.
 """
 
 from __future__ import annotations

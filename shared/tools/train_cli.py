@@ -1,6 +1,10 @@
 """The train command line, shared by `python -m torch_impl.train`, `python -m jax_impl.train`
 and `mhsa train --backend ...`: identical flags, output lines, heatmap and history file.
-The backend is imported only after the flags are parsed, so `--help` loads no framework."""
+The backend is imported only after the flags are parsed, so `--help` loads no framework.
+
+Over 300 lines on purpose: the flags, their checks against each other and against the files,
+and the run they describe are one command, read top to bottom.
+"""
 
 from __future__ import annotations
 
