@@ -32,6 +32,20 @@ def forward(
     With a KV cache (numpy_ref.generate.KVCache) the tokens sit at positions p..p+T-1,
     p = cache.length, and the cache is extended by them; S = max_len (T without a cache)."""
     validate_weights(params, config)  # a missing bias or a float16 array is an error, not a guess
+    return _forward(tokens, params, config, mask, return_weights, trace, cache)
+
+
+def _forward(
+    tokens: Any,
+    params: dict[str, np.ndarray],
+    config: ModelConfig,
+    mask: Any = None,
+    return_weights: bool = False,
+    trace: dict[str, np.ndarray] | None = None,
+    cache: KVCache | None = None,
+) -> Any:
+    # forward on weights already validated: a TinyLM's, checked once by from_exchange (as the
+    # frameworks check theirs once, when the model is built), not again at every training step
     tokens = np.asarray(tokens)
     checks.check_tokens(
         tokens.shape,
@@ -82,15 +96,20 @@ def intermediates(tokens: Any, params: dict[str, np.ndarray], config: ModelConfi
 class TinyLM:
     """The exchange dict (PyTorch layout) with its config; calling it runs `forward`.
 
-    int tokens (B, T) -> logits (B, T, V), or (logits, weights (B, H, T, T))."""
+    int tokens (B, T) -> logits (B, T, V), or (logits, weights (B, H, T, T)). The weights are
+    checked once, here, as a framework checks its layers when the model is built; training
+    then updates them in place (same shapes, same dtype) without checking them at every step."""
 
     config: ModelConfig
     params: dict[str, np.ndarray]
 
+    def __post_init__(self) -> None:
+        validate_weights(self.params, self.config)
+
     def __call__(
         self, tokens: Any, mask: Any = None, return_weights: bool = False, trace: dict[str, np.ndarray] | None = None, cache: KVCache | None = None
     ) -> Any:
-        return forward(tokens, self.params, self.config, mask=mask, return_weights=return_weights, trace=trace, cache=cache)
+        return _forward(tokens, self.params, self.config, mask, return_weights, trace, cache)
 
 
 def from_exchange(arrays: dict[str, np.ndarray], config: ModelConfig) -> TinyLM:
@@ -133,6 +152,6 @@ def loss_and_grads(model: TinyLM, tokens: Any, targets: Any, *, mask: Any = None
     from numpy_ref.backward import backward
 
     trace: dict[str, np.ndarray] = {}
-    forward(tokens, model.params, model.config, mask=mask, trace=trace)
+    _forward(tokens, model.params, model.config, mask=mask, trace=trace)
     loss, grads = backward(tokens, targets, model.params, model.config, trace, mask=mask)
     return float(loss), grads
