@@ -117,3 +117,18 @@ def test_a_long_row_is_cut_and_the_title_says_so(tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"{name} · head 0 of 4 · attention weights on the first 12 of 20 positions of a copy-task row" in out
     assert (tmp_path / "run.png").exists()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        ("generate --load x --max-new-tokens 70000", "--max-new-tokens: expected an integer in [0, 65536], got 70000"),
+        ("generate --load x --seed 4294967296", "--seed: expected an integer in [0, 4294967295], got 4294967296"),
+        ("port-check a:b c:d --int-range 0", "--int-range: expected an integer in [1, 2147483647], got 0"),
+        ("bench --repeats 0", "--repeats: expected an integer in [1, 1000], got 0"),
+    ],
+)
+def test_integer_flags_of_the_other_commands_keep_their_documented_range(capsys, argv, message):
+    with pytest.raises(SystemExit) as exit:
+        main(argv.split())
+    assert exit.value.code == 2 and message in capsys.readouterr().err

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import shared
+from shared.tools.flags import int_flag
 
 SCRIPTS = {"attention": "attention.py", "train": "train.py", "generate": "generate.py"}
 
@@ -21,7 +22,7 @@ def benchmarks_folder() -> Path:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("which", nargs="?", choices=["all", *SCRIPTS], default="all", help="which benchmark to run (default: all)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes and few runs: seconds, checks that they run")
-    parser.add_argument("--repeats", type=int, help="runs per median (default 7, 3 with --quick)")
+    parser.add_argument("--repeats", type=int_flag("--repeats"), help="runs per median, in [1, 1000] (default 7, 3 with --quick)")
 
 
 def run(args) -> int:

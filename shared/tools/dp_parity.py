@@ -111,13 +111,13 @@ def format_rows(found_rows: list[Row], headers: dict[str, str]) -> str:
 
 
 def main(argv=None) -> int:
-    from shared.tools.train_cli import positive_int
+    from shared.tools.flags import int_flag
 
     parser = argparse.ArgumentParser(prog="python -m shared.tools.dp_parity", description=__doc__.splitlines()[0])
-    parser.add_argument("--dp", type=positive_int, default=2, help="ranks or devices (default 2)")
+    parser.add_argument("--dp", type=int_flag("--dp"), default=2, help="ranks or devices, in [1, 64] (default 2)")
     parser.add_argument("--dtype", choices=DTYPES, default="float32")
-    parser.add_argument("--epochs", type=positive_int, default=3)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--epochs", type=int_flag("--epochs"), default=3, help="epochs of each run (default 3)")
+    parser.add_argument("--seed", type=int_flag("--seed"), default=0, help="the runs' seed, in [0, 2**32 - 1] (default 0)")
     args = parser.parse_args(argv)
     prepare(args.dp)
     found = section(ModelConfig(), args.dtype, args.seed, args.epochs, args.dp)

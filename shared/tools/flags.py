@@ -16,6 +16,9 @@ The ranges (the same in every backend, since every backend is reached through th
     --samples         [1, 1000]          parity: finite-difference coordinates
     parity --epochs   [0, 1000]          0 skips the trajectory rows
     --threads         [1, 1024]          threads of torch, NumPy's BLAS and XLA (shared.tools.threads)
+    --max-new-tokens  [0, 65536]         generate: also bounded by max_len
+    --int-range       [1, 2147483647]    port-check: integer ids in [0, N)
+    --repeats         [1, 1000]          bench: runs per median
     --dp              [1, 64]            train: ranks (torch processes) or devices (JAX) on one machine
     parity --dp       [0, 64]            0 skips the data-parallel section; 1 is refused (a run against itself)
 
@@ -44,6 +47,9 @@ RANGES = {
     "--samples": (1, 1000),
     "parity --epochs": (0, 1000),
     "--threads": (1, 1024),
+    "--max-new-tokens": (0, 65536),
+    "--int-range": (1, 2**31 - 1),
+    "--repeats": (1, 1000),
     "--dp": (1, 64),
     "parity --dp": (0, 64),
 }

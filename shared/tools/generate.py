@@ -12,9 +12,9 @@ import numpy as np
 
 from shared import weights
 from shared.tools import registry
+from shared.tools.flags import int_flag, positive_float
 from shared.tools.heads import token_list
 from shared.tools.threads import add_threads_argument
-from shared.tools.train_cli import non_negative_int, positive_float
 
 BAR = 40  # characters for a weight of 1
 
@@ -23,15 +23,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_threads_argument(parser)
     parser.add_argument("--load", metavar="FILE", type=Path, required=True, help="a .safetensors file saved by --save")
     parser.add_argument("--prompt", type=token_list, metavar="IDS", required=True, help="comma-separated ids such as 7,7")
-    parser.add_argument("--max-new-tokens", type=non_negative_int, default=10, help="tokens to generate (default 10)")
+    parser.add_argument("--max-new-tokens", type=int_flag("--max-new-tokens"), default=10, help="tokens to generate, in [0, 65536] (default 10)")
     parser.add_argument(
         "--backend", choices=registry.names("generate"), default="numpy", help="which implementation generates (default: numpy_ref, no framework)"
     )
     parser.add_argument("--no-cache", action="store_true", help="recompute the whole prefix for every token")
     parser.add_argument("--temperature", type=positive_float, metavar="T", help="sample from softmax(logits / T) instead of taking the argmax")
-    parser.add_argument("--seed", type=non_negative_int, default=0, help="sampling seed (default 0)")
+    parser.add_argument("--seed", type=int_flag("--seed"), default=0, help="sampling seed, in [0, 2**32 - 1] (default 0)")
     parser.add_argument(
-        "--heatmap-head", type=non_negative_int, metavar="N", help="also show head N's attention of the last generated token over the whole context"
+        "--heatmap-head",
+        type=int_flag("--heatmap-head"),
+        metavar="N",
+        help="also show head N's attention of the last generated token over the whole context",
     )
 
 

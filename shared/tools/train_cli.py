@@ -20,23 +20,10 @@ from shared import checkpoint, checks, weights
 from shared.adam_state import AdamState, companion_path
 from shared.config import DTYPES, ModelConfig, TrainConfig
 from shared.tools import registry
-from shared.tools.flags import (  # noqa: F401 (importable from here, as before)
-    MODEL_FLAGS,
-    add_model_arguments,
-    int_at_least,
-    int_flag,
-    int_in,
-    model_flags_given,
-    png_path,
-    positive_float,
-)
+from shared.tools.flags import MODEL_FLAGS, add_model_arguments, int_flag, model_flags_given, png_path, positive_float
 from shared.tools.heatmap import ascii_heatmap
 from shared.tools.threads import add_threads_argument
 from shared.training import INITS, NonFiniteLossError, RankFailedError
-
-# the flag parsers live in shared.tools.flags; these names stay importable from here
-positive_int = int_in(1)
-non_negative_int = int_in(0)
 
 
 def add_arguments(parser: argparse.ArgumentParser, backend: str | None = None) -> None:

@@ -17,7 +17,7 @@ from shared.tools import registry
 from shared.tools.diff.align import align_files, summary
 from shared.tools.diff.render_html import render_html
 from shared.tools.diff.render_text import render_plain
-from shared.tools.train_cli import int_at_least
+from shared.tools.flags import int_at_least
 
 NAMES = ("attention", "model", "train")
 MIN_WIDTH = 40

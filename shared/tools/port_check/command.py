@@ -76,7 +76,7 @@ def _shape(text: str) -> tuple[int, ...]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from shared.tools.train_cli import non_negative_int, positive_int
+    from shared.tools.flags import int_flag
 
     add_threads_argument(parser)
     parser.add_argument("torch_factory", metavar="TORCH_FACTORY", help="package.module:function returning the reference model, or (model, inputs)")
@@ -88,13 +88,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--input-shape", type=_shape, help="random normal float32 inputs of this shape, e.g. 3,5,24")
     source.add_argument("--inputs", help="inputs from a .npy file, or a .npz file (one array per positional argument)")
-    parser.add_argument("--int-range", type=positive_int, help="with --input-shape: integer ids in [0, N) instead")
+    parser.add_argument("--int-range", type=int_flag("--int-range"), help="with --input-shape: integer ids in [0, N) instead")
     parser.add_argument("--map", help="JSON file {reference prefix: port prefix} for names that do not correspond")
     parser.add_argument("--dtype", choices=DTYPES, default="float32", help="cast both models and the inputs (default float32)")
     parser.add_argument("--grads", action="store_true", help="also compare d sum(output) / d every parameter")
     parser.add_argument("--no-transfer", action="store_true", help="keep the port's own weights and compare them")
     parser.add_argument("--no-probes", action="store_true", help="skip the re-runs with likely causes switched")
-    parser.add_argument("--seed", type=non_negative_int, default=0, help="seed of --input-shape's inputs (default 0)")
+    parser.add_argument("--seed", type=int_flag("--seed"), default=0, help="seed of --input-shape's inputs (default 0)")
     parser.set_defaults(parser=parser)
 
 
