@@ -343,3 +343,29 @@ def test_a_model_that_reads_values_in_python_is_captured_eagerly():
 
     calls = jax_port.capture(ReadsValues(), (torch_block.example_inputs(),))
     assert [path for path, _ in calls] == ["fc", ""] and calls[0][1].shape == (3, T, D)
+
+
+def test_the_map_and_inputs_files_are_read_like_every_other_file(tmp_path, capsys):
+    import os
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    pickled = tmp_path / "objects.npy"
+    np.save(pickled, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    garbage = tmp_path / "garbage.npz"
+    garbage.write_bytes(b"PK\x03\x04 not really a zip")
+    factories = ["examples.torch_block:block", "examples.flax_block:block"]
+    for flag, path, message in [
+        ("--map", fifo, "is a FIFO, expected a regular file"),  # refused at once, never a hang
+        ("--map", deep, "is not a JSON object of names to names"),
+        ("--inputs", fifo, "is a FIFO, expected a regular file"),
+        ("--inputs", pickled, "is not a .npy or .npz file of arrays"),  # never unpickled
+        ("--inputs", garbage, "is not a .npy or .npz file of arrays"),
+    ]:
+        with pytest.raises(SystemExit) as exit:
+            mhsa(["port-check", *factories, flag, str(path)])
+        assert exit.value.code == 2, (flag, path)
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, (flag, path, err)

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import io
 import json
 import os
 import sys
+import zipfile
 
 import numpy as np
 
 from shared.config import DTYPES
+from shared.files import read_regular
 from shared.tools.port_check.compare import check_port
 from shared.tools.port_check.records import backend_of
 from shared.tools.port_check.report import format_report
@@ -44,15 +47,41 @@ def _readable(model) -> bool:
     return True
 
 
-def read_inputs(args, source_inputs, target_inputs):
-    """(inputs for the reference, inputs for the port) from --inputs, --input-shape or the factories."""
-    if args.inputs:
-        if args.inputs.endswith(".npz"):
-            with np.load(args.inputs) as archive:
-                arrays = tuple(archive[key] for key in archive.files)
-        else:
-            arrays = (np.load(args.inputs),)
-        return arrays, arrays
+MAP_BYTES = 1 << 20  # a name map is a few lines of JSON
+INPUT_BYTES = 1 << 30  # one batch of inputs
+
+
+def read_map(path: str) -> dict[str, str]:
+    """--map: a JSON object {reference prefix: port prefix}, read as every file here is read:
+    a regular file only (a FIFO or a device is refused at once), bounded in size."""
+    raw = read_regular(path, "--map file", MAP_BYTES)
+    try:
+        name_map = json.loads(raw)
+    except (ValueError, RecursionError):  # not JSON, or nested too deep to parse
+        raise ValueError(f"--map file {path!r} is not a JSON object of names to names") from None
+    if not isinstance(name_map, dict) or not all(isinstance(value, str) for value in name_map.values()):
+        raise ValueError(f"--map file {path!r} must hold a JSON object of names to names")
+    return name_map
+
+
+def read_input_file(path: str) -> tuple[np.ndarray, ...]:
+    """--inputs: the arrays of a .npy file, or of a .npz archive in its order; never unpickled."""
+    raw = read_regular(path, "--inputs file", INPUT_BYTES)
+    try:
+        loaded = np.load(io.BytesIO(raw), allow_pickle=False)
+        if isinstance(loaded, np.lib.npyio.NpzFile):
+            with loaded:
+                return tuple(loaded[key] for key in loaded.files)
+        return (loaded,)
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
+        raise ValueError(f"--inputs file {path!r} is not a .npy or .npz file of arrays: {error}") from None
+
+
+def read_inputs(args, source_inputs, target_inputs, from_file=None):
+    """(inputs for the reference, inputs for the port) from --inputs (already read: `from_file`),
+    --input-shape or the factories."""
+    if from_file is not None:
+        return from_file, from_file
     if args.input_shape:
         rng = np.random.default_rng(args.seed)
         if args.int_range:
@@ -101,16 +130,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     if args.int_range and not args.input_shape:
         args.parser.error("--int-range goes with --input-shape")
-    try:
+    try:  # the files first, before the factories import and build anything
+        name_map = read_map(args.map) if args.map else None
+        from_file = read_input_file(args.inputs) if args.inputs else None
         source, source_inputs = load_factory(args.torch_factory)
         target, target_inputs = load_factory(args.flax_factory)
-        inputs, target_inputs = read_inputs(args, source_inputs, target_inputs)
-        name_map = None
-        if args.map:
-            with open(args.map) as file:
-                name_map = json.load(file)
-            if not isinstance(name_map, dict) or not all(isinstance(v, str) for v in name_map.values()):
-                raise ValueError(f"--map {args.map} must hold a JSON object of names to names")
+        inputs, target_inputs = read_inputs(args, source_inputs, target_inputs, from_file)
     except (ValueError, TypeError, OSError) as error:
         args.parser.error(str(error))
     report = check_port(
