@@ -176,3 +176,10 @@ def test_a_planted_fault_in_numpys_backward_pass_is_named_at_its_gradient_row(mo
     # every stage, the loss and the gradients the backward pass reaches before the softmax still agree
     assert all(r.passed for r in report.rows if r.section == "stage")
     assert next(r for r in report.rows if r.name == "lm_head.weight").passed
+
+
+def test_mhsa_parity_refuses_a_data_parallel_run_against_itself(capsys):
+    with pytest.raises(SystemExit) as exit:
+        mhsa(["parity", "--dp", "1"])
+    assert exit.value.code == 2
+    assert "--dp 1 compares a run with itself: give 2 or more, or 0 to skip the data-parallel section" in capsys.readouterr().err
