@@ -119,4 +119,5 @@ CAPABILITIES = {
         "port": ("owns", "describe", "parameters", "load_parameters", "cast", "capture", "gradients", "switched", "highest_precision")
     },  # any user model: shared.tools.port_check
     "dp": {"parallel": ("train", "shard", "prepare")},  # data parallel: train(..., dp=N) over N ranks/devices
+    "device": {},  # train(..., device="cpu" | "cuda"): the run on an accelerator (shared.training.DEVICES)
 }

@@ -137,6 +137,21 @@ def history(
     )
 
 
+# --- devices (capability "device": torch_impl.train, jax_impl.train) ------------------------------
+
+DEVICES = ("cpu", "cuda")
+
+
+def check_device(device: str, dp: int = 1) -> str:
+    """The device a trainer is asked for, checked before any work: one of DEVICES. A data-parallel
+    run (dp > 1) runs its ranks on CPU devices only (gloo processes, a host-platform mesh)."""
+    if device not in DEVICES:
+        raise ValueError(f"device {device!r}: expected one of {', '.join(DEVICES)}")
+    if device != "cpu" and dp != 1:
+        raise ValueError(f"device {device!r} with dp={dp}: the data-parallel trainers run their ranks on CPU devices only")
+    return device
+
+
 # --- data parallel (torch_impl.parallel, jax_impl.parallel) ------------------------------------
 
 

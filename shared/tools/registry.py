@@ -40,8 +40,8 @@ REGISTRY: dict[str, Backend] = {
     backend.name: backend
     for backend in (
         Backend("numpy", "numpy_ref", frozenset({"grads", "train", "generate"})),
-        Backend("torch", "torch_impl", frozenset({"layers", "grads", "train", "fused", "generate", "port", "dp"})),
-        Backend("jax", "jax_impl", frozenset({"layers", "grads", "train", "fused", "jit", "generate", "port", "dp"})),
+        Backend("torch", "torch_impl", frozenset({"layers", "grads", "train", "fused", "generate", "port", "dp", "device"})),
+        Backend("jax", "jax_impl", frozenset({"layers", "grads", "train", "fused", "jit", "generate", "port", "dp", "device"})),
     )
 }
 

@@ -9,6 +9,7 @@ and the run they describe are one command, read top to bottom.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import sys
 from pathlib import Path
@@ -23,7 +24,7 @@ from shared.tools import registry
 from shared.tools.flags import MODEL_FLAGS, add_model_arguments, int_flag, model_flags_given, png_path, positive_float
 from shared.tools.heatmap import ascii_heatmap
 from shared.tools.threads import add_threads_argument
-from shared.training import INITS, NonFiniteLossError, RankFailedError
+from shared.training import DEVICES, INITS, NonFiniteLossError, RankFailedError, check_device
 
 
 def add_arguments(parser: argparse.ArgumentParser, backend: str | None = None) -> None:
@@ -52,6 +53,17 @@ def add_arguments(parser: argparse.ArgumentParser, backend: str | None = None) -
     run.add_argument("--dtype", choices=DTYPES, default=defaults_train.dtype, help="float32 (default) or float64 everywhere")
     run.add_argument(
         "--dp", type=int_flag("--dp"), default=1, help="data parallel: split every batch over N ranks or devices, in [1, 64] (default 1: one device)"
+    )
+    run.add_argument(
+        "--device",
+        choices=DEVICES,
+        default="cpu",
+        help="where the torch or jax run computes: cpu (default) or cuda (a GPU the framework sees; not numpy, not with --dp)",
+    )
+    run.add_argument(
+        "--full-precision",
+        action="store_true",
+        help="float32 matmuls at full precision (TF32 off), as mhsa parity sets them: for runs compared across backends on a GPU",
     )
     run.add_argument(
         "--init",
@@ -184,6 +196,14 @@ def row_note(shown: int, max_len: int) -> str:
     return "a copy-task row" if shown == max_len else f"the first {shown} of {max_len} positions of a copy-task row"
 
 
+def full_precision(backend: registry.Backend, asked: bool) -> contextlib.AbstractContextManager:
+    """The matmul precision mhsa parity sets (TF32 off, JAX's 'highest'), for a run that will be
+    compared across backends; NumPy always computes at full precision."""
+    if not asked or "port" not in backend.supports:
+        return contextlib.nullcontext()
+    return backend.module("port").highest_precision()
+
+
 def run(args) -> int:
     parser = args.parser
     try:
@@ -201,6 +221,13 @@ def run(args) -> int:
         if "dp" not in backend.supports:
             parser.error(f"--dp {args.dp}: the {args.backend} backend has no data-parallel trainer")
         backend.module("parallel").prepare(args.dp)
+    if args.device != "cpu":
+        if "device" not in backend.supports:
+            parser.error(f"--device {args.device}: the {args.backend} backend runs on the CPU only")
+        try:
+            check_device(args.device, args.dp)
+        except ValueError as error:
+            parser.error(str(error))
     trainer, model_module = backend.train, backend.model
     print(f"backend {args.backend}")
     print(describe(model_config, train_config, init) + (f" dp={args.dp}" if args.dp > 1 else ""), flush=True)
@@ -233,7 +260,9 @@ def run(args) -> int:
             epoch_sum[0] = 0.0
 
     try:
-        history = trainer.train(model_config, train_config, init=init, on_step=on_step, resume=resume, **({"dp": args.dp} if args.dp > 1 else {}))
+        options = ({"dp": args.dp} if args.dp > 1 else {}) | ({"device": args.device} if args.device != "cpu" else {})
+        with full_precision(backend, args.full_precision):
+            history = trainer.train(model_config, train_config, init=init, on_step=on_step, resume=resume, **options)
     except (NonFiniteLossError, RankFailedError, ValueError, TypeError, FileNotFoundError) as error:
         bar.close()
         print(f"error: {error}", file=sys.stderr)
