@@ -52,6 +52,29 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def sgemm_gflops(n: int = 1024, repeats: int = 7) -> tuple[float, int]:
+    """This machine's float32 matrix-multiply rate now, so that tables from machines of one kind
+    that differ in speed can be compared: GFLOP/s of an (n, n) @ (n, n) NumPy matmul, the median
+    of `repeats`, and the BLAS threads it used."""
+    import numpy as np
+
+    try:
+        from threadpoolctl import threadpool_info
+
+        threads = max((pool.get("num_threads", 1) for pool in threadpool_info() if pool.get("user_api") == "blas"), default=1)
+    except ImportError:
+        threads = 0
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32)
+    a @ b  # the first call pays for BLAS's start-up
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        seconds.append(time.perf_counter() - start)
+    return 2 * n**3 / median(seconds) / 1e9, threads
+
+
 def header(title: str, argv: list[str]) -> str:
     """A markdown header naming the machine, the libraries and the load it ran under."""
     versions = []
@@ -68,11 +91,14 @@ def header(title: str, argv: list[str]) -> str:
         threads = f", torch threads: {sys.modules['torch'].get_num_threads()}"
     if os.environ.get("THP_MEM_ALLOC_ENABLE"):
         threads += ", THP_MEM_ALLOC_ENABLE=1 (torch's large buffers on transparent huge pages)"
+    gflops, blas_threads = sgemm_gflops()
     return "\n".join(
         [
             f"## {title}",
             "",
             f"- machine: {cpu_model()}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}{threads}",
+            f"- sgemm: {gflops:.0f} GFLOP/s (NumPy float32 1024 x 1024 matmul, median of 7, "
+            f"{blas_threads or 'unknown'} BLAS threads, measured at the start of this run)",
             f"- libraries: Python {platform.python_version()}, {', '.join(versions)}",
             f"- measured: {when}, load average at start {load} (1, 5, 15 min)",
             f"- command: `{command}`",

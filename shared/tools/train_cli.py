@@ -217,10 +217,6 @@ def run(args) -> int:
             f"--init native asks for the framework layers' own initializers; the {args.backend} backend has none: "
             "use --init shared (the same torch-style init, drawn with NumPy)"
         )
-    if args.dp > 1:  # before the framework starts: JAX fixes its CPU device count then
-        if "dp" not in backend.supports:
-            parser.error(f"--dp {args.dp}: the {args.backend} backend has no data-parallel trainer")
-        backend.module("parallel").prepare(args.dp)
     if args.device != "cpu":
         if "device" not in backend.supports:
             parser.error(f"--device {args.device}: the {args.backend} backend runs on the CPU only")
@@ -228,6 +224,10 @@ def run(args) -> int:
             check_device(args.device, args.dp)
         except ValueError as error:
             parser.error(str(error))
+    if args.dp > 1:  # before the framework starts: JAX fixes its CPU device count then
+        if "dp" not in backend.supports:
+            parser.error(f"--dp {args.dp}: the {args.backend} backend has no data-parallel trainer")
+        backend.module("parallel").prepare(args.dp)
     trainer, model_module = backend.train, backend.model
     print(f"backend {args.backend}")
     print(describe(model_config, train_config, init) + (f" dp={args.dp}" if args.dp > 1 else ""), flush=True)
