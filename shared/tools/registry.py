@@ -18,6 +18,7 @@ class Backend:
     name: str  # what users type: --backend NAME
     package: str  # the package that implements shared.protocol
     supports: frozenset[str]  # capabilities of shared.protocol.CAPABILITIES
+    framework: str  # the module its start-up is measured against (benchmarks/train.py: `import FRAMEWORK`)
 
     def module(self, part: str) -> ModuleType:
         """The backend's `attention`, `model` or `train` module (imported on first use)."""
@@ -39,9 +40,9 @@ class Backend:
 REGISTRY: dict[str, Backend] = {
     backend.name: backend
     for backend in (
-        Backend("numpy", "numpy_ref", frozenset({"grads", "train", "generate"})),
-        Backend("torch", "torch_impl", frozenset({"layers", "grads", "train", "fused", "generate", "port", "dp", "device"})),
-        Backend("jax", "jax_impl", frozenset({"layers", "grads", "train", "fused", "jit", "generate", "port", "dp", "device"})),
+        Backend("numpy", "numpy_ref", frozenset({"grads", "train", "generate"}), "numpy"),
+        Backend("torch", "torch_impl", frozenset({"layers", "grads", "train", "fused", "generate", "port", "dp", "device"}), "torch"),
+        Backend("jax", "jax_impl", frozenset({"layers", "grads", "train", "fused", "jit", "generate", "port", "dp", "device"}), "jax"),
     )
 }
 
