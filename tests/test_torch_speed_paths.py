@@ -125,3 +125,20 @@ def test_a_cuda_run_follows_the_cpu_run_and_its_model_serves_numpy():
     assert set(to_exchange(on_gpu.model)) == set(to_exchange(on_cpu.model))
     assert optimizer_to_exchange(on_gpu.optimizer, on_gpu.model, SMALL).step == int(on_cpu.optimizer.state[next(on_cpu.model.parameters())]["step"])
     np.testing.assert_array_equal(generate(on_gpu.model, tokens[:, :4], 6), generate(on_gpu.model, tokens[:, :4], 6, use_cache=False))
+
+
+def test_float_tokens_are_refused_with_the_forwards_message(monkeypatch):
+    model_config = ModelConfig()
+    model = from_exchange(training.initial_weights("shared", model_config, SMALL), model_config)
+    with pytest.raises(TypeError) as from_forward:
+        predict(model, np.zeros((2, 4)))
+    real = training.epochs
+
+    def epochs(model_config, train_config, start=0):
+        for batches in real(model_config, train_config, start):
+            yield [(x.astype(np.float64), y) for x, y in batches]
+
+    monkeypatch.setattr(training, "epochs", epochs)
+    with pytest.raises(TypeError) as from_trainer:
+        train(model_config, SMALL)
+    assert str(from_trainer.value) == str(from_forward.value)

@@ -110,10 +110,10 @@ def _ids_checked_per_epoch(model: TinyLM, batches: list[tuple[np.ndarray, np.nda
     its own min/max of the ids for the epoch's steps (a reduction and a host sync per step,
     a wait for the GPU on cuda). The same check, and the same message, as the forward's."""
     config = model.config
-    low = min(int(x.min()) for x, _ in batches)
-    high = max(int(x.max()) for x, _ in batches)
-    for x, _ in batches:  # shape and dtype of every batch, as the forward would see them
-        checks.check_tokens(x.shape, x.dtype.name, config.vocab_size, config.max_len, low, high)
+    for x, _ in batches:  # shape and dtype of every batch first, as the forward checks them
+        checks.check_tokens(x.shape, x.dtype.name, config.vocab_size, config.max_len)
+    for x, _ in batches:  # then the smallest and largest id of each batch: the first bad one is named, as the forward names it
+        checks.check_tokens(x.shape, x.dtype.name, config.vocab_size, config.max_len, int(x.min()), int(x.max()))
     model.ids_checked = True
     try:
         yield
