@@ -14,7 +14,7 @@ import os
 import sys
 
 import bench_common  # noqa: F401  (puts the repository on sys.path)
-from bench_common import interleaved, jax_module, median, ms, ratio, spread, table
+from bench_common import interleaved, jax_module, median, mib, ms, ratio, spread, table
 
 SHAPES = [(4, 1024, 256, 8), (2, 2048, 512, 8)]  # B, T, D, H
 QUICK_SHAPES = [(2, 64, 32, 4)]
@@ -60,6 +60,21 @@ def torch_candidates(B, T, D, H):
         context = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return explicit.out_proj(context.transpose(1, 2).reshape(B, T, D))
 
+    blocked = torch.zeros(T, T).masked_fill_(~causal, float("-inf"))  # (T, T): the mask as an additive bias
+
+    def baddbmm():
+        # tried for the explicit path: scale and mask inside the scores' matmul, softmax in place
+        q, k, v = explicit.qkv_proj(x).split(D, dim=-1)
+        q, k, v = (t.reshape(B, T, H, d_head).transpose(1, 2).reshape(B * H, T, d_head) for t in (q, k, v))  # (B * H, T, d_head)
+        scores = torch.baddbmm(blocked, q, k.transpose(1, 2), alpha=1.0 / math.sqrt(d_head))  # (B * H, T, T)
+        weights = torch.softmax(scores, dim=-1, out=scores)  # (B * H, T, T)
+        context = (weights @ v).reshape(B, H, T, d_head)  # (B, H, T, d_head)
+        return explicit.out_proj(context.transpose(1, 2).reshape(B, T, D))
+
+    def floor():
+        # what no explicit path can avoid: writing one fresh (B, H, T, T) float32 tensor
+        return torch.empty(B, H, T, T).fill_(1.0)
+
     def no_grad(fn):
         def run():
             with torch.no_grad():
@@ -73,6 +88,8 @@ def torch_candidates(B, T, D, H):
         "explicit, return_weights=True": no_grad(lambda: explicit(x, return_weights=True)),
         "fused (attn_impl='fused')": no_grad(lambda: fused(x)),
         "F.scaled_dot_product_attention, direct": no_grad(sdpa),
+        "tried: baddbmm (mask as a -inf bias, scale as alpha), softmax in place": no_grad(baddbmm),
+        f"floor: write a fresh (B, H, T, T) float32 tensor ({mib(B * H * T * T * 4)} MiB)": no_grad(floor),
         "nn.MultiheadAttention": no_grad(lambda: mha(x, x, x, attn_mask=~causal, need_weights=False, is_causal=True)[0]),
     }, "F.scaled_dot_product_attention, direct"
 

@@ -102,8 +102,9 @@ def torch_peers(quick):
 
 
 def torch_compile_row(quick):
-    """torch.compile(model) with Adam(fused=True): one epoch function, and the seconds until
-    its first epoch is done (compilation included)."""
+    """torch.compile(model) in the project trainer's own loop (torch_impl.train: FusedAdam, ids
+    checked once per epoch, so the forward has no .item() to break the graph on): one epoch
+    function, and the seconds until its first epoch is done (compilation included)."""
     started = time.perf_counter()
     epoch = _compiled_epoch(quick)
     epoch()
@@ -111,30 +112,25 @@ def torch_compile_row(quick):
 
 
 def _compiled_epoch(quick):
+    import numpy as np
     import torch
 
     from shared import training
     from torch_impl.model import from_exchange
-    from torch_impl.train import loss_fn
+    from torch_impl.train import FusedAdam, _ids_checked_per_epoch, train_epoch
 
     model_config, train_config = _configs(quick)
     epochs = list(training.epochs(model_config, train_config))
     model = from_exchange(training.initial_weights("shared", model_config, train_config), model_config)
-    optimizer = torch.optim.Adam(model.parameters(), lr=train_config.lr, betas=train_config.betas, eps=train_config.eps, fused=True)
+    optimizer = FusedAdam(model.parameters(), lr=train_config.lr, betas=train_config.betas, eps=train_config.eps)
     compiled = torch.compile(model)
     counter = [0]
 
     def epoch():
         batches = epochs[counter[0] % len(epochs)]
         counter[0] += 1
-        losses = []
-        for x, y in batches:
-            optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(compiled, torch.from_numpy(x), torch.from_numpy(y))
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.detach())
-        return torch.stack(losses).numpy()
+        with _ids_checked_per_epoch(model, batches):
+            return np.concatenate([train_epoch(compiled, optimizer, chunk) for chunk in training.chunks(batches)])
 
     return epoch
 
@@ -216,7 +212,7 @@ def speed_tables(repeats, quick, with_compile):
         if backend == "torch" and with_compile:
             epoch, compile_first = torch_compile_row(quick)
             compiled = interleaved({"c": epoch}, repeats, warmup=1)["c"]
-            rows["torch.compile(model), Adam(fused=True)"] = _steps_per_s(compiled, steps)
+            rows["torch.compile(model) in the trainer's loop (FusedAdam, ids checked per epoch)"] = _steps_per_s(compiled, steps)
             notes.append(f"torch.compile: {compile_first:.1f} s until its first epoch is done (compilation)")
         baseline = median(rows[next(iter(peers))])
         target = TARGETS[backend]

@@ -53,19 +53,19 @@ def new_cache(model: TinyLM, batch: int) -> KVCache:
     """An empty KVCache for `batch` sequences of `model` (its sizes and dtype)."""
     config = model.config
     dtype = str(model.tok_emb.weight.dtype).removeprefix("torch.")
-    return KVCache(batch, config.n_heads, config.max_len, config.d_head, dtype=dtype)
+    return KVCache(batch, config.n_heads, config.max_len, config.d_head, dtype=dtype).to(model.tok_emb.weight.device)
 
 
 def step(model: TinyLM, tokens: np.ndarray, cache: KVCache) -> np.ndarray:
     """NumPy in, NumPy out: tokens (B, T) at positions cache.length.. -> logits (B, T, V);
     the cache is extended by them."""
     with torch.no_grad():
-        return model(torch.from_numpy(np.asarray(tokens)), cache=cache).numpy()
+        return model(torch.from_numpy(np.asarray(tokens)).to(cache.k.device), cache=cache).cpu().numpy()
 
 
 def cache_arrays(cache: KVCache) -> tuple[np.ndarray, np.ndarray]:
     """The filled part of the cache as NumPy: K and V (B, H, length, d_head)."""
-    return cache.k[:, :, : cache.length].numpy().copy(), cache.v[:, :, : cache.length].numpy().copy()
+    return cache.k[:, :, : cache.length].cpu().numpy().copy(), cache.v[:, :, : cache.length].cpu().numpy().copy()
 
 
 def generate(

@@ -29,6 +29,9 @@ class TinyLM(nn.Module):
         self.pos_emb = nn.Embedding(config.max_len, config.d_model, dtype=DTYPES[dtype])
         self.attn = MultiHeadSelfAttention(config.d_model, config.n_heads, config.max_len, config.bias, dtype=dtype, attn_impl=config.attn_impl)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=config.bias, dtype=DTYPES[dtype])
+        # True only while torch_impl.train has checked every id of the epoch it feeds: the forward
+        # then skips its own min/max of the ids (a host sync per step)
+        self.ids_checked = False
 
     def forward(
         self,
@@ -47,7 +50,7 @@ class TinyLM(nn.Module):
             str(tokens.dtype),
             self.config.vocab_size,
             self.config.max_len,
-            *_id_range(tokens),
+            *((None, None) if self.ids_checked else _id_range(tokens)),
         )
         B, T = tokens.shape
         start = 0 if cache is None else cache.length  # p: positions continue after the cached ones
@@ -106,34 +109,43 @@ def loss_fn(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mask: torch.Tens
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))  # (B * T, V) against (B * T,)
 
 
+def _device(model: TinyLM) -> torch.device:
+    """Where the model's parameters live: inputs go there, results come back to the host."""
+    return next(model.parameters()).device
+
+
 def predict(
     model: TinyLM, tokens: np.ndarray, *, mask: np.ndarray | None = None, return_weights: bool = False, trace: dict[str, np.ndarray] | None = None
 ) -> Any:
     """NumPy in, NumPy out: tokens (B, T) -> logits (B, T, V), or (logits, weights (B, H, T, T))."""
     inner: dict[str, torch.Tensor] | None = {} if trace is not None else None
+    device = _device(model)
     with torch.no_grad():
-        result = model(torch.from_numpy(np.asarray(tokens)), mask=_tensor(mask), return_weights=return_weights, trace=inner)
+        result = model(torch.from_numpy(np.asarray(tokens)).to(device), mask=_tensor(mask, device), return_weights=return_weights, trace=inner)
     if trace is not None and inner is not None:
-        trace.update({name: value.numpy() for name, value in inner.items()})
-    return tuple(value.numpy() for value in result) if return_weights else result.numpy()
+        trace.update({name: value.cpu().numpy() for name, value in inner.items()})
+    return tuple(value.cpu().numpy() for value in result) if return_weights else result.cpu().numpy()
 
 
 def attend(model: TinyLM, x: np.ndarray, *, mask: np.ndarray | None = None, return_weights: bool = False) -> Any:
     """NumPy in, NumPy out: the attention block alone, x (B, T, D) -> (B, T, D), or (out, weights)."""
     x = np.asarray(x)  # checked before conversion: torch.from_numpy refuses some dtypes (bfloat16) in its own words
     checks.check_input(x.shape, x.dtype.name, model.attn.d_model, model.attn.max_len, str(model.attn.qkv_proj.weight.dtype))
+    device = _device(model)
     with torch.no_grad():
-        result = model.attn(torch.from_numpy(x), mask=_tensor(mask), return_weights=return_weights)
-    return tuple(value.numpy() for value in result) if return_weights else result.numpy()
+        result = model.attn(torch.from_numpy(x).to(device), mask=_tensor(mask, device), return_weights=return_weights)
+    return tuple(value.cpu().numpy() for value in result) if return_weights else result.cpu().numpy()
 
 
 def loss_and_grads(model: TinyLM, tokens: np.ndarray, targets: np.ndarray, *, mask: np.ndarray | None = None) -> tuple[float, dict[str, np.ndarray]]:
     """NumPy in, NumPy out: (loss, d loss / d every exchange array) by autograd."""
     model.zero_grad(set_to_none=True)
-    loss = loss_fn(model, torch.from_numpy(np.asarray(tokens)), torch.from_numpy(np.asarray(targets)), mask=_tensor(mask))
+    device = _device(model)
+    x, y = torch.from_numpy(np.asarray(tokens)).to(device), torch.from_numpy(np.asarray(targets)).to(device)
+    loss = loss_fn(model, x, y, mask=_tensor(mask, device))
     loss.backward()
     return float(loss.detach()), grads_to_exchange(model)
 
 
-def _tensor(mask):
-    return None if mask is None else torch.from_numpy(np.asarray(mask))
+def _tensor(mask, device):
+    return None if mask is None else torch.from_numpy(np.asarray(mask)).to(device)

@@ -15,13 +15,14 @@ if __name__ == "__main__":  # the command line belongs to the tools layer: parse
         raise SystemExit(130) from None
     raise SystemExit(main("torch"))
 
+import contextlib
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 import torch
 
-from shared import training
+from shared import checks, training
 from shared.adam_state import AdamState
 from shared.config import ModelConfig, TrainConfig
 from shared.history import History
@@ -38,9 +39,11 @@ def train_step(model: torch.nn.Module, optimizer: FusedAdam, x: torch.Tensor, y:
 
 
 def train_epoch(model: torch.nn.Module, optimizer: FusedAdam, batches: Iterable[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
-    """Every step of `batches` (an epoch, or a run of its steps), eagerly; returns the per-step losses as a NumPy array."""
-    losses = [train_step(model, optimizer, torch.from_numpy(x), torch.from_numpy(y)) for x, y in batches]
-    return torch.stack(losses).numpy()
+    """Every step of `batches` (an epoch, or a run of its steps), eagerly, on the model's device;
+    returns the per-step losses as a NumPy array (one copy to the host, after the last step)."""
+    device = next(model.parameters()).device
+    losses = [train_step(model, optimizer, torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)) for x, y in batches]
+    return torch.stack(losses).cpu().numpy()
 
 
 def train(
@@ -50,6 +53,7 @@ def train(
     on_step: Callable[[int, float], object] | None = None,
     resume: AdamState | None = None,
     dp: int = 1,
+    device: str = "cpu",
 ) -> History:
     """Train from `init` ("shared", "native" or a weights file); returns the History with the
     model and optimizer.
@@ -58,8 +62,12 @@ def train(
     where it stopped, with the same moments, step count and remaining batches.
     on_step(step, loss) is called for every step once its epoch has finished.
     dp: data-parallel ranks; dp > 1 splits every batch over dp devices (torch_impl.parallel).
+    device: "cpu" or "cuda" (the first GPU): the model, its optimizer state and the batches live
+    there; the History's model stays there (predict, attend and generate move data to it).
     Raises training.NonFiniteLossError naming the first step whose loss was NaN or infinite.
     """
+    training.check_device(device, dp)
+    target = _torch_device(device)
     if dp != 1:  # the same run over dp devices: the framework's own data-parallel engine
         from torch_impl import parallel
 
@@ -71,6 +79,7 @@ def train(
     torch.manual_seed(train_config.seed)
     arrays = training.initial_weights(init, model_config, train_config)
     model = TinyLM(model_config, dtype=train_config.dtype) if arrays is None else from_exchange(arrays, model_config)
+    model = model.to(target)  # before the optimizer: its moments are created beside the parameters
 
     # 2. optimizer: Adam with TrainConfig's lr, betas and eps
     # (torch: handed the parameters, it keeps their moments and updates them in place)
@@ -81,10 +90,35 @@ def train(
     # 3. epochs: the same batches as every other backend
     losses: list[float] = []
     for batches in training.epochs(model_config, train_config, start=start_epoch):
-        for chunk in training.chunks(batches):  # a few steps at a time: progress as it happens
-            epoch_losses = train_epoch(model, optimizer, chunk)
-            training.finish_epoch(losses, epoch_losses, train_config, start_epoch, on_step)
+        with _ids_checked_per_epoch(model, batches):  # not per step: the forward's min/max of the ids is a host sync
+            for chunk in training.chunks(batches):  # a few steps at a time: progress as it happens
+                epoch_losses = train_epoch(model, optimizer, chunk)
+                training.finish_epoch(losses, epoch_losses, train_config, start_epoch, on_step)
     return training.history("torch", model_config, train_config, losses, started, model, optimizer, start_epoch)
+
+
+def _torch_device(device: str) -> torch.device:
+    """The torch.device of a checked device name; refuses "cuda" when torch sees no GPU."""
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device 'cuda': torch sees no CUDA device (torch {torch.__version__}: torch.cuda.is_available() is False)")
+    return torch.device(device)
+
+
+@contextlib.contextmanager
+def _ids_checked_per_epoch(model: TinyLM, batches: list[tuple[np.ndarray, np.ndarray]]) -> Iterator[None]:
+    """Check the token ids of a whole epoch once, on the host arrays, then let the forward skip
+    its own min/max of the ids for the epoch's steps (a reduction and a host sync per step,
+    a wait for the GPU on cuda). The same check, and the same message, as the forward's."""
+    config = model.config
+    for x, _ in batches:  # shape and dtype of every batch first, as the forward checks them
+        checks.check_tokens(x.shape, x.dtype.name, config.vocab_size, config.max_len)
+    for x, _ in batches:  # then the smallest and largest id of each batch: the first bad one is named, as the forward names it
+        checks.check_tokens(x.shape, x.dtype.name, config.vocab_size, config.max_len, int(x.min()), int(x.max()))
+    model.ids_checked = True
+    try:
+        yield
+    finally:
+        model.ids_checked = False
 
 
 class FusedAdam:
@@ -112,8 +146,8 @@ class FusedAdam:
         params = [parameter for parameter in self.params if parameter.grad is not None]
         for parameter in params:
             if parameter not in self.state:  # created on first use, like torch.optim.Adam's
-                self.state[parameter] = {
-                    "step": torch.tensor(0.0, dtype=torch.float32),
+                self.state[parameter] = {  # the step count beside its parameter, as fused Adam keeps it
+                    "step": torch.zeros((), dtype=torch.float32, device=parameter.device),
                     "exp_avg": torch.zeros_like(parameter, memory_format=torch.preserve_format),
                     "exp_avg_sq": torch.zeros_like(parameter, memory_format=torch.preserve_format),
                 }
@@ -146,16 +180,16 @@ def optimizer_to_exchange(optimizer: FusedAdam, model: TinyLM, train_config: Tra
     step = 0
     for parameter, state in optimizer.state.items():
         for moment in moments:
-            moments[moment][names[parameter]] = state[moment].detach().numpy().copy()
+            moments[moment][names[parameter]] = state[moment].detach().cpu().numpy().copy()
         step = int(state["step"])
     return AdamState(step, train_config.epochs, moments["exp_avg"], moments["exp_avg_sq"], train_config)
 
 
 def optimizer_from_exchange(adam_state: AdamState, optimizer: FusedAdam, model: TinyLM) -> None:
-    """Give a fresh Adam the saved moments and step count of every parameter."""
+    """Give a fresh Adam the saved moments and step count of every parameter, on its device."""
     for name, parameter in model.named_parameters():
         optimizer.state[parameter] = {
-            "step": torch.tensor(float(adam_state.step)),
-            "exp_avg": torch.from_numpy(adam_state.exp_avg[name].copy()),
-            "exp_avg_sq": torch.from_numpy(adam_state.exp_avg_sq[name].copy()),
+            "step": torch.tensor(float(adam_state.step), device=parameter.device),
+            "exp_avg": torch.from_numpy(adam_state.exp_avg[name].copy()).to(parameter.device),
+            "exp_avg_sq": torch.from_numpy(adam_state.exp_avg_sq[name].copy()).to(parameter.device),
         }
