@@ -117,7 +117,7 @@ def train(
 
     # 2. optimizer: Adam with TrainConfig's lr, betas and eps
     # (optax is pure functions; nnx.Optimizer keeps the moments of nnx.Param only, the mask is not one)
-    optimizer = _adam(train_config.lr, train_config.betas, train_config.eps)(model)
+    optimizer = _adam(model, train_config)
     if resume is not None:
         optimizer_from_exchange(resume, optimizer, model)
     graphdef, state = nnx.split((model, optimizer))
@@ -149,14 +149,14 @@ def _device(device: str) -> jax.Device:
         raise ValueError(f"device {device!r}: jax sees no CUDA device (jax {jax.__version__}: backends {names})") from None
 
 
-@functools.lru_cache(maxsize=16)
-def _adam(lr: float, betas: tuple[float, float], eps: float) -> Callable[[TinyLM], nnx.Optimizer]:
-    """model -> nnx.Optimizer(model, optax.adam(lr, *betas, eps=eps), wrt=nnx.Param), its zero
-    moments made by one compiled program (eagerly, optax's init compiles a zeros_like per
-    parameter shape, one small compilation each); cached, so a second run with the same
-    settings compiles nothing."""
-    tx = optax.adam(lr, *betas, eps=eps)
-    return nnx.jit(lambda model: nnx.Optimizer(model, tx, wrt=nnx.Param))
+def _adam(model: TinyLM, train_config: TrainConfig) -> nnx.Optimizer:
+    """nnx.Optimizer(model, optax.adam(lr, *betas, eps=eps), wrt=nnx.Param), built without a
+    compilation: Adam starts from zeros (its step count and both moments), so nnx.eval_shape gives
+    the structure and NumPy the zeros. Eagerly, optax's init compiles a zeros_like per parameter
+    shape, a share of the start-up; tests/test_jax_speed_paths.py holds the two equal."""
+    tx = optax.adam(train_config.lr, *train_config.betas, eps=train_config.eps)
+    graphdef, state = nnx.split(nnx.eval_shape(lambda model: nnx.Optimizer(model, tx, wrt=nnx.Param), model))
+    return nnx.merge(graphdef, jax.tree.map(lambda leaf: jax.device_put(np.zeros(leaf.shape, leaf.dtype)), state))
 
 
 def optimizer_to_exchange(optimizer: nnx.Optimizer, model: TinyLM, train_config: TrainConfig) -> AdamState:
