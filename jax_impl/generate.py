@@ -54,7 +54,9 @@ def new_cache(model: TinyLM, batch: int) -> KVCache:
     """An empty KVCache for `batch` sequences of `model` (its sizes and dtype)."""
     config = model.config
     dtype = str(model.tok_emb.embedding.dtype)
-    return KVCache(batch, config.n_heads, config.max_len, config.d_head, dtype=dtype)
+    # on the model's device (a GPU after train(..., device="cuda")), so the compiled step can donate it
+    with jax.default_device(next(iter(model.tok_emb.embedding[...].devices()))):
+        return KVCache(batch, config.n_heads, config.max_len, config.d_head, dtype=dtype)
 
 
 def step(model: TinyLM, tokens: np.ndarray, cache: KVCache) -> np.ndarray:

@@ -119,9 +119,10 @@ def _empty(config: ModelConfig, dtype: str) -> TinyLM:
     from the real constructor, compiled with the initializers cut away, once per config."""
     # two filters give three parts; the stub types split's result as a variadic tuple
     graphdef, params, rest = nnx.split(nnx.eval_shape(lambda: TinyLM(config, dtype=dtype, rngs=nnx.Rngs(0))), nnx.Param, ...)  # type: ignore[misc]
-    params = jax.tree.map(lambda leaf: jnp.asarray(np.zeros(leaf.shape, leaf.dtype)), params)
+    # jax.device_put, not jnp.asarray: on an nnx.State leaf the latter compiles a program per shape
+    params = jax.tree.map(lambda leaf: jax.device_put(np.zeros(leaf.shape, leaf.dtype)), params)
     # fresh arrays for every model: a trainer donates its state, which deletes the buffers
-    nnx.replace_by_pure_dict(rest, jax.tree.map(jnp.array, _buffers(config, dtype, MultiHeadSelfAttention)))
+    nnx.replace_by_pure_dict(rest, jax.tree.map(lambda buffer: jax.device_put(buffer.copy()), _buffers(config, dtype, MultiHeadSelfAttention)))
     return nnx.merge(graphdef, params, rest)
 
 
@@ -145,7 +146,8 @@ def assign_exchange(tree: nnx.Module | nnx.State, arrays: dict[str, np.ndarray])
             raise ValueError(f"weights['{name}'] becomes {value.shape} in Flax, expected {expected}")
         values[name] = value
     for name, value in values.items():
-        _variable(tree, LAYOUT[name][0])[...] = jnp.asarray(value)
+        # contiguous first: jnp.asarray of a transposed NumPy view compiles a transpose per shape
+        _variable(tree, LAYOUT[name][0])[...] = jax.device_put(np.ascontiguousarray(value))
 
 
 def to_exchange(model: TinyLM) -> dict[str, np.ndarray]:

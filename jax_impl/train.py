@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 
 import jax
+import jax.extend.backend
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -56,6 +57,13 @@ def train_epoch(graphdef: nnx.GraphDef, state: nnx.State, batches: Sequence[tupl
     Full batches run under one jax.lax.scan; a smaller last batch (when batch_size does
     not divide n_sequences) runs as one more scanned step of its own shape.
     """
+    state, losses = _dispatch(graphdef, state, batches)
+    return state, np.asarray(losses)
+
+
+def _dispatch(graphdef: nnx.GraphDef, state: nnx.State, batches: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[nnx.State, jax.Array]:
+    """train_epoch without waiting: returns as soon as the steps are queued, with the per-step
+    losses (steps,) still being computed, so that the host can queue the next run meanwhile."""
     size = len(batches[0][0])
     full = [batch for batch in batches if len(batch[0]) == size]
     xs, ys = np.stack([x for x, _ in full]), np.stack([y for _, y in full])  # steps x B x T, one scan
@@ -63,7 +71,7 @@ def train_epoch(graphdef: nnx.GraphDef, state: nnx.State, batches: Sequence[tupl
     for x, y in batches[len(full) :]:
         state, loss = scan_steps(graphdef, state, x[None], y[None])
         losses = jnp.concatenate([losses, loss])
-    return state, np.asarray(losses)
+    return state, losses
 
 
 def train(
@@ -73,45 +81,82 @@ def train(
     on_step: Callable[[int, float], object] | None = None,
     resume: AdamState | None = None,
     dp: int = 1,
+    device: str = "cpu",
 ) -> History:
     """Train from `init` ("shared", "native" or a weights file); returns the History with the
     model and optimizer.
 
     resume: an AdamState saved with those weights (by either backend): the run continues
     where it stopped, with the same moments, step count and remaining batches.
-    on_step(step, loss) is called for every step once its epoch has finished.
+    on_step(step, loss) is called for every step once its run of steps has finished.
     dp: data-parallel ranks; dp > 1 splits every batch over dp devices (jax_impl.parallel).
-    Raises training.NonFiniteLossError naming the first step whose loss was NaN or infinite.
+    device: "cpu" or "cuda" (JAX's first CUDA device); the returned model and optimizer live
+    there, and everything that takes a model (predict, attend, generate, to_exchange) runs there.
+    Raises ValueError before any work for a device JAX does not have, and
+    training.NonFiniteLossError naming the first step whose loss was NaN or infinite.
     """
+    training.check_device(device, dp)
     if dp != 1:  # the same run over dp devices: the framework's own data-parallel engine
         from jax_impl import parallel
 
         return parallel.train(model_config, train_config, dp, init, on_step, resume)
+    target = _device(device)
     started = time.perf_counter()
     start_epoch = training.first_epoch(resume, train_config)
     if train_config.dtype == "float64":
         jax.config.update("jax_enable_x64", True)  # off by default: float64 would silently become float32
 
     # 1. model: the shared NumPy init, identical for every backend, unless init says otherwise
-    rngs = nnx.Rngs(train_config.seed)
     arrays = training.initial_weights(init, model_config, train_config)
-    model = TinyLM(model_config, dtype=train_config.dtype, rngs=rngs) if arrays is None else from_exchange(arrays, model_config)
+    # (nnx.Rngs only for the framework's own init: making its key compiles a program)
+    model = (
+        from_exchange(arrays, model_config)
+        if arrays is not None
+        else TinyLM(model_config, dtype=train_config.dtype, rngs=nnx.Rngs(train_config.seed))
+    )
 
     # 2. optimizer: Adam with TrainConfig's lr, betas and eps
     # (optax is pure functions; nnx.Optimizer keeps the moments of nnx.Param only, the mask is not one)
-    optimizer = nnx.Optimizer(model, optax.adam(train_config.lr, *train_config.betas, eps=train_config.eps), wrt=nnx.Param)
+    optimizer = _adam(model, train_config)
     if resume is not None:
         optimizer_from_exchange(resume, optimizer, model)
     graphdef, state = nnx.split((model, optimizer))
+    state = jax.device_put(state, target)  # committed: every later computation on these arrays runs there
 
     # 3. epochs: the same batches as every other backend
     losses: list[float] = []
+    running = None  # the run of steps queued before the current one, whose losses are read next
     for batches in training.epochs(model_config, train_config, start=start_epoch):
         for chunk in training.chunks(batches):  # a few steps at a time: progress as it happens
-            state, epoch_losses = train_epoch(graphdef, state, chunk)
-            training.finish_epoch(losses, epoch_losses, train_config, start_epoch, on_step)
+            state, chunk_losses = _dispatch(graphdef, state, chunk)
+            if running is not None:  # the host waits for the previous run while this one is queued
+                training.finish_epoch(losses, np.asarray(running), train_config, start_epoch, on_step)
+            running = chunk_losses
+    if running is not None:
+        training.finish_epoch(losses, np.asarray(running), train_config, start_epoch, on_step)
     model, optimizer = nnx.merge(graphdef, state)
     return training.history("jax", model_config, train_config, losses, started, model, optimizer, start_epoch)
+
+
+def _device(device: str) -> jax.Device:
+    """The JAX device for a checked `device` name: the first CPU device, or the first CUDA device.
+    Raises ValueError when JAX has no such backend (a CPU-only jaxlib has no CUDA)."""
+    platform = "cuda" if device == "cuda" else "cpu"
+    try:
+        return jax.devices(platform)[0]
+    except RuntimeError:  # JAX: "Unknown backend cuda" (no CUDA plugin) or no device on it
+        names = ", ".join(sorted(jax.extend.backend.backends()))
+        raise ValueError(f"device {device!r}: jax sees no CUDA device (jax {jax.__version__}: backends {names})") from None
+
+
+def _adam(model: TinyLM, train_config: TrainConfig) -> nnx.Optimizer:
+    """nnx.Optimizer(model, optax.adam(lr, *betas, eps=eps), wrt=nnx.Param), built without a
+    compilation: Adam starts from zeros (its step count and both moments), so nnx.eval_shape gives
+    the structure and NumPy the zeros. Eagerly, optax's init compiles a zeros_like per parameter
+    shape, a share of the start-up; tests/test_jax_speed_paths.py holds the two equal."""
+    tx = optax.adam(train_config.lr, *train_config.betas, eps=train_config.eps)
+    graphdef, state = nnx.split(nnx.eval_shape(lambda model: nnx.Optimizer(model, tx, wrt=nnx.Param), model))
+    return nnx.merge(graphdef, jax.tree.map(lambda leaf: jax.device_put(np.zeros(leaf.shape, leaf.dtype)), state))
 
 
 def optimizer_to_exchange(optimizer: nnx.Optimizer, model: TinyLM, train_config: TrainConfig) -> AdamState:
