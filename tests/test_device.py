@@ -3,14 +3,16 @@ train command, each refused before any work where it cannot apply. The GPU path 
 GPU; on a machine without one the refusal is what is tested."""
 
 import json
+import re
 
 import pytest
 
+from shared.config import TrainConfig
 from shared.tools import registry
 from shared.tools.cli import main
 from shared.tools.train_cli import full_precision
 from shared.training import DEVICES, check_device
-from tests.backends import names
+from tests.backends import SMALL, names
 
 TINY = ["--quiet", "--epochs", "1", "--n-sequences", "40", "--batch-size", "8"]
 TINY += ["--d-model", "8", "--n-heads", "2", "--seq-len", "5", "--vocab-size", "7"]
@@ -47,6 +49,43 @@ def test_an_unknown_device_is_refused_by_the_parser(capsys):
         main(["train", "--backend", names("train")[0], "--device", "tpu"])
     assert exit.value.code == 2
     assert "argument --device: invalid choice: 'tpu' (choose from " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", names("device"))
+@pytest.mark.parametrize(
+    "device, dp, message",
+    [
+        ("tpu", 1, "device 'tpu': expected one of cpu, cuda"),
+        ("cuda", 2, "device 'cuda' with dp=2: the data-parallel trainers run their ranks on CPU devices only"),
+    ],
+)
+def test_a_trainer_checks_its_device_before_any_work(monkeypatch, name, device, dp, message):
+    trainer = registry.get(name).train
+    monkeypatch.setattr(trainer.training, "initial_weights", _no_work)
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        trainer.train(SMALL, TrainConfig(), dp=dp, device=device)
+
+
+@pytest.mark.parametrize("name", names("device"))
+def test_cuda_where_the_framework_sees_no_gpu_is_refused_before_any_work(monkeypatch, capsys, name):
+    trainer = registry.get(name).train
+    try:
+        trainer._device("cuda")
+    except ValueError:
+        pass
+    else:
+        pytest.skip(f"{name} sees a CUDA device here")
+    monkeypatch.setattr(trainer.training, "initial_weights", _no_work)
+    with pytest.raises(ValueError, match=f"^device 'cuda': {name} sees no CUDA device \\({name} "):
+        trainer.train(SMALL, TrainConfig(), on_step=_no_work, device="cuda")
+    capsys.readouterr()
+    assert main(["train", "--backend", name, "--device", "cuda", "--quiet"]) == 1  # and the command line says so in one line
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: device 'cuda': {name} sees no CUDA device") and err.count("\n") == 1, err
+
+
+def _no_work(*args, **kwargs):
+    raise AssertionError("train() started work before checking its device")
 
 
 def test_devices_are_the_flag_choices():

@@ -6,8 +6,6 @@ a run compiles its programs, not one per parameter shape.
 No GPU here: "cuda" is tested as a refusal; the committed-device path is the one a GPU run takes
 (the arrays are committed to the device train() was given), exercised on the CPU device."""
 
-import re
-
 import numpy as np
 import pytest
 
@@ -22,35 +20,6 @@ from shared.config import ModelConfig, TrainConfig  # noqa: E402
 from tests.backends import SMALL  # noqa: E402
 
 CONFIG = TrainConfig(epochs=2, n_sequences=100, batch_size=6)  # 17 steps per epoch: two chunks of 16, one of 1, and a last batch of 4
-
-
-def has_cuda() -> bool:
-    try:
-        return bool(jax.devices("cuda"))
-    except RuntimeError:
-        return False
-
-
-@pytest.mark.skipif(has_cuda(), reason="this JAX has a CUDA device")
-def test_cuda_without_a_cuda_backend_is_refused_before_any_work():
-    heard = []
-    backends = ", ".join(sorted(jax.extend.backend.backends()))
-    expected = f"device 'cuda': jax sees no CUDA device (jax {jax.__version__}: backends {backends})"
-    with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):
-        train.train(SMALL, CONFIG, on_step=lambda step, loss: heard.append(step), device="cuda")
-    assert heard == []
-
-
-@pytest.mark.parametrize(
-    "device, dp, message",
-    [
-        ("tpu", 1, "device 'tpu': expected one of cpu, cuda"),
-        ("cuda", 2, "device 'cuda' with dp=2: the data-parallel trainers run their ranks on CPU devices only"),
-    ],
-)
-def test_an_unknown_device_or_a_device_with_dp_is_refused_by_the_shared_check(device, dp, message):
-    with pytest.raises(ValueError, match=message):
-        train.train(SMALL, CONFIG, dp=dp, device=device)
 
 
 @pytest.fixture(scope="module")

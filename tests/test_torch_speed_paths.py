@@ -9,7 +9,6 @@ import torch
 
 from shared import training
 from shared.config import ModelConfig, TrainConfig
-from torch_impl import train as torch_train
 from torch_impl.model import from_exchange, predict
 from torch_impl.train import FusedAdam, train, train_step
 
@@ -74,30 +73,6 @@ def test_the_trajectory_is_the_step_by_step_loop_bit_for_bit():
     trained = history.model.state_dict()
     for name, value in model.state_dict().items():
         assert torch.equal(trained[name], value), name
-
-
-def test_an_unknown_device_is_refused():
-    with pytest.raises(ValueError, match=r"^device 'tpu': expected one of cpu, cuda$"):
-        train(ModelConfig(), SMALL, device="tpu")
-
-
-def test_cuda_with_dp_is_refused_before_any_work(monkeypatch):
-    monkeypatch.setattr(torch_train.training, "initial_weights", _no_work)
-    with pytest.raises(ValueError, match=r"^device 'cuda' with dp=2: the data-parallel trainers run their ranks on CPU devices only$"):
-        train(ModelConfig(), SMALL, dp=2, device="cuda")
-
-
-def test_cuda_without_a_gpu_is_refused_before_any_work(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(torch_train.training, "initial_weights", _no_work)
-    expected = f"device 'cuda': torch sees no CUDA device (torch {torch.__version__}: torch.cuda.is_available() is False)"
-    with pytest.raises(ValueError) as refused:
-        train(ModelConfig(), SMALL, device="cuda")
-    assert str(refused.value) == expected
-
-
-def _no_work(*args, **kwargs):
-    raise AssertionError("train() started work before checking its device")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -67,7 +67,7 @@ def train(
     Raises training.NonFiniteLossError naming the first step whose loss was NaN or infinite.
     """
     training.check_device(device, dp)
-    target = _torch_device(device)
+    target = _device(device)
     if dp != 1:  # the same run over dp devices: the framework's own data-parallel engine
         from torch_impl import parallel
 
@@ -97,7 +97,7 @@ def train(
     return training.history("torch", model_config, train_config, losses, started, model, optimizer, start_epoch)
 
 
-def _torch_device(device: str) -> torch.device:
+def _device(device: str) -> torch.device:
     """The torch.device of a checked device name; refuses "cuda" when torch sees no GPU."""
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device 'cuda': torch sees no CUDA device (torch {torch.__version__}: torch.cuda.is_available() is False)")
