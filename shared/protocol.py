@@ -35,10 +35,12 @@ numpy_ref.attention.attention over the exchange dict)
                              NumPy in, NumPy out: the loss and d loss / d every exchange array.
 
 `train`, where the registry lists "train"
-    train(model_config, train_config, init="shared", on_step=None, resume=None, dp=1) -> History
+    train(model_config, train_config, init="shared", on_step=None, resume=None, dp=1, device="cpu") -> History
                              the copy task on shared.training's batch stream; init is "shared",
                              "native" or a weights file; resume an AdamState; dp > 1 only
-                             where the registry lists "dp".
+                             where the registry lists "dp"; device "cuda" only where it lists
+                             "device" (checked first by shared.training.check_device; refused
+                             before any work where the framework sees no GPU).
     optimizer_to_exchange(optimizer, model, train_config) -> AdamState
     optimizer_from_exchange(adam_state, optimizer, model) -> None
 
