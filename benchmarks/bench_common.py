@@ -177,6 +177,14 @@ def median(values) -> float:
     return statistics.median(values)
 
 
+def middle_half(values) -> tuple[float, float]:
+    """The first and third quartiles of the runs (the smallest and largest of fewer than 4)."""
+    if len(values) < 4:
+        return min(values), max(values)
+    q1, _, q3 = statistics.quantiles(values, n=4)
+    return q1, q3
+
+
 def spread(values) -> str:
     """The middle half of the runs, as 'low-high' (quartiles)."""
     if len(values) < 4:
