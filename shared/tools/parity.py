@@ -254,7 +254,17 @@ def trajectory_section(config, dtype, seed, epochs, cache: dict | None = None, l
 
 
 def build_report(
-    config: ModelConfig, dtype="float32", seed=0, mask=None, epochs=3, samples=6, adapters=None, progress=None, decode=True, dp=0
+    config: ModelConfig,
+    dtype="float32",
+    seed=0,
+    mask=None,
+    epochs=3,
+    samples=6,
+    adapters=None,
+    progress=None,
+    decode=True,
+    dp=0,
+    runs: dict | None = None,
 ) -> Report:
     """Every section of the report in order. progress(index, total, section), if given, is
     called as each section starts (`mhsa parity` shows it on stderr in a terminal).
@@ -262,8 +272,9 @@ def build_report(
     Every section's work is submitted at the start, one lane per backend (shared.tools.lanes):
     the sections are then put together in order, each as its jobs finish.
     dp >= 2 adds the data-parallel section (needs epochs > 0, and shared.tools.dp_parity.prepare(dp)
-    called before JAX starts)."""
-    runs: dict = {}  # trained runs, shared by the sections that need the same one
+    called before JAX starts). runs: trained runs (see trained()) to reuse and add to, shared by
+    the sections that need the same one, and by the caller's other reports if it passes its own."""
+    runs = {} if runs is None else runs
     title = (
         f"mhsa parity · {dtype} · seed {seed} · vocab_size={config.vocab_size} d_model={config.d_model} "
         f"n_heads={config.n_heads} max_len={config.max_len} bias={config.bias} · "
@@ -387,6 +398,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dp", type=int_flag("parity --dp"), default=2, help="ranks or devices of the data-parallel section, in [0, 64] (default 2; 0 skips it)"
     )
     parser.add_argument("--no-decode", action="store_true", help="skip the decode (KV cache) section")
+    parser.add_argument(
+        "--no-jax-cache",
+        action="store_true",
+        help="compile every JAX program afresh instead of keeping them in JAX's persistent compilation cache "
+        "(default: on, in $XDG_CACHE_HOME/mhsa/jax or ~/.cache/mhsa/jax, unless JAX_COMPILATION_CACHE_DIR names another)",
+    )
     parser.add_argument("--mask", choices=("causal", "padding"), default="causal", help="causal only (default), or also a (B, 1, 1, T) padding mask")
     parser.add_argument(
         "--epochs",
@@ -426,6 +443,10 @@ def run(args) -> int:
         from shared.tools import dp_parity
 
         dp_parity.prepare(args.dp)  # before JAX starts: it fixes its CPU device count then
+    if not args.no_jax_cache:
+        from shared.tools.compile_cache import enable_jax_cache
+
+        enable_jax_cache()  # the same programs every run: a second run reads them compiled
     if args.dtype == "float64":
         import jax
 
@@ -436,7 +457,7 @@ def run(args) -> int:
 
         # the report's models are tiny: torch's second thread only waits for work, and with the
         # other lanes' work on the cores it spins (benchmarks/RESULTS.md, "Busy machine"); the
-        # numbers are the same with one thread or two (tests/test_parity.py runs the report both ways)
+        # default report prints the same numbers with one thread or two
         torch.set_num_threads(1)
     mask = padding_mask(config) if args.mask == "padding" else None
     report = build_report(
