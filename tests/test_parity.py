@@ -240,3 +240,30 @@ def test_mhsa_parity_refuses_a_data_parallel_run_against_itself(capsys):
         mhsa(["parity", "--dp", "1"])
     assert exit.value.code == 2
     assert "--dp 1 compares a run with itself: give 2 or more, or 0 to skip the data-parallel section" in capsys.readouterr().err
+
+
+def test_lanes_run_side_by_side_and_each_in_order():
+    import threading
+
+    from shared.tools.lanes import Lanes
+
+    order, other_started = [], threading.Event()
+    with Lanes() as lanes:
+        # the first job of lane "a" waits for lane "b" to start: lanes one after another would time out here
+        first = lanes.submit("a", lambda: other_started.wait(timeout=60) and order.append("a1"))
+        second = lanes.submit("a", order.append, "a2")
+        lanes.submit("b", other_started.set)
+        second.result()
+    assert first.exception() is None and order == ["a1", "a2"]
+
+
+def test_a_failing_job_stops_the_report_with_its_error(monkeypatch):
+    from shared.tools.backends import ADAPTERS
+
+    class Broken(type(ADAPTERS["jax"])):
+        def loss_and_grads(self, *args, **kwargs):
+            raise RuntimeError("planted: no gradient today")
+
+    adapters = {**ADAPTERS, "jax": Broken(ADAPTERS["jax"].backend)}
+    with pytest.raises(RuntimeError, match="planted: no gradient today"):
+        build_report(SMALL, "float64", seed=2, epochs=0, samples=1, decode=False, adapters=adapters)
