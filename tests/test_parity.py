@@ -4,6 +4,10 @@ fault makes them part."""
 
 import inspect
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,10 +16,29 @@ from shared import adam_state, weights
 from shared.config import ModelConfig, TrainConfig
 from shared.tolerances import assert_close, tolerance
 from shared.tools.cli import main as mhsa
-from shared.tools.parity import build_report, format_report, padding_mask
+from shared.tools.parity import build_report, format_report, padding_mask, trained
 from tests.backends import SMALL
 
 DEFAULT = ModelConfig()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """torch at one thread for this module, as `mhsa parity` runs it: the report's lanes run
+    beside each other, and a second torch thread on these sizes only spins for a core."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict:
+    """Trained runs shared by this module's reports and tests (shared.tools.parity.trained's
+    cache): the float64 default run of each trainer is trained once."""
+    return {}
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -31,8 +54,8 @@ def test_every_stage_and_gradient_agrees(dtype, config, masked):
     assert all(diff is not None for row in report.rows for diff in row.diffs.values())
 
 
-def test_float64_default_run_trajectories_and_final_weights_agree():
-    report = build_report(DEFAULT, "float64", seed=0, epochs=3, samples=2, decode=False)
+def test_float64_default_run_trajectories_and_final_weights_agree(runs):
+    report = build_report(DEFAULT, "float64", seed=0, epochs=3, samples=2, decode=False, runs=runs)
     trajectory = [row for row in report.rows if row.section == "trajectory"]
     assert [row.name for row in trajectory] == ["loss at each of 192 steps", "weights after 192 steps"]
     assert report.passed, format_report(report)
@@ -96,26 +119,60 @@ def test_a_mask_shifted_by_one_is_found_at_weights(monkeypatch):
 
 
 def test_mhsa_parity_prints_the_table_and_exits_by_the_result(capsys, monkeypatch):
+    from shared.tools import compile_cache
+
+    # JAX's persistent cache is asked for unless --no-jax-cache (this process keeps its own settings)
+    asked = []
+    monkeypatch.setattr(compile_cache, "enable_jax_cache", lambda: asked.append("cache"))
     assert mhsa(["parity", "--epochs", "0", "--samples", "1", "--n-heads", "2", "--d-model", "12", "--seq-len", "5", "--vocab-size", "7"]) == 0
     out = capsys.readouterr().out
     assert "| compared" in out and "| torch vs numpy |" in out and "PASS: all" in out
+    assert asked == ["cache"]
     import torch_impl.attention
     import torch_impl.model
 
     copy = faulty(torch_impl.attention, " * (1.0 / math.sqrt(self.d_head))", "")
     monkeypatch.setattr(torch_impl.model, "MultiHeadSelfAttention", copy["MultiHeadSelfAttention"])
-    assert mhsa(["parity", "--epochs", "0", "--samples", "1", "--n-heads", "2", "--d-model", "12", "--seq-len", "5", "--vocab-size", "7"]) == 1
+    tiny = ["--epochs", "0", "--samples", "1", "--n-heads", "2", "--d-model", "12", "--seq-len", "5", "--vocab-size", "7"]
+    assert mhsa(["parity", *tiny, "--no-jax-cache"]) == 1
     out = capsys.readouterr().out
     assert "| scores" in out and "<- the implementations part here" in out
+    assert asked == ["cache"]  # not asked again
+
+
+def test_jax_cache_keeps_every_compiled_program_where_asked(tmp_path):
+    # a fresh process: JAX decides at its first compilation whether it has a cache
+    program = (
+        "from shared.tools.compile_cache import enable_jax_cache; print(enable_jax_cache()); "
+        "import jax, jax.numpy as jnp; jax.jit(lambda x: x + 1)(jnp.ones(3)).block_until_ready()"
+    )
+    env = {key: value for key, value in os.environ.items() if key != "JAX_COMPILATION_CACHE_DIR"}
+    root = Path(__file__).resolve().parents[1]  # the checkout whose shared/ is tested
+    default = subprocess.run(
+        [sys.executable, "-c", program], cwd=root, env={**env, "XDG_CACHE_HOME": str(tmp_path / "xdg")}, capture_output=True, text=True
+    )
+    assert default.returncode == 0, default.stderr
+    assert default.stdout.strip() == str(tmp_path / "xdg" / "mhsa" / "jax")
+    assert any((tmp_path / "xdg" / "mhsa" / "jax").iterdir())  # a program of microseconds is kept too
+    # a directory the user gave JAX wins
+    own = subprocess.run(
+        [sys.executable, "-c", program],
+        cwd=root,
+        env={**env, "XDG_CACHE_HOME": str(tmp_path / "other"), "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "own")},
+        capture_output=True,
+        text=True,
+    )
+    assert own.returncode == 0, own.stderr
+    assert own.stdout.strip() == str(tmp_path / "own") and not (tmp_path / "other").exists()
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_torch_then_jax_hand_off_matches_the_all_torch_run(dtype, tmp_path):
+def test_torch_then_jax_hand_off_matches_the_all_torch_run(dtype, tmp_path, runs):
     import jax_impl.train
     import torch_impl.model
     import torch_impl.train
 
-    full = torch_impl.train.train(DEFAULT, TrainConfig(dtype=dtype))
+    full = trained("torch", DEFAULT, TrainConfig(dtype=dtype), cache=runs).result()  # torch_impl.train.train's run, trained once
     first = torch_impl.train.train(DEFAULT, TrainConfig(epochs=1, dtype=dtype))
     path = tmp_path / "epoch1.safetensors"
     weights.save(path, torch_impl.model.to_exchange(first.model), DEFAULT)
@@ -183,3 +240,30 @@ def test_mhsa_parity_refuses_a_data_parallel_run_against_itself(capsys):
         mhsa(["parity", "--dp", "1"])
     assert exit.value.code == 2
     assert "--dp 1 compares a run with itself: give 2 or more, or 0 to skip the data-parallel section" in capsys.readouterr().err
+
+
+def test_lanes_run_side_by_side_and_each_in_order():
+    import threading
+
+    from shared.tools.lanes import Lanes
+
+    order, other_started = [], threading.Event()
+    with Lanes() as lanes:
+        # the first job of lane "a" waits for lane "b" to start: lanes one after another would time out here
+        first = lanes.submit("a", lambda: other_started.wait(timeout=60) and order.append("a1"))
+        second = lanes.submit("a", order.append, "a2")
+        lanes.submit("b", other_started.set)
+        second.result()
+    assert first.exception() is None and order == ["a1", "a2"]
+
+
+def test_a_failing_job_stops_the_report_with_its_error(monkeypatch):
+    from shared.tools.backends import ADAPTERS
+
+    class Broken(type(ADAPTERS["jax"])):
+        def loss_and_grads(self, *args, **kwargs):
+            raise RuntimeError("planted: no gradient today")
+
+    adapters = {**ADAPTERS, "jax": Broken(ADAPTERS["jax"].backend)}
+    with pytest.raises(RuntimeError, match="planted: no gradient today"):
+        build_report(SMALL, "float64", seed=2, epochs=0, samples=1, decode=False, adapters=adapters)

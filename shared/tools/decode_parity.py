@@ -16,22 +16,25 @@ and nothing in the other one, and its name says which backend it is.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 
 from shared.config import ModelConfig
 from shared.tolerances import max_abs_diff, tolerance
 from shared.tools import registry
+from shared.tools.lanes import Lanes
 from shared.tools.parity import Row, inputs, pair_key, pairs
 from shared.weights import init_weights
 
 SECTION = "decode"
 
 
-def decode_run(name: str, arrays: dict, config: ModelConfig, tokens: np.ndarray, prompt_len: int) -> dict:
+def decode_run(name: str, arrays: dict, config: ModelConfig, tokens: np.ndarray, prompt_len: int, full: bool = True) -> dict:
     """One backend decoding `tokens` (B, max_len): the prompt tokens[:, :prompt_len] in one
     call, then one given token per step. Per step: the cached logits of the new positions, the
-    full forward's logits of the same positions, and the filled cache (K, V)."""
+    full forward's logits of the same positions (full=False leaves that list empty: a run
+    compared with another run's full forward), and the filled cache (K, V)."""
     backend = registry.get(name)
     model_module, generate = backend.model, backend.module("generate")
     model = model_module.from_exchange(arrays, config)
@@ -40,7 +43,8 @@ def decode_run(name: str, arrays: dict, config: ModelConfig, tokens: np.ndarray,
     start = 0
     for end in [prompt_len, *range(prompt_len + 1, tokens.shape[1] + 1)]:
         run["cached"].append(generate.step(model, tokens[:, start:end], cache))  # (B, end - start, V)
-        run["full"].append(model_module.predict(model, tokens[:, :end])[:, start:end])  # (B, end - start, V)
+        if full:
+            run["full"].append(model_module.predict(model, tokens[:, :end])[:, start:end])  # (B, end - start, V)
         k, v = generate.cache_arrays(cache)  # (B, H, end, d_head)
         run["k"].append(k)
         run["v"].append(v)
@@ -67,12 +71,47 @@ def decode_rows(
     prompt_len defaults to half the context; the steps run until max_len positions are filled.
     names: the backends to run (default: every one with "generate").
     """
+    return decode_section(config, dtype, seed, prompt_len, names)()
+
+
+def decode_section(
+    config: ModelConfig,
+    dtype: str = "float32",
+    seed: int = 0,
+    prompt_len: int | None = None,
+    names: list[str] | None = None,
+    lanes: Lanes | None = None,
+) -> Callable[[], list[Row]]:
+    """decode_rows in two steps: each backend's runs are submitted to `lanes` (one lane per
+    backend) now; the returned function waits for them and builds the rows."""
     names = names or registry.names("generate")
     prompt_len = prompt_len or max(1, config.max_len // 2)
     arrays = init_weights(config, seed, dtype)
     tokens, _ = inputs(config, seed)  # (B, max_len): the same sequence for every backend
+    fused = registry.names("fused")
+    lanes = lanes or Lanes(inline=True)
+    futures = {name: lanes.submit(name, _backend_runs, name, arrays, config, tokens, prompt_len, name in fused) for name in names}
+    return lambda: _rows({name: future.result() for name, future in futures.items()}, config, dtype, prompt_len)
+
+
+def _backend_runs(name: str, arrays: dict, config: ModelConfig, tokens: np.ndarray, prompt_len: int, fused: bool) -> dict:
+    """Everything the section needs of one backend: its decode_run ("explicit"), the ids its
+    generate() picks greedily from the prompt alone ("generated") and, with a fused kernel, its
+    decode_run on the fused path ("fused", compared with the explicit full forward, so it runs none)."""
+    backend = registry.get(name)
+    found = {"explicit": decode_run(name, arrays, config, tokens, prompt_len)}
+    model = backend.model.from_exchange(arrays, config)
+    found["generated"] = backend.module("generate").generate(model, tokens[:, :prompt_len], config.max_len - prompt_len)
+    if fused:
+        found["fused"] = decode_run(name, arrays, dataclasses.replace(config, attn_impl="fused"), tokens, prompt_len, full=False)
+    return found
+
+
+def _rows(found: dict[str, dict], config: ModelConfig, dtype: str, prompt_len: int) -> list[Row]:
+    """The section's rows from every backend's _backend_runs."""
+    names = list(found)
+    runs = {name: found[name]["explicit"] for name in names}
     steps = config.max_len - prompt_len + 1  # the prefill and one call per further token
-    runs = {name: decode_run(name, arrays, config, tokens, prompt_len) for name in names}
     stage, step_note = tolerance("stage", dtype), f"decode: prompt of {prompt_len} in one call, then {steps - 1} single tokens"
 
     rows = []
@@ -118,11 +157,7 @@ def decode_rows(
     )
 
     # the ids generate() picks greedily from the prompt alone: identical, not close
-    generated = {}
-    for name in names:
-        backend = registry.get(name)
-        model = backend.model.from_exchange(arrays, config)
-        generated[name] = backend.module("generate").generate(model, tokens[:, :prompt_len], config.max_len - prompt_len)
+    generated = {name: found[name]["generated"] for name in names}
     ids = {}
     for first, second in pairs():
         ids[pair_key(first, second)] = float((generated[first] != generated[second]).sum()) if first in generated and second in generated else None
@@ -138,9 +173,8 @@ def decode_rows(
     )
 
     # the fused kernel on the decode step: the offset mask goes in explicitly
-    fused_config = dataclasses.replace(config, attn_impl="fused")
-    for name in [name for name in registry.names("fused") if name in names]:
-        run = decode_run(name, arrays, fused_config, tokens, prompt_len)
+    for name in [name for name in names if "fused" in found[name]]:
+        run = found[name]["fused"]
         explicit = runs[name]["full"]
         worst, at = _worst(zip(run["cached"], explicit), stage)
         note = "decode: fused rows compare the fused cached step with the explicit full forward"

@@ -19,6 +19,7 @@ import numpy as np
 from shared.config import DTYPES, ModelConfig, TrainConfig
 from shared.tolerances import max_abs_diff, tolerance
 from shared.tools import registry
+from shared.tools.lanes import Lanes
 from shared.tools.parity import Row
 
 SECTION = "data-parallel"
@@ -38,14 +39,26 @@ def runs(model_config: ModelConfig, train_config: TrainConfig, dp: int, cache: d
     """name -> {1: (losses, weights), dp: (losses, weights)} for every backend with "dp":
     per-step losses (steps,) and the final exchange dict, from each backend's real trainer
     (runs already in `cache`, shared.tools.parity.trained's, are not trained again)."""
+    return start_runs(model_config, train_config, dp, cache)()
+
+
+def start_runs(model_config: ModelConfig, train_config: TrainConfig, dp: int, cache: dict | None = None, lanes: Lanes | None = None):
+    """runs() in two steps: the runs not in `cache` are submitted to `lanes` now (a backend's
+    dp=N runs in a lane of their own, beside its single-device work); the returned function
+    waits for them and gives runs()'s dict."""
     from shared.tools.parity import trained
 
-    found: dict[str, dict] = {}
-    for name in registry.names("dp"):
-        found[name] = {}
-        for n in (1, dp):
-            history = trained(name, model_config, train_config, dp=n, cache=cache)
-            found[name][n] = (np.asarray(history.losses), registry.get(name).model.to_exchange(history.model))
+    futures = {name: {n: trained(name, model_config, train_config, dp=n, cache=cache, lanes=lanes) for n in (dp, 1)} for name in registry.names("dp")}
+
+    def found() -> dict[str, dict[int, tuple]]:
+        result: dict[str, dict] = {}
+        for name, by_dp in futures.items():
+            result[name] = {}
+            for n in (1, dp):
+                history = by_dp[n].result()
+                result[name][n] = (np.asarray(history.losses), registry.get(name).model.to_exchange(history.model))
+        return result
+
     return found
 
 
@@ -88,7 +101,14 @@ def rows(found: dict[str, dict[int, tuple]], dtype: str, dp: int) -> list[Row]:
 def section(model_config: ModelConfig, dtype="float32", seed=0, epochs=3, dp=2, cache: dict | None = None, **train) -> list[Row]:
     """Train every dp backend at dp=1 and dp=N (TrainConfig defaults unless `train` overrides)
     and compare: what `mhsa parity` shows under "data-parallel"."""
-    return rows(runs(model_config, TrainConfig(epochs=epochs, seed=seed, dtype=dtype, **train), dp, cache), dtype, dp)
+    return start(model_config, dtype, seed, epochs, dp, cache, **train)()
+
+
+def start(model_config: ModelConfig, dtype="float32", seed=0, epochs=3, dp=2, cache: dict | None = None, lanes: Lanes | None = None, **train):
+    """section() in two steps: the runs are submitted to `lanes` now; the returned function
+    waits for them and builds the rows."""
+    found = start_runs(model_config, TrainConfig(epochs=epochs, seed=seed, dtype=dtype, **train), dp, cache, lanes)
+    return lambda: rows(found(), dtype, dp)
 
 
 def format_rows(found_rows: list[Row], headers: dict[str, str]) -> str:

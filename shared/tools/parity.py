@@ -16,7 +16,8 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,6 +25,7 @@ import numpy as np
 from shared.config import DTYPES, ModelConfig, TrainConfig
 from shared.tolerances import max_abs_diff, stage_kind, tolerance
 from shared.tools import registry
+from shared.tools.lanes import Lanes
 from shared.tools.threads import add_threads_argument
 from shared.trace import STAGES
 
@@ -96,21 +98,63 @@ def stage_and_gradient_rows(config, dtype, seed, mask=None, samples=6, adapters=
     fourth-order finite difference of numpy_ref's loss in float64 at `samples` coordinates
     of every parameter, an independent check that no backend's gradient can share a bug with.
     A backend without gradients is compared through the finite difference alone."""
-    from shared.tools.backends import ADAPTERS, central_difference
+    return stage_and_gradient_section(config, dtype, seed, mask=mask, samples=samples, adapters=adapters)()
+
+
+def stage_and_gradient_section(config, dtype, seed, mask=None, samples=6, adapters=None, lanes: Lanes | None = None) -> Callable[[], list[Row]]:
+    """stage_and_gradient_rows in two steps: each backend's forward and gradients, and the
+    finite differences, are submitted to `lanes` (one lane per backend) now; the returned
+    function waits for them and builds the rows."""
+    from shared.tools.backends import ADAPTERS
     from shared.weights import init_weights
 
     adapters = adapters or ADAPTERS
+    lanes = lanes or Lanes(inline=True)
     names = registry.names()
     reference = names[0]
+    with_grads = registry.names("grads")
     arrays = init_weights(config, seed, dtype)
     tokens, targets = inputs(config, seed)
-    traces: dict[str, dict[str, np.ndarray]] = {name: {} for name in names}
-    for name, trace in traces.items():
-        adapters[name].forward(tokens, arrays, config, mask=mask, trace=trace)
-    losses, grads = {}, {}
-    for name in registry.names("grads"):
-        losses[name], grads[name] = adapters[name].loss_and_grads(tokens, targets, arrays, config, mask=mask)
+    outputs = {
+        name: lanes.submit(name, _forward_and_grads, adapters[name], name in with_grads, tokens, targets, arrays, config, mask) for name in names
+    }
 
+    # the coordinates in backward order (read-out first, embeddings last), the order the
+    # gradients are computed in: the first row that fails is the parameter nearest to where
+    # the backward passes part
+    rng = np.random.default_rng(seed)
+    coords = {name: [tuple(int(rng.integers(0, size)) for size in value.shape) for _ in range(samples)] for name, value in reversed(arrays.items())}
+    estimates = lanes.submit(reference, _finite_differences, arrays, coords, tokens, targets, config, mask)
+
+    def rows() -> list[Row]:
+        traces, losses, grads = {}, {}, {}
+        for name, future in outputs.items():
+            traces[name], loss_and_grads = future.result()
+            if loss_and_grads is not None:
+                losses[name], grads[name] = loss_and_grads
+        return _stage_rows(traces, losses, dtype) + _gradient_rows(grads, coords, estimates.result(), reference, samples, dtype)
+
+    return rows
+
+
+def _forward_and_grads(adapter, with_grads: bool, tokens, targets, arrays, config, mask):
+    """One backend's trace of every named stage (name -> array) and, if it has them, its
+    (loss, gradients) from its own loss_and_grads."""
+    trace: dict[str, np.ndarray] = {}
+    adapter.forward(tokens, arrays, config, mask=mask, trace=trace)
+    return trace, adapter.loss_and_grads(tokens, targets, arrays, config, mask=mask) if with_grads else None
+
+
+def _finite_differences(arrays, coords, tokens, targets, config, mask) -> dict[str, np.ndarray]:
+    """name -> (samples,): the reference loss's float64 finite difference at each coordinate."""
+    from shared.tools.backends import central_difference
+
+    arrays64 = {name: value.astype(np.float64) for name, value in arrays.items()}
+    return {name: np.array([central_difference(arrays64, name, c, tokens, targets, config, mask) for c in at]) for name, at in coords.items()}
+
+
+def _stage_rows(traces, losses, dtype) -> list[Row]:
+    """One row per named stage, then the loss: every pair's max |a - b|."""
     rows = []
     for stage in STAGES:
         diffs: dict[str, float | None] = {pair_key(a, b): max_abs_diff(traces[a][stage], traces[b][stage]) for a, b in pairs()}
@@ -123,23 +167,23 @@ def stage_and_gradient_rows(config, dtype, seed, mask=None, samples=6, adapters=
             tolerance("stage", dtype),
         )
     )
+    return rows
 
-    arrays64 = {name: value.astype(np.float64) for name, value in arrays.items()}
-    rng = np.random.default_rng(seed)
-    # in backward order (read-out first, embeddings last), the order the gradients are computed
-    # in: the first row that fails is the parameter nearest to where the backward passes part
-    for name, value in reversed(arrays.items()):
-        coords = [tuple(int(rng.integers(0, size)) for size in value.shape) for _ in range(samples)]
-        estimate = np.array([central_difference(arrays64, name, c, tokens, targets, config, mask) for c in coords])
-        diffs = {}
+
+def _gradient_rows(grads, coords, estimate, reference, samples, dtype) -> list[Row]:
+    """One row per parameter in `coords`' (backward) order: every pair's max |a - b| of the
+    gradients, and the reference's gradient against the finite difference at the coordinates."""
+    rows = []
+    for name, at in coords.items():
+        diffs: dict[str, float | None] = {}
         for a, b in pairs():
             if a in grads and b in grads:
                 diffs[pair_key(a, b)] = max_abs_diff(grads[a][name], grads[b][name])
             else:  # one side has no gradient of its own: both against the finite difference
                 known = grads.get(a, grads.get(b))
-                diffs[pair_key(a, b)] = max_abs_diff([known[name][c] for c in coords], estimate) if known else None
+                diffs[pair_key(a, b)] = max_abs_diff([known[name][c] for c in at], estimate[name]) if known else None
         if reference in grads:
-            diffs[FD] = max_abs_diff([grads[reference][name][c] for c in coords], estimate)
+            diffs[FD] = max_abs_diff([grads[reference][name][c] for c in at], estimate[name])
             note = f"{FD}: {reference}'s gradient against a float64 finite difference at {samples} coords per parameter"
         else:
             note = f"{reference} has no gradient of its own: the others are held against a float64 finite difference at {samples} coords"
@@ -147,82 +191,115 @@ def stage_and_gradient_rows(config, dtype, seed, mask=None, samples=6, adapters=
     return rows
 
 
-def trained(name: str, config: ModelConfig, train_config: TrainConfig, dp: int = 1, cache: dict | None = None):
-    """The History of one backend's real trainer; `cache` keeps each run for the sections that
-    read the same one (the trajectories and the data-parallel dp=1 runs)."""
+def lane(name: str, dp: int = 1) -> str:
+    """The lane of a backend's jobs: its own, and another for its data-parallel runs."""
+    return name if dp == 1 else f"{name} dp"
+
+
+def trained(name: str, config: ModelConfig, train_config: TrainConfig, dp: int = 1, cache: dict | None = None, lanes: Lanes | None = None) -> Future:
+    """A Future of the History of one backend's real trainer, submitted to `lanes` (run at once
+    without); `cache` keeps each run for the sections that read the same one (the trajectories
+    and the data-parallel dp=1 runs), so that it is trained once."""
     key = (name, config, train_config, dp)
-    if cache is None or key not in cache:
-        run = registry.get(name).train.train(config, train_config, **({"dp": dp} if dp != 1 else {}))
-        if cache is None:
-            return run
-        cache[key] = run
-    return cache[key]
+    if cache is not None and key in cache:
+        return cache[key]
+    future = (lanes or Lanes(inline=True)).submit(
+        lane(name, dp), registry.get(name).train.train, config, train_config, **({"dp": dp} if dp != 1 else {})
+    )
+    if cache is not None:
+        cache[key] = future
+    return future
 
 
 def trajectory_rows(config, dtype, seed, epochs, cache: dict | None = None) -> list[Row]:
     """The loss at every step of every backend's trainer, from the same init and batches; in
     float64 also the final weights."""
+    return trajectory_section(config, dtype, seed, epochs, cache=cache)()
+
+
+def trajectory_section(config, dtype, seed, epochs, cache: dict | None = None, lanes: Lanes | None = None) -> Callable[[], list[Row]]:
+    """trajectory_rows in two steps: every trainer is submitted to `lanes` now; the returned
+    function waits for the runs and builds the rows."""
     train_config = TrainConfig(epochs=epochs, seed=seed, dtype=dtype)
-    runs = {name: trained(name, config, train_config, cache=cache) for name in registry.names("train")}
-    final = {name: registry.get(name).model.to_exchange(run.model) for name, run in runs.items()}
-    steps = len(next(iter(runs.values())).losses)
+    futures = {name: trained(name, config, train_config, cache=cache, lanes=lanes) for name in registry.names("train")}
 
-    def compare(measure) -> dict[str, float | None]:
-        return {pair_key(a, b): measure(a, b) if a in runs and b in runs else None for a, b in pairs()}
+    def rows() -> list[Row]:
+        runs = {name: future.result() for name, future in futures.items()}
+        final = {name: registry.get(name).model.to_exchange(run.model) for name, run in runs.items()}
+        steps = len(next(iter(runs.values())).losses)
 
-    rows = [
-        Row(
-            "trajectory",
-            f"loss at each of {steps} steps",
-            compare(lambda a, b: max_abs_diff(runs[a].losses, runs[b].losses)),
-            tolerance("trajectory", dtype),
-        )
-    ]
-    if dtype == "float64":
-        rows.append(
+        def compare(measure) -> dict[str, float | None]:
+            return {pair_key(a, b): measure(a, b) if a in runs and b in runs else None for a, b in pairs()}
+
+        found = [
             Row(
                 "trajectory",
-                f"weights after {steps} steps",
-                compare(lambda a, b: max(max_abs_diff(final[a][name], final[b][name]) for name in final[a])),
-                tolerance("stage", dtype),
+                f"loss at each of {steps} steps",
+                compare(lambda a, b: max_abs_diff(runs[a].losses, runs[b].losses)),
+                tolerance("trajectory", dtype),
             )
-        )
+        ]
+        if dtype == "float64":
+            found.append(
+                Row(
+                    "trajectory",
+                    f"weights after {steps} steps",
+                    compare(lambda a, b: max(max_abs_diff(final[a][name], final[b][name]) for name in final[a])),
+                    tolerance("stage", dtype),
+                )
+            )
+        return found
+
     return rows
 
 
 def build_report(
-    config: ModelConfig, dtype="float32", seed=0, mask=None, epochs=3, samples=6, adapters=None, progress=None, decode=True, dp=0
+    config: ModelConfig,
+    dtype="float32",
+    seed=0,
+    mask=None,
+    epochs=3,
+    samples=6,
+    adapters=None,
+    progress=None,
+    decode=True,
+    dp=0,
+    runs: dict | None = None,
 ) -> Report:
     """Every section of the report in order. progress(index, total, section), if given, is
     called as each section starts (`mhsa parity` shows it on stderr in a terminal).
 
+    Every section's work is submitted at the start, one lane per backend (shared.tools.lanes):
+    the sections are then put together in order, each as its jobs finish.
     dp >= 2 adds the data-parallel section (needs epochs > 0, and shared.tools.dp_parity.prepare(dp)
-    called before JAX starts)."""
-    runs: dict = {}  # trained runs, shared by the sections that need the same one
+    called before JAX starts). runs: trained runs (see trained()) to reuse and add to, shared by
+    the sections that need the same one, and by the caller's other reports if it passes its own."""
+    runs = {} if runs is None else runs
     title = (
         f"mhsa parity · {dtype} · seed {seed} · vocab_size={config.vocab_size} d_model={config.d_model} "
         f"n_heads={config.n_heads} max_len={config.max_len} bias={config.bias} · "
         f"{'padding mask (B, 1, 1, T) and causal' if mask is not None else 'causal mask only'}"
     )
-    sections = [("stages and gradients", lambda: stage_and_gradient_rows(config, dtype, seed, mask=mask, samples=samples, adapters=adapters))]
-    if epochs > 0:
-        sections.append((f"trajectories ({epochs} epochs per trainer)", lambda: trajectory_rows(config, dtype, seed, epochs, cache=runs)))
-    if decode:
-        from shared.tools.decode_parity import (
-            decode_rows,  # it builds on this module's Row
-        )
-
-        sections.append(("decode with the KV cache", lambda: decode_rows(config, dtype, seed)))
     report = Report(title)
-    if dp >= 2 and epochs > 0:
-        from shared.tools import dp_parity  # it builds on this module's Row
+    with Lanes() as lanes:
+        sections = [
+            ("stages and gradients", stage_and_gradient_section(config, dtype, seed, mask=mask, samples=samples, adapters=adapters, lanes=lanes))
+        ]
+        if epochs > 0:
+            sections.append((f"trajectories ({epochs} epochs per trainer)", trajectory_section(config, dtype, seed, epochs, cache=runs, lanes=lanes)))
+        if decode:
+            from shared.tools.decode_parity import decode_section  # it builds on this module's Row
 
-        report.headers.update(dp_parity.columns(registry.names("dp"), dp))
-        sections.append((f"data-parallel (dp={dp} against dp=1)", lambda: dp_parity.section(config, dtype, seed, epochs, dp, cache=runs)))
-    for index, (section, rows) in enumerate(sections):
-        if progress is not None:
-            progress(index, len(sections), section)
-        report.rows += rows()
+            sections.append(("decode with the KV cache", decode_section(config, dtype, seed, lanes=lanes)))
+        if dp >= 2 and epochs > 0:
+            from shared.tools import dp_parity  # it builds on this module's Row
+
+            report.headers.update(dp_parity.columns(registry.names("dp"), dp))
+            sections.append((f"data-parallel (dp={dp} against dp=1)", dp_parity.start(config, dtype, seed, epochs, dp, cache=runs, lanes=lanes)))
+        for index, (section, rows) in enumerate(sections):
+            if progress is not None:
+                progress(index, len(sections), section)
+            report.rows += rows()
     return report
 
 
@@ -321,6 +398,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dp", type=int_flag("parity --dp"), default=2, help="ranks or devices of the data-parallel section, in [0, 64] (default 2; 0 skips it)"
     )
     parser.add_argument("--no-decode", action="store_true", help="skip the decode (KV cache) section")
+    parser.add_argument(
+        "--no-jax-cache",
+        action="store_true",
+        help="compile every JAX program afresh instead of keeping them in JAX's persistent compilation cache "
+        "(default: on, in $XDG_CACHE_HOME/mhsa/jax or ~/.cache/mhsa/jax, unless JAX_COMPILATION_CACHE_DIR names another)",
+    )
     parser.add_argument("--mask", choices=("causal", "padding"), default="causal", help="causal only (default), or also a (B, 1, 1, T) padding mask")
     parser.add_argument(
         "--epochs",
@@ -360,11 +443,22 @@ def run(args) -> int:
         from shared.tools import dp_parity
 
         dp_parity.prepare(args.dp)  # before JAX starts: it fixes its CPU device count then
+    if not args.no_jax_cache:
+        from shared.tools.compile_cache import enable_jax_cache
+
+        enable_jax_cache()  # the same programs every run: a second run reads them compiled
     if args.dtype == "float64":
         import jax
 
         jax.config.update("jax_enable_x64", True)  # off by default: float64 would silently become float32
     notes = configure_accelerators()
+    if args.threads is None:
+        import torch
+
+        # the report's models are tiny: torch's second thread only waits for work, and with the
+        # other lanes' work on the cores it spins (benchmarks/RESULTS.md, "Busy machine"); the
+        # default report prints the same numbers with one thread or two
+        torch.set_num_threads(1)
     mask = padding_mask(config) if args.mask == "padding" else None
     report = build_report(
         config,
