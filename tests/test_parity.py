@@ -152,7 +152,10 @@ def test_jax_cache_keeps_every_compiled_program_where_asked(tmp_path):
         [sys.executable, "-c", program], cwd=root, env={**env, "XDG_CACHE_HOME": str(tmp_path / "xdg")}, capture_output=True, text=True
     )
     assert default.returncode == 0, default.stderr
-    assert default.stdout.strip() == str(tmp_path / "xdg" / "mhsa" / "jax")
+    assert (
+        default.stdout.strip()
+        == f"JAX's compiled programs are kept in {tmp_path / 'xdg' / 'mhsa' / 'jax'} for the next run (--no-jax-cache: compile afresh)"
+    )
     assert any((tmp_path / "xdg" / "mhsa" / "jax").iterdir())  # a program of microseconds is kept too
     # a directory the user gave JAX wins
     own = subprocess.run(
@@ -163,7 +166,14 @@ def test_jax_cache_keeps_every_compiled_program_where_asked(tmp_path):
         text=True,
     )
     assert own.returncode == 0, own.stderr
-    assert own.stdout.strip() == str(tmp_path / "own") and not (tmp_path / "other").exists()
+    assert own.stdout.strip() == f"JAX's compilation cache: {tmp_path / 'own'} (JAX_COMPILATION_CACHE_DIR)" and not (tmp_path / "other").exists()
+    # a cache folder that cannot be made: the run compiles afresh, says so once, and JAX warns of nothing
+    (tmp_path / "a file").write_text("")
+    blocked = subprocess.run(
+        [sys.executable, "-c", program], cwd=root, env={**env, "XDG_CACHE_HOME": str(tmp_path / "a file")}, capture_output=True, text=True
+    )
+    assert blocked.returncode == 0 and blocked.stderr == "", blocked.stderr
+    assert blocked.stdout.startswith(f"JAX's compilation cache is off, {tmp_path / 'a file' / 'mhsa' / 'jax'} cannot be used (")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

@@ -22,7 +22,8 @@ def default_directory() -> Path:
 
 def enable_jax_cache(directory: str | Path | None = None) -> str:
     """Turn JAX's persistent compilation cache on in `directory` (default_directory() if None)
-    for every program, however small or quick to compile; returns the directory in use.
+    for every program, however small or quick to compile; returns a note saying where it is, or
+    why it stays off (a folder that cannot be created or written: the run compiles afresh).
 
     Call it before the process's first compilation: JAX decides once, at its first compilation,
     whether it uses a cache, and a later call changes nothing."""
@@ -30,11 +31,17 @@ def enable_jax_cache(directory: str | Path | None = None) -> str:
 
     current = getattr(jax.config, "jax_compilation_cache_dir")  # noqa: B009 - the stubs lack the flags
     if current:  # the user's own cache, with the user's own thresholds
-        return str(current)
-    chosen = str(directory or default_directory())
-    jax.config.update("jax_compilation_cache_dir", chosen)
+        return f"JAX's compilation cache: {current} (JAX_COMPILATION_CACHE_DIR)"
+    chosen = Path(directory or default_directory())
+    try:  # checked here: JAX would only warn at every entry it cannot write
+        chosen.mkdir(parents=True, exist_ok=True)
+        if not os.access(chosen, os.W_OK | os.X_OK):
+            raise PermissionError(f"not writable: {chosen}")
+    except OSError as error:
+        return f"JAX's compilation cache is off, {chosen} cannot be used ({error}): every program was compiled afresh"
+    jax.config.update("jax_compilation_cache_dir", str(chosen))
     # JAX's defaults keep only programs that took over a second to compile; this report's
     # programs are many and small, and compiling them is most of its JAX time
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)  # no size limit, and JAX may not raise it
-    return chosen
+    return f"JAX's compiled programs are kept in {chosen} for the next run (--no-jax-cache: compile afresh)"

@@ -391,7 +391,7 @@ def configure_accelerators() -> list[str]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from shared.tools.flags import add_model_arguments, int_flag
 
-    add_threads_argument(parser)
+    add_threads_argument(parser, default="one torch thread, the other libraries' own")
     parser.add_argument("--dtype", choices=DTYPES, default="float32", help="float32 (default) or float64 in every backend")
     parser.add_argument("--seed", type=int_flag("--seed"), default=0, help="weights, inputs and training seed, in [0, 2**32 - 1] (default 0)")
     parser.add_argument(
@@ -443,10 +443,11 @@ def run(args) -> int:
         from shared.tools import dp_parity
 
         dp_parity.prepare(args.dp)  # before JAX starts: it fixes its CPU device count then
+    cache_note = None
     if not args.no_jax_cache:
         from shared.tools.compile_cache import enable_jax_cache
 
-        enable_jax_cache()  # the same programs every run: a second run reads them compiled
+        cache_note = enable_jax_cache()  # the same programs every run: a second run reads them compiled
     if args.dtype == "float64":
         import jax
 
@@ -472,7 +473,7 @@ def run(args) -> int:
         dp=args.dp,
     )
     print(format_report(report))
-    for note in notes:
+    for note in notes + ([cache_note] if cache_note else []):
         print(f"note: {note}")
     return 0 if report.passed else 1
 

@@ -23,12 +23,12 @@ from shared.tools.flags import int_flag
 XLA_SINGLE_THREAD = "--xla_cpu_multi_thread_eigen=false"
 
 
-def add_threads_argument(parser: argparse.ArgumentParser) -> None:
+def add_threads_argument(parser: argparse.ArgumentParser, default: str = "each library's own") -> None:
     parser.add_argument(
         "--threads",
         type=int_flag("--threads"),
         metavar="N",
-        help="threads for torch, NumPy's BLAS and (N = 1) XLA, in [1, 1024] (default: each library's own)",
+        help=f"threads for torch, NumPy's BLAS and (N = 1) XLA, in [1, 1024] (default: {default})",
     )
 
 
