@@ -20,6 +20,9 @@ else:
 # every entry, however quick to compile: the tests compile many small functions
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+# a size limit turns on JAX's file lock around every read and write of the cache: without it
+# an entry is written in place, and another worker could read it half written
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(2**30))
 
 import jax  # noqa: E402  (after the cache settings)
 import pytest  # noqa: E402
