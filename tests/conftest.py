@@ -2,11 +2,11 @@
 float32), and fixtures that run a test once per registered backend, or once per backend
 with a capability of shared.protocol.
 
-One JAX compilation cache on disk for the session (a temporary folder, removed at the end):
-the in-process tests, pytest-xdist's workers and the subprocesses the tests start all read
-and write it, so a computation compiled once (a train step of SMALL, say) is not compiled
-again by the next process that needs it. A JAX_COMPILATION_CACHE_DIR set by the caller is
-used as it is and kept."""
+One JAX compilation cache on disk for the session (a temporary folder, removed at the end;
+a subfolder per pytest-xdist worker): the in-process tests and the subprocesses they start
+read and write it, so a computation compiled once (a train step of SMALL, say) is not
+compiled again by the next call or process that needs it. A JAX_COMPILATION_CACHE_DIR set
+by the caller is used as it is and kept."""
 
 import os
 import shutil
@@ -20,9 +20,10 @@ else:
 # every entry, however quick to compile: the tests compile many small functions
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-# a size limit turns on JAX's file lock around every read and write of the cache: without it
-# an entry is written in place, and another worker could read it half written
-os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(2**30))
+# one subfolder per pytest-xdist worker: JAX writes an entry in place, without a lock unless the
+# cache has a size limit, and a size limit rescans the whole folder on every write
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(os.environ["JAX_COMPILATION_CACHE_DIR"], os.environ["PYTEST_XDIST_WORKER"])
 
 import jax  # noqa: E402  (after the cache settings)
 import pytest  # noqa: E402
