@@ -30,8 +30,10 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/mhsa demo
 
+# two pytest-xdist workers (a 2-core machine's), each module whole in one worker: its module-scoped
+# fixtures (a default training run, say) are built once, not once per worker
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadscope
 
 # the checks CI runs before the tests (without make: bash scripts/lint.sh)
 lint: $(STAMP)

@@ -3,38 +3,23 @@ against every other trainer at every step, runs that move between backends mid-w
 command line."""
 
 import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from numpy_ref.adam import Adam
 from shared import adam_state, weights
-from shared.config import ModelConfig, TrainConfig
+from shared.config import TrainConfig
 from shared.history import History
 from shared.tolerances import assert_close, tolerance
 from shared.tools import registry
 from shared.training import NonFiniteLossError
 from tests.backends import SMALL, names
+from tests.commands import run_cli
 
 OTHERS = [name for name in names("train") if name != "numpy"]
 NUMPY = registry.get("numpy")
-
-
-@pytest.fixture(scope="session")
-def default_run():
-    """The default 3-epoch run (ModelConfig(), TrainConfig(dtype=...)) of a trainer, run once per session."""
-    runs = {}
-
-    def run(name, dtype):
-        if (name, dtype) not in runs:
-            runs[name, dtype] = registry.get(name).train.train(ModelConfig(), TrainConfig(dtype=dtype))
-        return runs[name, dtype]
-
-    return run
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -141,18 +126,9 @@ def test_native_init_is_refused_with_a_reason():
         NUMPY.train.train(SMALL, TrainConfig(epochs=1, n_sequences=32), init="native")
 
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def run_cli(package, *flags, cwd):
-    # this checkout's packages first, whichever copy of the project the environment has installed
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    return subprocess.run([sys.executable, "-m", f"{package}.train", *flags], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-
-
 def test_cli_trains_saves_and_another_backend_resumes(tmp_path):
     first = run_cli(
-        NUMPY.package,
+        NUMPY.name,
         "--epochs",
         "1",
         "--n-sequences",
@@ -177,9 +153,7 @@ def test_cli_trains_saves_and_another_backend_resumes(tmp_path):
     data = json.loads((tmp_path / "a.json").read_text())
     assert data["backend"] == "numpy" and len(data["losses"]) == 3
     other = OTHERS[0]
-    second = run_cli(
-        registry.get(other).package, "--epochs", "2", "--n-sequences", "96", "--resume", "w.safetensors", "--history", "b.json", cwd=tmp_path
-    )
+    second = run_cli(other, "--epochs", "2", "--n-sequences", "96", "--resume", "w.safetensors", "--history", "b.json", cwd=tmp_path)
     assert second.returncode == 0, second.stderr
     assert "resume after epoch 1 (step 3) of a saved run" in second.stdout
     resumed = History.load(tmp_path / "b.json")

@@ -3,8 +3,6 @@ and the command lines behave the same."""
 
 import json
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -13,8 +11,10 @@ from shared.config import ModelConfig, TrainConfig
 from shared.history import KEYS, History
 from shared.tolerances import assert_close, tolerance
 from shared.tools import registry
+from shared.tools.cli import main
 from shared.training import NonFiniteLossError
-from tests.backends import SMALL, names, package
+from tests.backends import SMALL, names
+from tests.commands import run_cli
 
 TRAINERS = names("train")
 
@@ -23,13 +23,9 @@ def trainer(name):
     return registry.get(name).train
 
 
-def run_cli(backend, *flags, cwd):
-    return subprocess.run([sys.executable, "-m", f"{package(backend)}.train", *flags], cwd=cwd, capture_output=True, text=True, timeout=300)
-
-
 @pytest.fixture(scope="module")
 def default_runs(tmp_path_factory):
-    """The default float32 run of each backend, exactly as a user starts it."""
+    """The default float32 run of each backend, with a user's flags and nothing else."""
     folder = tmp_path_factory.mktemp("default")
     runs = {}
     for backend in TRAINERS:
@@ -168,12 +164,8 @@ def test_cli_save_then_load_continues_from_the_saved_weights(backend, tmp_path):
     assert clash.returncode == 2 and "--n-heads 2 (file has 4)" in clash.stderr
 
 
-def test_mhsa_train_runs_a_backend(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "shared.tools.cli", "train", "--backend", TRAINERS[0], "--epochs", "1", "--n-sequences", "64", "--n-heads", "8"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 0, result.stderr
-    assert "n_heads=8 (d_head=4)" in result.stdout and "epoch 1/1" in result.stdout
+def test_mhsa_train_runs_a_backend(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--backend", TRAINERS[0], "--epochs", "1", "--n-sequences", "64", "--n-heads", "8"]) == 0
+    out, err = capsys.readouterr()
+    assert "n_heads=8 (d_head=4)" in out and "epoch 1/1" in out, err

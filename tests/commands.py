@@ -1,0 +1,21 @@
+"""A trainer's command line run in this process, as the tests that check its output use it."""
+
+import contextlib
+import io
+from types import SimpleNamespace
+
+from shared.tools import train_cli
+
+
+def run_cli(backend, *flags, cwd):
+    """`python -m PACKAGE.train FLAGS` in folder cwd, run in this process (train_cli.main is what
+    the launcher calls; tests/test_hostile.py and tests/test_errors.py start the real launcher):
+    an object with the returncode, stdout and stderr a user would see. The streams are not
+    terminals, as in a subprocess, so no progress bar is drawn."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = train_cli.main(backend, list(flags))
+        except SystemExit as exit:  # argparse's errors
+            status = exit.code
+    return SimpleNamespace(returncode=status, stdout=out.getvalue(), stderr=err.getvalue())
