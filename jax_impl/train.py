@@ -149,12 +149,20 @@ def _device(device: str) -> jax.Device:
         raise ValueError(f"device {device!r}: jax sees no CUDA device (jax {jax.__version__}: backends {names})") from None
 
 
+@functools.cache
+def _transform(lr: float, betas: tuple[float, float], eps: float) -> optax.GradientTransformation:
+    """optax.adam(lr, *betas, eps=eps), one object per setting: the transform is part of the graph
+    definition that scan_steps is compiled for, so a new one for every run would compile the
+    training step again for a second run of the same settings in one process."""
+    return optax.adam(lr, *betas, eps=eps)
+
+
 def _adam(model: TinyLM, train_config: TrainConfig) -> nnx.Optimizer:
     """nnx.Optimizer(model, optax.adam(lr, *betas, eps=eps), wrt=nnx.Param), built without a
     compilation: Adam starts from zeros (its step count and both moments), so nnx.eval_shape gives
     the structure and NumPy the zeros. Eagerly, optax's init compiles a zeros_like per parameter
     shape, a share of the start-up; tests/test_jax_speed_paths.py holds the two equal."""
-    tx = optax.adam(train_config.lr, *train_config.betas, eps=train_config.eps)
+    tx = _transform(train_config.lr, train_config.betas, train_config.eps)
     graphdef, state = nnx.split(nnx.eval_shape(lambda model: nnx.Optimizer(model, tx, wrt=nnx.Param), model))
     return nnx.merge(graphdef, jax.tree.map(lambda leaf: jax.device_put(np.zeros(leaf.shape, leaf.dtype)), state))
 
