@@ -256,7 +256,11 @@ def run(args) -> int:
         if end_of_epoch:
             epoch = step // train_config.steps_per_epoch + 1
             steps = step % train_config.steps_per_epoch + 1
-            bar.write(f"epoch {epoch}/{train_config.epochs}  mean loss {epoch_sum[0] / steps:.6g}", file=sys.stdout)
+            line = f"epoch {epoch}/{train_config.epochs}  mean loss {epoch_sum[0] / steps:.6g}"
+            if bar.disable:  # tqdm.write takes tqdm's locks even then, and a Ctrl-C between them ends in a traceback
+                print(line, flush=True)
+            else:  # above the bar in the terminal
+                bar.write(line, file=sys.stdout)
             epoch_sum[0] = 0.0
 
     try:
