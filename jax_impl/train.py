@@ -110,9 +110,7 @@ def train(
     arrays = training.initial_weights(init, model_config, train_config)
     # (nnx.Rngs only for the framework's own init: making its key compiles a program)
     model = (
-        from_exchange(arrays, model_config)
-        if arrays is not None
-        else TinyLM(model_config, dtype=train_config.dtype, rngs=nnx.Rngs(train_config.seed))
+        TinyLM(model_config, dtype=train_config.dtype, rngs=nnx.Rngs(train_config.seed)) if arrays is None else from_exchange(arrays, model_config)
     )
 
     # 2. optimizer: Adam with TrainConfig's lr, betas and eps

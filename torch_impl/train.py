@@ -60,18 +60,19 @@ def train(
 
     resume: an AdamState saved with those weights (by either backend): the run continues
     where it stopped, with the same moments, step count and remaining batches.
-    on_step(step, loss) is called for every step once its epoch has finished.
+    on_step(step, loss) is called for every step once its run of steps has finished.
     dp: data-parallel ranks; dp > 1 splits every batch over dp devices (torch_impl.parallel).
-    device: "cpu" or "cuda" (the first GPU): the model, its optimizer state and the batches live
-    there; the History's model stays there (predict, attend and generate move data to it).
-    Raises training.NonFiniteLossError naming the first step whose loss was NaN or infinite.
+    device: "cpu" or "cuda" (torch's first CUDA device); the returned model and optimizer live
+    there, and everything that takes a model (predict, attend, generate, to_exchange) runs there.
+    Raises ValueError before any work for a device torch does not have, and
+    training.NonFiniteLossError naming the first step whose loss was NaN or infinite.
     """
     training.check_device(device, dp)
-    target = _device(device)
     if dp != 1:  # the same run over dp devices: the framework's own data-parallel engine
         from torch_impl import parallel
 
         return parallel.train(model_config, train_config, dp, init, on_step, resume)
+    target = _device(device)
     started = time.perf_counter()
     start_epoch = training.first_epoch(resume, train_config)
 
@@ -98,7 +99,8 @@ def train(
 
 
 def _device(device: str) -> torch.device:
-    """The torch.device of a checked device name; refuses "cuda" when torch sees no GPU."""
+    """The torch device for a checked `device` name: the CPU, or the first CUDA device.
+    Raises ValueError when torch sees no GPU (a CPU-only build has no CUDA)."""
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device 'cuda': torch sees no CUDA device (torch {torch.__version__}: torch.cuda.is_available() is False)")
     return torch.device(device)
