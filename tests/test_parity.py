@@ -174,6 +174,15 @@ def test_jax_cache_keeps_every_compiled_program_where_asked(tmp_path):
     )
     assert blocked.returncode == 0 and blocked.stderr == "", blocked.stderr
     assert blocked.stdout.startswith(f"JAX's compilation cache is off, {tmp_path / 'a file' / 'mhsa' / 'jax'} cannot be used (")
+    # entries cut short (a kill halfway through a write) or overwritten: compiled again, the same result
+    for entry in (tmp_path / "xdg" / "mhsa" / "jax").iterdir():
+        entry.write_bytes(entry.read_bytes()[:7])
+    checked = program + "; print(jax.jit(lambda x: x + 1)(jnp.ones(3)).tolist())"
+    cut = subprocess.run(
+        [sys.executable, "-c", checked], cwd=root, env={**env, "XDG_CACHE_HOME": str(tmp_path / "xdg")}, capture_output=True, text=True
+    )
+    assert cut.returncode == 0, cut.stderr
+    assert cut.stdout.splitlines()[-1] == "[2.0, 2.0, 2.0]"
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
