@@ -24,9 +24,10 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # cache has a size limit, and a size limit rescans the whole folder on every write
 if "PYTEST_XDIST_WORKER" in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(os.environ["JAX_COMPILATION_CACHE_DIR"], os.environ["PYTEST_XDIST_WORKER"])
-    # a worker per core (make test): torch's second OpenMP thread would only spin against the
-    # other worker on these tiny models (benchmarks/RESULTS.md, "Busy machine"); read once, when
-    # torch starts, here and in the processes the tests start. Tests of --threads set their own.
+    # a worker per core (make test): a second thread of torch's OpenMP pool (or of NumPy's
+    # OpenBLAS, which reads the same variable) would only spin against the other worker on these
+    # tiny models (benchmarks/RESULTS.md, "Busy machine"); read once, when each library starts,
+    # here and in the processes the tests start. Tests of --threads set their own.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import jax  # noqa: E402  (after the cache settings)
