@@ -20,13 +20,12 @@ from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
-import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jax_impl.model import TinyLM, from_exchange
-from jax_impl.train import optimizer_from_exchange, scan_steps
+from jax_impl.train import new_optimizer, optimizer_from_exchange, scan_steps
 from shared import training
 from shared.adam_state import AdamState
 from shared.config import ModelConfig, TrainConfig
@@ -86,10 +85,11 @@ def train(
     # 1. ranks: dp replicas of the same init and Adam state, each to train on its shard of every batch
     # (a one-axis mesh over the first dp devices; XLA all-reduces the gradients inside the scan)
     mesh = Mesh(np.array(jax.devices()[:dp]), ("data",))
-    rngs = nnx.Rngs(train_config.seed)
     arrays = training.initial_weights(init, model_config, train_config)
-    model = TinyLM(model_config, dtype=train_config.dtype, rngs=rngs) if arrays is None else from_exchange(arrays, model_config)
-    optimizer = nnx.Optimizer(model, optax.adam(train_config.lr, *train_config.betas, eps=train_config.eps), wrt=nnx.Param)
+    model = (
+        TinyLM(model_config, dtype=train_config.dtype, rngs=nnx.Rngs(train_config.seed)) if arrays is None else from_exchange(arrays, model_config)
+    )
+    optimizer = new_optimizer(model, train_config)
     if resume is not None:
         optimizer_from_exchange(resume, optimizer, model)
     graphdef, state = nnx.split((model, optimizer))

@@ -115,7 +115,7 @@ def train(
 
     # 2. optimizer: Adam with TrainConfig's lr, betas and eps
     # (optax is pure functions; nnx.Optimizer keeps the moments of nnx.Param only, the mask is not one)
-    optimizer = _adam(model, train_config)
+    optimizer = new_optimizer(model, train_config)
     if resume is not None:
         optimizer_from_exchange(resume, optimizer, model)
     graphdef, state = nnx.split((model, optimizer))
@@ -155,7 +155,7 @@ def _transform(lr: float, betas: tuple[float, float], eps: float) -> optax.Gradi
     return optax.adam(lr, *betas, eps=eps)
 
 
-def _adam(model: TinyLM, train_config: TrainConfig) -> nnx.Optimizer:
+def new_optimizer(model: TinyLM, train_config: TrainConfig) -> nnx.Optimizer:
     """nnx.Optimizer(model, optax.adam(lr, *betas, eps=eps), wrt=nnx.Param), built without a
     compilation: Adam starts from zeros (its step count and both moments), so nnx.eval_shape gives
     the structure and NumPy the zeros. Eagerly, optax's init compiles a zeros_like per parameter

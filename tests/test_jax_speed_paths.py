@@ -63,7 +63,7 @@ def test_queued_runs_give_the_losses_of_one_run_at_a_time_in_step_order(monkeypa
     as soon as the next one is queued, not after the whole epoch (progress as it happens)."""
     arrays = training.initial_weights("shared", SMALL, CONFIG)
     m = model.from_exchange(arrays, SMALL)
-    graphdef, state = nnx.split((m, train._adam(m, CONFIG)))
+    graphdef, state = nnx.split((m, train.new_optimizer(m, CONFIG)))
     expected = []
     for batches in training.epochs(SMALL, CONFIG):
         for chunk in training.chunks(batches):
@@ -93,7 +93,7 @@ def test_queued_runs_give_the_losses_of_one_run_at_a_time_in_step_order(monkeypa
 
 def test_adam_built_without_compiling_equals_nnx_optimizer_leaf_for_leaf():
     m = model.from_exchange(training.initial_weights("shared", SMALL, CONFIG), SMALL)
-    built = train._adam(m, CONFIG)
+    built = train.new_optimizer(m, CONFIG)
     tx = optax.adam(CONFIG.lr, *CONFIG.betas, eps=CONFIG.eps)
     eager = nnx.Optimizer(m, tx, wrt=nnx.Param)
     got, expected = nnx.state(built), nnx.state(eager)

@@ -34,7 +34,7 @@ from shared.adam_state import AdamState
 from shared.config import ModelConfig, TrainConfig
 from shared.history import History
 from torch_impl.model import TinyLM, from_exchange, to_exchange
-from torch_impl.train import FusedAdam, optimizer_from_exchange, optimizer_to_exchange, train_step
+from torch_impl.train import FusedAdam, new_optimizer, optimizer_from_exchange, optimizer_to_exchange, train_step
 
 # forkserver: the ranks fork from one server that imported torch once, so a second run in the
 # same process starts in a fraction of a second and no rank inherits the launcher's threads
@@ -118,7 +118,7 @@ def train(
     # 3. result: the trained weights and Adam state as ordinary single-device objects
     arrays, adam_state = final
     model = from_exchange(arrays, model_config)
-    optimizer = FusedAdam(model.parameters(), lr=train_config.lr, betas=train_config.betas, eps=train_config.eps)
+    optimizer = new_optimizer(model, train_config)
     optimizer_from_exchange(adam_state, optimizer, model)
     return training.history("torch", model_config, train_config, losses, started, model, optimizer, start_epoch)
 
@@ -147,7 +147,7 @@ def train_rank(
 
     # 2. optimizer: Adam with TrainConfig's lr, betas and eps, on every rank
     # (each rank applies the same averaged gradients, so the replicas stay equal without a broadcast)
-    optimizer = FusedAdam(model.parameters(), lr=train_config.lr, betas=train_config.betas, eps=train_config.eps)
+    optimizer = new_optimizer(model, train_config)
     if resume is not None:
         optimizer_from_exchange(resume, optimizer, model)
 

@@ -84,7 +84,7 @@ def train(
 
     # 2. optimizer: Adam with TrainConfig's lr, betas and eps
     # (torch: handed the parameters, it keeps their moments and updates them in place)
-    optimizer = FusedAdam(model.parameters(), lr=train_config.lr, betas=train_config.betas, eps=train_config.eps)
+    optimizer = new_optimizer(model, train_config)
     if resume is not None:
         optimizer_from_exchange(resume, optimizer, model)
 
@@ -173,6 +173,12 @@ class FusedAdam:
             grad_scale=None,
             found_inf=None,
         )
+
+
+def new_optimizer(model: TinyLM, train_config: TrainConfig) -> FusedAdam:
+    """FusedAdam(model.parameters(), lr, betas, eps) with TrainConfig's settings: Adam's moments
+    are created beside the parameters, on their device, at the first step."""
+    return FusedAdam(model.parameters(), lr=train_config.lr, betas=train_config.betas, eps=train_config.eps)
 
 
 def optimizer_to_exchange(optimizer: FusedAdam, model: TinyLM, train_config: TrainConfig) -> AdamState:
