@@ -67,7 +67,8 @@ numpy_ref.attention.attention over the exchange dict)
                              NumPy in, NumPy out: prompt int (B, P) -> (B, P + max_new_tokens),
                              the prompt and its continuation. The prompt goes in as one chunk
                              (prefill), then one token per step; use_cache=False recomputes the
-                             whole prefix per token. Tokens are picked in NumPy (shared.sampling)
+                             whole prefix per token. The loop and the choice of tokens are
+                             shared.sampling.generate's, in NumPy,
                              so that equal logits give equal tokens in every backend. Refused
                              before any work (shared.checks.check_generate): an empty prompt,
                              ids out of range, P + max_new_tokens > max_len.
