@@ -16,6 +16,8 @@ import sys
 import bench_common  # noqa: F401  (puts the repository on sys.path)
 from bench_common import interleaved, jax_module, median, mib, ms, ratio, spread, table
 
+from shared.tools.flags import int_flag  # noqa: E402  (after bench_common puts the repository on sys.path)
+
 SHAPES = [(4, 1024, 256, 8), (2, 2048, 512, 8)]  # B, T, D, H
 QUICK_SHAPES = [(2, 64, 32, 4)]
 MEMORY_T = [1024, 2048, 4096, 8192]
@@ -321,7 +323,7 @@ def qkv_table(widths, tokens, repeats, warmup_s):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, 3 runs, one torch thread: seconds, for the tests")
-    parser.add_argument("--repeats", type=int, default=None, help="runs per median (default 7, 3 with --quick)")
+    parser.add_argument("--repeats", type=int_flag("--repeats"), default=None, help="runs per median, in [1, 1000] (default 7, 3 with --quick)")
     parser.add_argument("--only", choices=["speed", "memory", "qkv"], action="append", help="run only this table (repeatable)")
     parser.add_argument(
         "--thp",

@@ -21,6 +21,8 @@ import bench_common
 import numpy as np
 from bench_common import interleaved, median, table
 
+from shared.tools.flags import int_flag  # noqa: E402  (after bench_common puts the repository on sys.path)
+
 LENGTHS = [64, 256, 1024]
 QUICK_LENGTHS = [16, 32]
 SIZES = {"batch": 8, "d_model": 256, "n_heads": 8, "vocab_size": 64}
@@ -63,10 +65,10 @@ def candidates(name, T, sizes, seed=0):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes and few runs: seconds, checks that it runs")
-    parser.add_argument("--repeats", type=int, help="runs per median (default 7, 3 with --quick)")
+    parser.add_argument("--repeats", type=int_flag("--repeats"), help="runs per median, in [1, 1000] (default 7, 3 with --quick)")
     parser.add_argument(
         "--torch-threads",
-        type=int,
+        type=int_flag("--threads"),
         default=1,
         help="torch intra-op threads (default 1: on a busy 2-core machine a second thread made "
         "the cached step 30x slower, waiting for scheduler ticks at every small op)",

@@ -20,6 +20,8 @@ import time
 import bench_common
 from bench_common import interleaved, median, middle_half, ms, ratio, spread, table
 
+from shared.tools.flags import int_flag  # noqa: E402  (after bench_common puts the repository on sys.path)
+
 TARGETS = {"torch": 1500, "jax": 2500, "numpy": 1000}  # steps/s, issues 8 and 14
 
 
@@ -429,8 +431,10 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--quick", action="store_true", help="4-step epochs, one torch thread, no demo runs, no torch.compile, float32 gap only: seconds"
     )
-    parser.add_argument("--repeats", type=int, default=None, help="epochs per median (default 7, 3 with --quick)")
-    parser.add_argument("--demo-runs", type=int, default=5, help="process runs per backend for the demo table")
+    parser.add_argument("--repeats", type=int_flag("--repeats"), default=None, help="epochs per median, in [1, 1000] (default 7, 3 with --quick)")
+    parser.add_argument(
+        "--demo-runs", type=int_flag("--demo-runs"), default=5, help="process runs of each command for the start-up table, in [1, 100] (default 5)"
+    )
     parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile row")
     parser.add_argument("--only", choices=["speed", "numpy", "demo", "gap", "dp"], action="append", help="run only this table (repeatable)")
     args = parser.parse_args(argv)

@@ -2,6 +2,11 @@
 every table. No timing is asserted: these sizes are too small to mean anything."""
 
 import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 from shared.tools import bench
 from shared.tools.cli import main
@@ -27,6 +32,7 @@ def test_quick_benchmarks_print_every_table(capsys):
     ):
         assert heading in out, heading
     assert "- machine: " in out and "torch 2." in out and "jax 0." in out  # the header names the machine
+    assert re.search(r"^- sgemm: \d+ GFLOP/s \(NumPy float32 1024 x 1024 matmul", out, re.M)  # and its speed now
     for row in (
         "fused (attn_impl='fused')",
         "F.scaled_dot_product_attention, direct",
@@ -51,3 +57,18 @@ def test_a_missing_benchmarks_folder_is_a_clear_error(monkeypatch, tmp_path, cap
     assert main(["bench", "attention"]) == 1
     err = capsys.readouterr().err
     assert "attention.py not found" in err and "not installed with the package" in err
+
+
+@pytest.mark.parametrize(
+    "script, argv, message",
+    [
+        ("train.py", "--demo-runs 0", "--demo-runs: expected an integer in [1, 100], got 0"),
+        ("train.py", "--repeats -1", "--repeats: expected an integer in [1, 1000], got -1"),
+        ("attention.py", "--repeats 0", "--repeats: expected an integer in [1, 1000], got 0"),
+        ("generate.py", "--torch-threads 0", "--torch-threads: expected an integer in [1, 1024], got 0"),
+    ],
+)
+def test_the_scripts_refuse_a_count_outside_its_range_before_any_work(script, argv, message):
+    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+    result = subprocess.run([sys.executable, str(folder / script), *argv.split()], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stdout == "" and message in result.stderr, result.stderr

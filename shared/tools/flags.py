@@ -50,6 +50,7 @@ RANGES = {
     "--max-new-tokens": (0, 65536),
     "--int-range": (1, 2**31 - 1),
     "--repeats": (1, 1000),
+    "--demo-runs": (1, 100),
     "--dp": (1, 64),
     "parity --dp": (0, 64),
 }
