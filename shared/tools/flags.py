@@ -18,7 +18,8 @@ The ranges (the same in every backend, since every backend is reached through th
     --threads         [1, 1024]          threads of torch, NumPy's BLAS and XLA (shared.tools.threads)
     --max-new-tokens  [0, 65536]         generate: also bounded by max_len
     --int-range       [1, 2147483647]    port-check: integer ids in [0, N)
-    --repeats         [1, 1000]          bench: runs per median
+    --repeats         [1, 1000]          bench and the benchmark scripts: runs per median
+    --demo-runs       [1, 100]           benchmarks/train.py: process runs of each command in the start-up table
     --dp              [1, 64]            train: ranks (torch processes) or devices (JAX) on one machine
     parity --dp       [0, 64]            0 skips the data-parallel section; 1 is refused (a run against itself)
 
