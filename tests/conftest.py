@@ -2,28 +2,27 @@
 float32), and fixtures that run a test once per registered backend, or once per backend
 with a capability of shared.protocol.
 
-One JAX compilation cache on disk for the session (a temporary folder, removed at the end;
-a subfolder per pytest-xdist worker): the in-process tests and the subprocesses they start
-read and write it, so a computation compiled once (a train step of SMALL, say) is not
-compiled again by the next call or process that needs it. A JAX_COMPILATION_CACHE_DIR set
-by the caller is used as it is and kept."""
+One JAX compilation cache on disk, read and written by the in-process tests and the
+subprocesses they start, so a computation compiled once (a train step of SMALL, say) is not
+compiled again by the next call, process or session that needs it: pytest's cache folder
+(.pytest_cache/d/mhsa-jax, kept between sessions that ended normally: tests/jax_cache.py),
+or a temporary folder removed at the end when pytest's cache is off (-p no:cacheprovider).
+A JAX_COMPILATION_CACHE_DIR set by the caller is used as it is and left alone."""
 
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
-if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # before JAX is imported: it reads these once
-    _OWN_CACHE: str | None = tempfile.mkdtemp(prefix="mhsa-tests-jax-cache-")
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_CACHE  # inherited by xdist workers and subprocesses
-else:
-    _OWN_CACHE = None
+_CALLERS_CACHE = "JAX_COMPILATION_CACHE_DIR" in os.environ  # before a session's folder is chosen
 # every entry, however quick to compile: the tests compile many small functions
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # one subfolder per pytest-xdist worker: JAX writes an entry in place, without a lock unless the
 # cache has a size limit, and a size limit rescans the whole folder on every write
 if "PYTEST_XDIST_WORKER" in os.environ:
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(os.environ["JAX_COMPILATION_CACHE_DIR"], os.environ["PYTEST_XDIST_WORKER"])
+    if "JAX_COMPILATION_CACHE_DIR" in os.environ:  # set by the caller, or by the session (pytest_configure)
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(os.environ["JAX_COMPILATION_CACHE_DIR"], os.environ["PYTEST_XDIST_WORKER"])
     # a worker per core (make test): a second thread of torch's OpenMP pool (or of NumPy's
     # OpenBLAS, which reads the same variable) would only spin against the other worker on these
     # tiny models (benchmarks/RESULTS.md, "Busy machine"); read once, when each library starts,
@@ -35,14 +34,51 @@ import pytest  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
+from tests import jax_cache  # noqa: E402
 from tests.backends import ADAPTERS, names  # noqa: E402  (after x64 is on)
+
+_session_cache: dict[str, object] = {}  # this session's folder, and whether it is temporary
+
+
+def pytest_configure(config):
+    """Choose the session's JAX cache folder, in the process that runs the session (an xdist
+    worker finds it in JAX_COMPILATION_CACHE_DIR, set here before the workers start)."""
+    if _CALLERS_CACHE or hasattr(config, "workerinput"):
+        return
+    cache = getattr(config, "cache", None)
+    if cache is None:
+        folder, temporary, state = Path(tempfile.mkdtemp(prefix="mhsa-tests-jax-cache-")), True, "temporary"
+    else:
+        folder, temporary = cache.mkdir("mhsa-jax"), False
+        state = jax_cache.open_for_session(folder)
+    _session_cache.update(folder=folder, temporary=temporary, crashed=False, state=state)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(folder)  # inherited by xdist workers and subprocesses
+    jax.config.update("jax_compilation_cache_dir", str(folder))  # JAX read the variable when it was imported
+
+
+def pytest_report_header(config):
+    if "folder" in _session_cache:
+        return f"JAX compilation cache: {_session_cache['folder']}: {_session_cache['state']}"
+    return None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_handlecrashitem(crashitem, report, sched):
+    """An xdist worker died: it may have been writing a cache entry."""
+    _session_cache["crashed"] = True
+
+
+def pytest_sessionfinish(session, exitstatus):
+    folder = _session_cache.get("folder")
+    normal = exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.NO_TESTS_COLLECTED)
+    if folder is not None and not _session_cache["temporary"] and normal and not _session_cache["crashed"]:
+        jax_cache.close_after_session(folder)
 
 
 def pytest_unconfigure(config):
-    """The process that made the cache folder removes it (an xdist worker inherits it, and
-    finds JAX_COMPILATION_CACHE_DIR already set)."""
-    if _OWN_CACHE is not None:
-        shutil.rmtree(_OWN_CACHE, ignore_errors=True)
+    """A temporary folder goes with the session that made it."""
+    if _session_cache.get("temporary"):
+        shutil.rmtree(_session_cache["folder"], ignore_errors=True)
 
 
 @pytest.fixture(params=names(), ids=str)

@@ -1,0 +1,51 @@
+"""The test sessions' JAX compilation cache on disk: kept between sessions that ended
+normally, so a second `make test` does not compile again what the first one compiled.
+
+JAX's cache key is the program itself (its HLO, the compile options, the jax and jaxlib
+versions, the flags), so an entry is never the wrong program for a changed test; what can go
+wrong is an entry cut short by a kill in the middle of its write (JAX writes in place, and then
+warns about it and recompiles in every later session). So a session marks the folder clean only
+when it ends normally; a folder without that mark, or grown past the size limit, is emptied
+before the next session starts.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+CLEAN_MARK = "ended-normally"  # written by the session that last used the folder, as it ends
+SIZE_LIMIT = 512 * 2**20  # bytes; a whole session writes tens of MiB, a little more after each change of the code
+
+
+def folder_size(folder: Path) -> int:
+    """Bytes in the regular files under folder (links are not followed)."""
+    return sum(path.lstat().st_size for path in folder.rglob("*") if path.is_file() and not path.is_symlink())
+
+
+def open_for_session(folder: Path, size_limit: int = SIZE_LIMIT) -> str:
+    """Make `folder` ready for a session and say what was done: "new", "kept" (the last session
+    ended normally and the folder is within size_limit), or "emptied (why)". The clean mark is
+    taken away, so a session killed before close_after_session leaves the folder to be emptied.
+    A link to a folder is used as that folder. Raises ValueError when folder is not a folder."""
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"JAX test cache {folder}: expected a folder, found a file")
+    if not folder.exists():
+        folder.mkdir(parents=True)
+        return "new"
+    reason = None
+    if not (folder / CLEAN_MARK).is_file():
+        reason = "the session that last used it did not end normally"
+    elif (size := folder_size(folder)) > size_limit:
+        reason = f"{size / 2**20:.0f} MiB, over the limit of {size_limit / 2**20:.0f} MiB"
+    if reason:
+        for entry in folder.iterdir():  # the contents, not the folder: it may be a link's target
+            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+    (folder / CLEAN_MARK).unlink(missing_ok=True)
+    return f"emptied ({reason})" if reason else "kept"
+
+
+def close_after_session(folder: Path) -> None:
+    """Mark the folder clean: every write into it has finished."""
+    if folder.is_dir():
+        (folder / CLEAN_MARK).write_text("the last test session that used this folder ended normally\n")
