@@ -36,9 +36,11 @@ def _steps_per_s(values, steps):
     return [steps / seconds for seconds in values]
 
 
-def project_epochs(backend, repeats, quick, attn_impl="explicit"):
+def project_epochs(backend, repeats, quick, attn_impl="explicit", **options):
     """Seconds per epoch of the project's own train(), epochs 2.. of one run (epoch 1 holds
-    set-up and, in JAX, compilation), timed between the on_step calls that open each epoch."""
+    set-up and, in JAX, compilation), timed between the on_step calls that open each epoch;
+    and the seconds from train() to epoch 1's first step report. options: train()'s own
+    (compile=True), whose History is returned third."""
     from shared.tools import registry
 
     trainer = registry.get(backend).train
@@ -50,8 +52,8 @@ def project_epochs(backend, repeats, quick, attn_impl="explicit"):
             stamps.append(time.perf_counter())
 
     started = time.perf_counter()
-    trainer.train(model_config, config, on_step=on_step)
-    return [b - a for a, b in zip(stamps, stamps[1:])], stamps[0] - started
+    history = trainer.train(model_config, config, on_step=on_step, **options)
+    return [b - a for a, b in zip(stamps, stamps[1:])], stamps[0] - started, history
 
 
 # --- peers -----------------------------------------------------------------------------------
@@ -69,10 +71,9 @@ def torch_peers(quick):
     epochs = list(training.epochs(model_config, train_config))
     arrays = training.initial_weights("shared", model_config, train_config)
 
-    def loop(sync, threads=None, compiled=False, **adam):
+    def loop(sync, threads=None, **adam):
         model = from_exchange(arrays, model_config)
         optimizer = torch.optim.Adam(model.parameters(), lr=train_config.lr, betas=train_config.betas, eps=train_config.eps, **adam)
-        forward = torch.compile(model) if compiled else model
         counter = [0]
 
         def epoch():
@@ -84,7 +85,7 @@ def torch_peers(quick):
             losses = []
             for x, y in batches:
                 optimizer.zero_grad(set_to_none=True)
-                loss = loss_fn(forward, torch.from_numpy(x), torch.from_numpy(y))
+                loss = loss_fn(model, torch.from_numpy(x), torch.from_numpy(y))
                 loss.backward()
                 optimizer.step()
                 losses.append(loss.item() if sync else loss.detach())
@@ -101,40 +102,6 @@ def torch_peers(quick):
         "Adam(fused=True), no host sync, 1 thread": loop(sync=False, threads=1, fused=True),
     }
     return peers, len(epochs[0])
-
-
-def torch_compile_row(quick):
-    """torch.compile(model) in the project trainer's own loop (torch_impl.train: FusedAdam, ids
-    checked once per epoch, so the forward has no .item() to break the graph on): one epoch
-    function, and the seconds until its first epoch is done (compilation included)."""
-    started = time.perf_counter()
-    epoch = _compiled_epoch(quick)
-    epoch()
-    return epoch, time.perf_counter() - started
-
-
-def _compiled_epoch(quick):
-    import numpy as np
-    import torch
-
-    from shared import training
-    from torch_impl.model import from_exchange
-    from torch_impl.train import FusedAdam, _ids_checked_per_epoch, train_epoch
-
-    model_config, train_config = _configs(quick)
-    epochs = list(training.epochs(model_config, train_config))
-    model = from_exchange(training.initial_weights("shared", model_config, train_config), model_config)
-    optimizer = FusedAdam(model.parameters(), lr=train_config.lr, betas=train_config.betas, eps=train_config.eps)
-    compiled = torch.compile(model)
-    counter = [0]
-
-    def epoch():
-        batches = epochs[counter[0] % len(epochs)]
-        counter[0] += 1
-        with _ids_checked_per_epoch(model, batches):
-            return np.concatenate([train_epoch(compiled, optimizer, chunk) for chunk in training.chunks(batches)])
-
-    return epoch
 
 
 def jax_peers(quick):
@@ -197,7 +164,7 @@ def speed_tables(repeats, quick, with_compile):
         peers, steps = (torch_peers if backend == "torch" else jax_peers)(quick)
         times = interleaved(peers, repeats, warmup=1, warmup_s=0.0 if quick else 0.2)
         rows = {name: _steps_per_s(values, steps) for name, values in times.items()}
-        project, first = project_epochs(backend, repeats, quick)
+        project, first, _ = project_epochs(backend, repeats, quick)
         label = (
             "torch_impl.train.train (the project's trainer)"
             if backend == "torch"
@@ -209,13 +176,15 @@ def speed_tables(repeats, quick, with_compile):
             + (", tracing and compilation)" if backend == "jax" else ")")
         ]
         if not quick:
-            fused, _ = project_epochs(backend, repeats, quick, attn_impl="fused")
+            fused, _, _ = project_epochs(backend, repeats, quick, attn_impl="fused")
             rows[label.split(" (")[0] + " with ModelConfig(attn_impl='fused')"] = _steps_per_s(fused, steps)
         if backend == "torch" and with_compile:
-            epoch, compile_first = torch_compile_row(quick)
-            compiled = interleaved({"c": epoch}, repeats, warmup=1)["c"]
-            rows["torch.compile(model) in the trainer's loop (FusedAdam, ids checked per epoch)"] = _steps_per_s(compiled, steps)
-            notes.append(f"torch.compile: {compile_first:.1f} s until its first epoch is done (compilation)")
+            compiled, _, history = project_epochs(backend, repeats, quick, compile=True)
+            rows["torch_impl.train.train(compile=True) (--compile: torch.compile, inductor)"] = _steps_per_s(compiled, steps)
+            notes.append(
+                f"--compile: {history.compile_seconds:.1f} s of torch.compile before step 0, apart from the steps "
+                "(inductor's cache across processes makes a second run's shorter)"
+            )
         baseline = median(rows[next(iter(peers))])
         target = TARGETS[backend]
         body = []
@@ -272,7 +241,7 @@ def numpy_table(repeats, quick):
     }
     times = interleaved(candidates, repeats, warmup=1, warmup_s=0.0 if quick else 0.2)
     rows = {name: _steps_per_s(values, steps) for name, values in times.items()}
-    project, first = project_epochs("numpy", repeats, quick)
+    project, first, _ = project_epochs("numpy", repeats, quick)
     rows["numpy_ref.train.train (the project's trainer), float32"] = _steps_per_s(project, steps)
     return numpy_section(rows, reference, repeats, steps, first)
 

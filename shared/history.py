@@ -32,6 +32,7 @@ class History:
     init: str = "shared"
     source: str | None = None  # the weights file the run started from (--load or --resume)
     source_sha256: str | None = None
+    compile_seconds: float | None = None  # of `seconds`, spent compiling before the first step (torch's opt-in compile)
     model: Any = field(default=None, repr=False, compare=False)  # the trained TinyLM; not saved
     optimizer: Any = field(default=None, repr=False, compare=False)  # its Adam; not saved
 
@@ -51,6 +52,7 @@ class History:
             "init": str(self.init),
             "source": self.source,
             "source_sha256": self.source_sha256,
+            "compile_seconds": self.compile_seconds,
         }
 
     def save(self, path: PathArg) -> None:
@@ -84,6 +86,9 @@ class History:
         seconds = data["seconds"]
         if type(seconds) not in (int, float) or not seconds >= 0:
             raise ValueError(f"{what}: seconds must be a non-negative number, got {seconds!r}")
+        compile_seconds = data.get("compile_seconds")  # absent from files written before it existed
+        if compile_seconds is not None and (type(compile_seconds) not in (int, float) or not 0 <= compile_seconds <= seconds):
+            raise ValueError(f"{what}: compile_seconds must be null or a number in [0, seconds], got {compile_seconds!r}")
         init, source = data.get("init", "unknown"), data.get("source")
         if not isinstance(init, str) or not (source is None or isinstance(source, str)):
             raise ValueError(f"{what}: init and source must be strings, got {init!r} and {source!r}")
@@ -98,6 +103,7 @@ class History:
             init=init,
             source=source,
             source_sha256=data.get("source_sha256"),
+            compile_seconds=None if compile_seconds is None else float(compile_seconds),
         )
 
 

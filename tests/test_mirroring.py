@@ -48,6 +48,11 @@ KNOWN_SIGNATURES = {
         "torch updates model and optimizer in place; JAX threads split state through a pure function",
     ),
     "train_epoch": (("model", "optimizer", "batches"), ("graphdef", "state", "batches"), "as train_step"),
+    "train": (
+        ("model_config", "train_config", "init", "on_step", "resume", "dp", "device", "compile"),
+        ("model_config", "train_config", "init", "on_step", "resume", "dp", "device"),
+        "torch's compiler is opt-in (torch.compile); every JAX run is compiled (its scanned epoch)",
+    ),
 }
 # per file: functions only one framework needs, by side ("left" = the reference package), with
 # why; their section and shape comments are theirs alone and are not compared
@@ -58,6 +63,7 @@ ONE_SIDED = {
             "torch.optim.Adam(fused=True) bit for bit, without the import of torch._dynamo "
             "every torch.optim optimizer makes; optax.adam has no such cost",
         ),
+        "compile_model": ("left", "torch.compile before the first step, for train(compile=True); JAX compiles every run"),
     },
     "parallel": {
         "train_rank": ("left", "torch runs one process per rank: this is the body of each process"),

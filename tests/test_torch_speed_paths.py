@@ -1,7 +1,15 @@
 """The torch trainer's speed paths and its device: the token ids are checked once per epoch
 (instead of a min/max and a host sync in every forward) with the forward's own message, the
-trajectory is the step-by-step one bit for bit, and `device` is checked before any work
-("cuda" without a GPU is refused in one line). The cuda run itself needs a GPU."""
+trajectory is the step-by-step one bit for bit, `device` is checked before any work ("cuda"
+without a GPU is refused in one line; the cuda run itself needs a GPU), and the opt-in
+torch.compile compiles before the first step and trains as the eager run does.
+
+The compile tests plant torch.compile's "aot_eager" backend: the same captured graphs and
+autograd, without inductor's C++ build (seconds per graph on a cold cache);
+benchmarks/train.py runs the real inductor path and RESULTS.md has its numbers."""
+
+import json
+import re
 
 import numpy as np
 import pytest
@@ -9,7 +17,12 @@ import torch
 
 from shared import training
 from shared.config import ModelConfig, TrainConfig
-from torch_impl.model import from_exchange, predict
+from shared.tolerances import tolerance
+from tests.backends import SMALL as SMALL_MODEL
+from tests.backends import names
+from tests.commands import run_cli
+from torch_impl import train as train_module
+from torch_impl.model import TinyLM, from_exchange, predict
 from torch_impl.train import FusedAdam, train, train_step
 
 SMALL = TrainConfig(epochs=2, n_sequences=96)  # 3 steps per epoch: seconds
@@ -117,3 +130,93 @@ def test_float_tokens_are_refused_with_the_forwards_message(monkeypatch):
     with pytest.raises(TypeError) as from_trainer:
         train(model_config, SMALL)
     assert str(from_trainer.value) == str(from_forward.value)
+
+
+@pytest.fixture
+def counted_compiles(monkeypatch):
+    """torch.compile's backend for the trainer, planted: aot_eager, recording each graph it is
+    handed (a new batch shape, or a guard that failed, is a new graph)."""
+    import torch._dynamo
+
+    graphs = []
+
+    def counting(graph, example_inputs):
+        graphs.append([tuple(value.shape) for value in example_inputs if isinstance(value, torch.Tensor)])
+        return torch._dynamo.lookup_backend("aot_eager")(graph, example_inputs)
+
+    torch._dynamo.reset()  # no graph of another test is reused
+    monkeypatch.setattr(train_module, "COMPILE_BACKEND", counting)
+    yield graphs
+    torch._dynamo.reset()
+
+
+def test_compile_builds_every_batch_shape_before_step_0_and_trains_as_the_eager_run(counted_compiles):
+    config = TrainConfig(epochs=2, batch_size=8, n_sequences=28, seed=5, dtype="float64")  # 3 batches of 8 and a last of 4 per epoch
+    seen = []  # graphs compiled by the time each step is reported
+    compiled = train(SMALL_MODEL, config, compile=True, on_step=lambda step, loss: seen.append(len(counted_compiles)))
+    eager = train(SMALL_MODEL, config)
+    assert len(counted_compiles) == 2 and seen == [2] * 8  # the full batch and the last one, both before step 0; none later
+    assert type(compiled.model) is TinyLM  # the plain model is returned: saved, served and resumed as any other
+    assert eager.compile_seconds is None and 0 < compiled.compile_seconds <= compiled.seconds
+    gap = np.abs(np.asarray(compiled.losses) - np.asarray(eager.losses)).max()
+    assert gap <= tolerance("trajectory", "float64"), (
+        f"loss trajectory: compiled vs eager differ by {gap:.2e} > {tolerance('trajectory', 'float64'):.0e}"
+    )
+    for name, value in eager.model.state_dict().items():
+        np.testing.assert_allclose(compiled.model.state_dict()[name].numpy(), value.numpy(), rtol=0, atol=1e-10, err_msg=name)
+    assert all(parameter.grad is None or parameter.grad.abs().sum() > 0 for parameter in compiled.model.parameters())
+
+
+def test_compile_refuses_data_parallel_and_names_a_failed_compilation(monkeypatch):
+    with pytest.raises(ValueError, match=r"^compile with dp=2: torch.compile runs on one device here \(dp=1\)$"):
+        train(SMALL_MODEL, SMALL, compile=True, dp=2)
+
+    def failing(graph, example_inputs):
+        raise RuntimeError("planted: no C++ compiler")
+
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(train_module, "COMPILE_BACKEND", failing)
+    steps = []
+    with pytest.raises(ValueError) as error:
+        train(SMALL_MODEL, SMALL, compile=True, on_step=lambda step, loss: steps.append(step))
+    message = str(error.value)
+    assert message == "torch.compile (backend 'failing') failed: RuntimeError: planted: no C++ compiler" and steps == []
+    torch._dynamo.reset()
+
+
+def test_the_compile_flag_reports_its_seconds_apart_and_in_the_history(counted_compiles, tmp_path):
+    flags = ["--quiet", "--epochs", "1", "--n-sequences", "40", "--batch-size", "8", "--history", "run.json"]
+    flags += ["--d-model", "8", "--n-heads", "2", "--seq-len", "5", "--vocab-size", "7"]
+    result = run_cli("torch", *flags, "--compile", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "\ntorch.compile: compiling the model before step 0 (seconds; inductor caches it across processes)\nepoch 1/1 " in result.stdout
+    final = next(line for line in result.stdout.splitlines() if line.startswith("final loss "))
+    assert re.search(r"5 steps in [0-9.]+ s, start-up and compilation included \(torch.compile before step 0: [0-9.]+ s\)$", final), final
+    data = json.loads((tmp_path / "run.json").read_text())
+    assert 0 < data["compile_seconds"] <= data["seconds"]
+    assert len(counted_compiles) == 1
+
+
+@pytest.mark.parametrize(
+    "name, flags, message",
+    [
+        *[
+            (name, [], f"--compile: the {name} backend has no opt-in compiler; --compile is for torch")
+            for name in names("train")
+            if name not in names("compile")
+        ],
+        *[
+            (name, ["--dp", "2"], "--compile with --dp 2: torch.compile runs on one device here; leave out one of the two")
+            for name in names("compile")
+        ],
+    ],
+)
+def test_the_compile_flag_is_refused_where_it_cannot_apply_before_any_work(capsys, name, flags, message):
+    from shared.tools.cli import main
+
+    with pytest.raises(SystemExit) as exit:
+        main(["train", "--backend", name, "--compile", *flags])
+    out, err = capsys.readouterr()
+    assert exit.value.code == 2 and out == "" and message in err, err

@@ -64,8 +64,9 @@ def test_cli_output_and_history_schema_are_the_same_for_both_backends(default_ru
         assert "final loss " in out and "head 0 of 4" in out and "shade:" in out
         assert result.stderr == ""  # not a terminal: no progress bar
         data = json.loads((folder / f"{backend}.json").read_text())
-        assert sorted(data) == sorted(KEYS + ("first_step", "init", "source", "source_sha256"))
+        assert sorted(data) == sorted(KEYS + ("first_step", "init", "source", "source_sha256", "compile_seconds"))
         assert data["backend"] == backend and data["first_step"] == 0 and data["init"] == "shared" and data["source"] is None
+        assert data["compile_seconds"] is None  # no --compile
         # identical lines apart from the backend's name and the numbers
         lines[backend] = [re.sub(r"\d[\d,]*(\.\d+)?(e-?\d+)?", "N", line.replace(backend, "BACKEND")) for line in out.splitlines()]
     first, *others = TRAINERS

@@ -1,4 +1,5 @@
-"""Train TinyLM on the copy task with PyTorch: train_step, train_epoch, train (loss_fn is in model.py).
+"""Train TinyLM on the copy task with PyTorch: train_step, train_epoch, train (loss_fn is in model.py),
+and compile_model for the opt-in torch.compile of a run.
 
 Run it: `python -m torch_impl.train --help`.
 """
@@ -18,6 +19,7 @@ if __name__ == "__main__":  # the command line belongs to the tools layer: parse
 import contextlib
 import time
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -27,6 +29,10 @@ from shared.adam_state import AdamState
 from shared.config import ModelConfig, TrainConfig
 from shared.history import History
 from torch_impl.model import TinyLM, from_exchange, loss_fn
+
+# torch.compile's backend for compile_model: its default, inductor, which writes and builds C++
+# (cached across processes); tests plant "aot_eager" (the same graphs, run without code generation)
+COMPILE_BACKEND: str | Callable[..., Any] = "inductor"
 
 
 def train_step(model: torch.nn.Module, optimizer: FusedAdam, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -54,6 +60,7 @@ def train(
     resume: AdamState | None = None,
     dp: int = 1,
     device: str = "cpu",
+    compile: bool = False,
 ) -> History:
     """Train from `init` ("shared", "native" or a weights file); returns the History with the
     model and optimizer.
@@ -64,10 +71,16 @@ def train(
     dp: data-parallel ranks; dp > 1 splits every batch over dp devices (torch_impl.parallel).
     device: "cpu" or "cuda" (torch's first CUDA device); the returned model and optimizer live
     there, and everything that takes a model (predict, attend, generate, to_exchange) runs there.
-    Raises ValueError before any work for a device torch does not have, and
-    training.NonFiniteLossError naming the first step whose loss was NaN or infinite.
+    compile: the steps run torch.compile(model), compiled before the first step (compile_model);
+    its seconds are History.compile_seconds. It pays only on long runs (benchmarks/RESULTS.md);
+    one device only (dp=1). The returned model is the plain TinyLM either way.
+    Raises ValueError before any work for a device torch does not have or compile with dp > 1,
+    ValueError when torch.compile fails, and training.NonFiniteLossError naming the first step
+    whose loss was NaN or infinite.
     """
     training.check_device(device, dp)
+    if compile and dp != 1:
+        raise ValueError(f"compile with dp={dp}: torch.compile runs on one device here (dp=1)")
     if dp != 1:  # the same run over dp devices: the framework's own data-parallel engine
         from torch_impl import parallel
 
@@ -89,13 +102,49 @@ def train(
         optimizer_from_exchange(resume, optimizer, model)
 
     # 3. epochs: the same batches as every other backend
+    stepped: torch.nn.Module = model
+    compile_seconds = None
+    if compile:  # opt-in: every batch shape of the run compiled now, not inside the first steps
+        first = next(training.epochs(model_config, train_config, start=start_epoch), [])  # every epoch has the same shapes
+        stepped, compile_seconds = compile_model(model, first)
     losses: list[float] = []
     for batches in training.epochs(model_config, train_config, start=start_epoch):
         with _ids_checked_per_epoch(model, batches):  # not per step: the forward's min/max of the ids is a host sync
             for chunk in training.chunks(batches):  # a few steps at a time: progress as it happens
-                epoch_losses = train_epoch(model, optimizer, chunk)
+                epoch_losses = train_epoch(stepped, optimizer, chunk)
                 training.finish_epoch(losses, epoch_losses, train_config, start_epoch, on_step)
-    return training.history("torch", model_config, train_config, losses, started, model, optimizer, start_epoch)
+    run = training.history("torch", model_config, train_config, losses, started, model, optimizer, start_epoch)
+    run.compile_seconds = compile_seconds
+    return run
+
+
+def compile_model(model: TinyLM, batches: list[tuple[np.ndarray, np.ndarray]]) -> tuple[torch.nn.Module, float]:
+    """(torch.compile(model), seconds it took): compiled here, by one forward and backward of the
+    first batch of each shape in `batches` (the gradients are dropped, the weights untouched), so
+    the steps that follow only run it; the seconds are compilation, apart from the steps'.
+    Inductor keeps what it built in its cache across processes, so a later run compiles faster.
+    Raises ValueError when torch.compile fails (inductor needs a C++ compiler, for one)."""
+    from torch._dynamo.exc import TorchDynamoException  # torch._dynamo is imported only when asked for
+
+    started = time.perf_counter()
+    compiled = cast(torch.nn.Module, torch.compile(model, backend=COMPILE_BACKEND))  # an OptimizedModule; typed as a callable
+    device = next(model.parameters()).device
+    shapes: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
+    for x, y in batches:  # the first batch of each shape, the full one first: the last batch's is then a second graph
+        shapes.setdefault(x.shape, (x, y))
+    with _ids_checked_per_epoch(model, list(shapes.values())):  # as the steps run it: one graph
+        try:
+            for x, y in shapes.values():
+                loss_fn(compiled, torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)).backward()
+        except TorchDynamoException as error:
+            cause = getattr(error, "inner_exception", None) or error  # BackendCompilerFailed wraps what the backend raised
+            backend = getattr(COMPILE_BACKEND, "__name__", COMPILE_BACKEND)
+            first = (str(cause).strip().splitlines() or [""])[0]
+            raise ValueError(f"torch.compile (backend {backend!r}) failed: {type(cause).__name__}: {first}") from error
+        finally:
+            for parameter in model.parameters():
+                parameter.grad = None
+    return compiled, time.perf_counter() - started
 
 
 def _device(device: str) -> torch.device:

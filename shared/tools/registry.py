@@ -41,7 +41,7 @@ REGISTRY: dict[str, Backend] = {
     backend.name: backend
     for backend in (
         Backend("numpy", "numpy_ref", frozenset({"grads", "train", "generate"}), "numpy"),
-        Backend("torch", "torch_impl", frozenset({"layers", "grads", "train", "fused", "generate", "port", "dp", "device"}), "torch"),
+        Backend("torch", "torch_impl", frozenset({"layers", "grads", "train", "fused", "generate", "port", "dp", "device", "compile"}), "torch"),
         Backend("jax", "jax_impl", frozenset({"layers", "grads", "train", "fused", "jit", "generate", "port", "dp", "device"}), "jax"),
     )
 }

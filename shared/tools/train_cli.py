@@ -66,6 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser, backend: str | None = None) -
         help="float32 matmuls at full precision (TF32 off), as mhsa parity sets them: for runs compared across backends on a GPU",
     )
     run.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the model before the first step (torch; not with --dp): faster steps, "
+        "seconds of compilation first (reported apart; inductor caches them across processes): pays on long runs",
+    )
+    run.add_argument(
         "--init",
         choices=INITS,
         default="shared",
@@ -224,6 +230,11 @@ def run(args) -> int:
             check_device(args.device, args.dp)
         except ValueError as error:
             parser.error(str(error))
+    if args.compile:
+        if "compile" not in backend.supports:
+            parser.error(f"--compile: the {args.backend} backend has no opt-in compiler; --compile is for {', '.join(registry.names('compile'))}")
+        if args.dp > 1:
+            parser.error(f"--compile with --dp {args.dp}: torch.compile runs on one device here; leave out one of the two")
     if args.dp > 1:  # before the framework starts: JAX fixes its CPU device count then
         if "dp" not in backend.supports:
             parser.error(f"--dp {args.dp}: the {args.backend} backend has no data-parallel trainer")
@@ -263,8 +274,14 @@ def run(args) -> int:
                 bar.write(line, file=sys.stdout)
             epoch_sum[0] = 0.0
 
+    if args.compile:  # the first progress comes only after it
+        print("torch.compile: compiling the model before step 0 (seconds; inductor caches it across processes)", flush=True)
     try:
-        options = ({"dp": args.dp} if args.dp > 1 else {}) | ({"device": args.device} if args.device != "cpu" else {})
+        options = (
+            ({"dp": args.dp} if args.dp > 1 else {})
+            | ({"device": args.device} if args.device != "cpu" else {})
+            | ({"compile": True} if args.compile else {})
+        )
         with full_precision(backend, args.full_precision):
             history = trainer.train(model_config, train_config, init=init, on_step=on_step, resume=resume, **options)
     except (NonFiniteLossError, RankFailedError, ValueError, TypeError, FileNotFoundError) as error:
@@ -287,6 +304,7 @@ def run(args) -> int:
     print(
         f"final loss {history.final_loss:.6g} (step {history.first_step + len(history.losses) - 1}) · "
         f"{len(history.losses)} steps in {history.seconds:.2f} s, start-up and compilation included"
+        + (f" (torch.compile before step {history.first_step}: {history.compile_seconds:.2f} s)" if history.compile_seconds is not None else "")
     )
 
     written = []
