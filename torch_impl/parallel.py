@@ -51,7 +51,14 @@ def shard(x: np.ndarray, rank: int, dp: int) -> np.ndarray:
 
 
 def prepare(dp: int) -> None:
-    """Nothing to set before torch starts: ranks are processes (JAX's twin makes CPU devices)."""
+    """Start the ranks' server now (forkserver: one process that imports PRELOAD, seconds), so
+    its start-up overlaps with this process's own work until train() starts the ranks (JAX's
+    twin asks for CPU devices). Without forkserver, nothing to do: each rank starts itself."""
+    if START_METHOD == "forkserver":
+        from multiprocessing import forkserver
+
+        mp.get_context(START_METHOD).set_forkserver_preload(PRELOAD)
+        forkserver.ensure_running()
 
 
 def devices(dp: int) -> tuple[int | None, str]:
