@@ -17,7 +17,8 @@ from flax import nnx  # noqa: E402
 from jax_impl import generate, model, train  # noqa: E402
 from shared import training  # noqa: E402
 from shared.config import ModelConfig, TrainConfig  # noqa: E402
-from tests.backends import SMALL  # noqa: E402
+from shared.tools import registry  # noqa: E402
+from tests.backends import SMALL, names  # noqa: E402
 
 CONFIG = TrainConfig(epochs=2, n_sequences=100, batch_size=6)  # 17 steps per epoch: two chunks of 16, one of 1, and a last batch of 4
 
@@ -130,3 +131,35 @@ def test_a_run_compiles_its_programs_not_one_per_parameter_shape():
     # at most: the buffers' program is a constant mask that another test's TinyLM of the same
     # max_len may have compiled already (JAX reuses a compilation of identical HLO)
     assert len(compiled) <= 2, f"{len(compiled)} programs compiled, expected at most 2 (the buffers, the scanned steps)"
+
+
+@pytest.mark.parametrize(
+    "flags, note",
+    [
+        ([], None),  # on by default, and silent
+        (["--no-jax-cache"], None),
+        ([], "JAX's compilation cache is off, /nowhere cannot be used (planted): every program was compiled afresh"),
+    ],
+)
+def test_the_train_command_keeps_jaxs_compiled_programs_unless_told_not_to(monkeypatch, tmp_path, flags, note):
+    """Where the cache lives and what it keeps: test_parity's test of compile_cache itself."""
+    from shared.tools import compile_cache
+    from tests.commands import run_cli
+
+    asked = []
+    monkeypatch.setattr(compile_cache, "enable_jax_cache", lambda: asked.append(True) or note or "JAX's compiled programs are kept in ...")
+    tiny = ["--quiet", "--epochs", "1", "--n-sequences", "40", "--batch-size", "8", "--d-model", "8", "--n-heads", "2", "--seq-len", "5"]
+    result = run_cli("jax", *tiny, "--vocab-size", "7", *flags, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert asked == ([] if flags else [True])
+    lines = result.stdout.splitlines()
+    assert lines[0] == "backend jax" and (lines[1] == f"note: {note}" if note else lines[1].startswith("model "))
+
+
+@pytest.mark.parametrize("name", [name for name in names("train") if registry.get(name).framework != "jax"])
+def test_no_jax_cache_is_refused_for_a_backend_without_jax(capsys, name):
+    from shared.tools.cli import main
+
+    with pytest.raises(SystemExit) as exit:
+        main(["train", "--backend", name, "--no-jax-cache"])
+    assert exit.value.code == 2 and f"--no-jax-cache: the {name} backend does not compile with JAX" in capsys.readouterr().err

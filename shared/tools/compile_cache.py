@@ -1,5 +1,5 @@
 """JAX's persistent compilation cache for a command that compiles the same programs on every
-run (`mhsa parity`): the second run reads the compiled programs from disk instead of compiling
+run (`mhsa parity`, and the JAX trainer's command line): the second run reads the compiled programs from disk instead of compiling
 them again. The cache is keyed by the program, the compile options, the JAX and jaxlib versions
 and the device, so a hit is the executable a compilation would have produced: the numbers are
 the same, only the compile time goes.
@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+
+OFF = "JAX's compilation cache is off"  # how the note of a cache that cannot be used begins
 
 
 def default_directory() -> Path:
@@ -38,7 +40,7 @@ def enable_jax_cache(directory: str | Path | None = None) -> str:
         if not os.access(chosen, os.W_OK | os.X_OK):
             raise PermissionError(f"not writable: {chosen}")
     except OSError as error:
-        return f"JAX's compilation cache is off, {chosen} cannot be used ({error}): every program was compiled afresh"
+        return f"{OFF}, {chosen} cannot be used ({error}): every program was compiled afresh"
     jax.config.update("jax_compilation_cache_dir", str(chosen))
     # JAX's defaults keep only programs that took over a second to compile; this report's
     # programs are many and small, and compiling them is most of its JAX time

@@ -72,6 +72,12 @@ def add_arguments(parser: argparse.ArgumentParser, backend: str | None = None) -
         "seconds of compilation first (reported apart; inductor caches them across processes): pays on long runs",
     )
     run.add_argument(
+        "--no-jax-cache",
+        action="store_true",
+        help="jax: compile afresh instead of keeping the compiled programs in JAX's persistent compilation cache "
+        "(default: on, in $XDG_CACHE_HOME/mhsa/jax or ~/.cache/mhsa/jax, as mhsa parity; a second run starts faster)",
+    )
+    run.add_argument(
         "--init",
         choices=INITS,
         default="shared",
@@ -239,8 +245,18 @@ def run(args) -> int:
         if "dp" not in backend.supports:
             parser.error(f"--dp {args.dp}: the {args.backend} backend has no data-parallel trainer")
         backend.module("parallel").prepare(args.dp)
+    if args.no_jax_cache and backend.framework != "jax":
+        parser.error(f"--no-jax-cache: the {args.backend} backend does not compile with JAX")
+    cache_note = None
+    if backend.framework == "jax" and not args.no_jax_cache:  # after prepare: JAX's devices are not fixed by it
+        from shared.tools import compile_cache
+
+        cache_note = compile_cache.enable_jax_cache()  # the same programs every run of these sizes: a second run reads them compiled
+        cache_note = cache_note if cache_note.startswith(compile_cache.OFF) else None  # said only when it cannot be used
     trainer, model_module = backend.train, backend.model
     print(f"backend {args.backend}")
+    if cache_note is not None:
+        print(f"note: {cache_note}")
     print(describe(model_config, train_config, init) + (f" dp={args.dp}" if args.dp > 1 else ""), flush=True)
 
     total = train_config.epochs * train_config.steps_per_epoch
