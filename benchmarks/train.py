@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -274,22 +275,32 @@ def numpy_section(rows, reference, repeats, steps, first):
 
 def demo_table(runs):
     """Each backend's default run against its framework's bare import, whole processes from start
-    to exit, interleaved: (import, run) per backend, `runs` times."""
+    to exit, interleaved: (import, run) per backend, `runs` times. The JAX command keeps its
+    compiled programs on disk (shared.tools.compile_cache), so it is timed twice per round: with
+    that cache emptied first (a first run), and once more right after (every later run)."""
     from shared.tools import registry
 
     commands = {}
     for backend in registry.names("train"):
         package, framework = registry.get(backend).package, registry.get(backend).framework
+        run = [sys.executable, "-m", f"{package}.train", "--quiet"]
         commands[backend] = {
-            "import": ([sys.executable, "-c", f"import {framework}"], f"`python -c 'import {framework}'`"),
-            "run": ([sys.executable, "-m", f"{package}.train", "--quiet"], f"`python -m {package}.train --quiet`"),
+            "import": (["-c", f"import {framework}"], f"`python -c 'import {framework}'`"),
+            "run": (run, f"`python -m {package}.train --quiet`" + (", compilation cache empty" if framework == "jax" else "")),
         }
-    times = {(backend, kind): [] for backend in commands for kind in ("import", "run")}
+        if framework == "jax":
+            commands[backend]["again"] = (run, "the same command again (its compiled programs read from the cache)")
+    times = {(backend, kind): [] for backend, kinds in commands.items() for kind in kinds}
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(bench_common.ROOT), os.environ.get("PYTHONPATH", "")]))
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
     with tempfile.TemporaryDirectory() as folder:
+        env["XDG_CACHE_HOME"] = os.path.join(folder, "cache")  # the user's own cache is neither read nor written
         for _ in range(runs):
             for backend, kinds in commands.items():
                 for kind, (argv, _) in kinds.items():
+                    if kind == "run":
+                        shutil.rmtree(env["XDG_CACHE_HOME"], ignore_errors=True)
+                    argv = [sys.executable, *argv] if kind == "import" else argv
                     started = time.perf_counter()
                     result = subprocess.run(argv, cwd=folder, env=env, capture_output=True, text=True)
                     times[backend, kind].append(time.perf_counter() - started)
@@ -297,9 +308,12 @@ def demo_table(runs):
                         raise RuntimeError(f"{backend} {kind} failed:\n{result.stderr}")
     rows = []
     for backend, kinds in commands.items():
-        run, bare = times[backend, "run"], times[backend, "import"]
-        ratio_cell = ratio(median(run), median(bare))
-        rows.append([kinds["run"][1], ms(median(run)), spread(run), kinds["import"][1], ms(median(bare)), spread(bare), ratio_cell])
+        bare = times[backend, "import"]
+        for kind in kinds:
+            if kind != "import":
+                run = times[backend, kind]
+                cells = [kinds[kind][1], ms(median(run)), spread(run), kinds["import"][1], ms(median(bare)), spread(bare)]
+                rows.append([*cells, ratio(median(run), median(bare))])
     return (
         f"### Start-up: the default run (imports, 3 epochs, compilation, the heatmap) against its framework's bare import, "
         f"process start to exit (median of {runs} runs each, interleaved)\n\n"
