@@ -1,6 +1,11 @@
 """The test sessions' JAX compilation cache on disk: kept between sessions that ended
 normally, so a second `make test` does not compile again what the first one compiled.
 
+Each pytest-xdist worker writes its own subfolder (JAX writes entries without a lock), and which
+worker runs a module changes from one session to the next; so a session that ends normally links
+every entry into every subfolder and the folder itself, and the next session finds each program
+whichever worker asks for it. An entry is written once and never changed, so a hard link is safe.
+
 JAX's cache key is the program itself (its HLO, the compile options, the jax and jaxlib
 versions, the flags), so an entry is never the wrong program for a changed test; what can go
 wrong is an entry cut short by a kill in the middle of its write (JAX writes in place, and then
@@ -11,6 +16,7 @@ before the next session starts.
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -19,8 +25,14 @@ SIZE_LIMIT = 512 * 2**20  # bytes; a whole session writes tens of MiB, a little 
 
 
 def folder_size(folder: Path) -> int:
-    """Bytes in the regular files under folder (links are not followed)."""
-    return sum(path.lstat().st_size for path in folder.rglob("*") if path.is_file() and not path.is_symlink())
+    """Bytes in the regular files under folder, each file once however many links it has (links
+    to folders are not followed)."""
+    seen = {}
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            status = path.lstat()
+            seen[status.st_dev, status.st_ino] = status.st_size
+    return sum(seen.values())
 
 
 def open_for_session(folder: Path, size_limit: int = SIZE_LIMIT) -> str:
@@ -46,6 +58,22 @@ def open_for_session(folder: Path, size_limit: int = SIZE_LIMIT) -> str:
 
 
 def close_after_session(folder: Path) -> None:
-    """Mark the folder clean: every write into it has finished."""
-    if folder.is_dir():
-        (folder / CLEAN_MARK).write_text("the last test session that used this folder ended normally\n")
+    """Share every entry among the folder and its subfolders (hard links, or copies where the
+    file system has none), then mark the folder clean: every write into it has finished."""
+    if not folder.is_dir():
+        return
+    places = [folder, *(path for path in folder.iterdir() if path.is_dir() and not path.is_symlink())]
+    entries: dict[str, Path] = {}
+    for place in places:
+        for path in place.iterdir():
+            if path.is_file() and not path.is_symlink() and path.name != CLEAN_MARK:
+                entries.setdefault(path.name, path)
+    for place in places:
+        for name, source in entries.items():
+            target = place / name
+            if not target.exists():
+                try:
+                    os.link(source, target)
+                except OSError:
+                    shutil.copyfile(source, target)
+    (folder / CLEAN_MARK).write_text("the last test session that used this folder ended normally\n")

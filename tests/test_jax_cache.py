@@ -61,3 +61,18 @@ def test_a_linked_folder_is_emptied_in_place_and_a_file_is_refused(tmp_path):
     with pytest.raises(ValueError, match="expected a folder, found a file"):
         jax_cache.open_for_session(plain)
     assert plain.exists()
+
+
+def test_a_normal_end_shares_every_workers_entries_with_every_worker_and_counts_each_file_once(tmp_path):
+    folder = tmp_path / "cache"
+    jax_cache.open_for_session(folder)
+    entry(folder / "gw0", "jit_a-cache", size=100)
+    entry(folder / "gw1", "jit_b-cache", size=200)
+    entry(folder, "jit_c-cache", size=300)  # a run without workers
+    jax_cache.close_after_session(folder)
+    for place in (folder, folder / "gw0", folder / "gw1"):
+        files = sorted(path.name for path in place.iterdir() if path.is_file() and path.name != jax_cache.CLEAN_MARK)
+        assert files == ["jit_a-cache", "jit_b-cache", "jit_c-cache"], place
+    assert (folder / "gw1" / "jit_a-cache").read_bytes() == b"x" * 100
+    marks = len((folder / jax_cache.CLEAN_MARK).read_bytes())
+    assert jax_cache.folder_size(folder) == 600 + marks  # linked three times, counted once

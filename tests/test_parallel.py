@@ -64,8 +64,10 @@ def jax_child(folder: str) -> None:
     import jax
 
     jax.config.update("jax_enable_x64", True)
-    # repeated runs of one shape and sharding (the fault, the resume) reuse their compiled epoch
-    jax.config.update("jax_compilation_cache_dir", str(Path(folder) / "xla_cache"))
+    # repeated runs of one shape and sharding (the fault, the resume) reuse their compiled epoch; in
+    # a folder of its own beside the session's cache (kept with it), or in this test's folder
+    session = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    jax.config.update("jax_compilation_cache_dir", str(Path(session) / "dp-child" if session else Path(folder) / "xla_cache"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     from jax_impl import train
