@@ -11,8 +11,15 @@ A JAX_COMPILATION_CACHE_DIR set by the caller is used as it is and left alone.""
 
 import os
 import shutil
+import signal
 import tempfile
 from pathlib import Path
+
+# a session started with Ctrl-C ignored (a background job of a non-interactive shell) would pass
+# that on to the processes the Ctrl-C tests start, and they would wait for a Ctrl-C that never
+# lands; Python's own handler is reset to the default at every exec, as in a terminal
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 _CALLERS_CACHE = "JAX_COMPILATION_CACHE_DIR" in os.environ  # before a session's folder is chosen
 # every entry, however quick to compile: the tests compile many small functions
