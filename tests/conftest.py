@@ -53,12 +53,14 @@ def pytest_configure(config):
     if _CALLERS_CACHE or hasattr(config, "workerinput"):
         return
     cache = getattr(config, "cache", None)
-    if cache is None:
-        folder, temporary, state = Path(tempfile.mkdtemp(prefix="mhsa-tests-jax-cache-")), True, "temporary"
+    kept = cache.mkdir("mhsa-jax") if cache is not None else None
+    held = jax_cache.lock(kept) if kept is not None else None
+    if held is None:  # pytest's cache is off, or another session is using the folder now
+        folder, temporary = Path(tempfile.mkdtemp(prefix="mhsa-tests-jax-cache-")), True
+        state = "temporary" + (f" ({kept} is in use by another session)" if kept is not None else "")
     else:
-        folder, temporary = cache.mkdir("mhsa-jax"), False
-        state = jax_cache.open_for_session(folder)
-    _session_cache.update(folder=folder, temporary=temporary, crashed=False, state=state)
+        folder, temporary, state = kept, False, jax_cache.open_for_session(kept)
+    _session_cache.update(folder=folder, temporary=temporary, crashed=False, state=state, lock=held)
     os.environ["JAX_COMPILATION_CACHE_DIR"] = str(folder)  # inherited by xdist workers and subprocesses
     jax.config.update("jax_compilation_cache_dir", str(folder))  # JAX read the variable when it was imported
 
@@ -83,9 +85,11 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def pytest_unconfigure(config):
-    """A temporary folder goes with the session that made it."""
+    """A temporary folder goes with the session that made it; the kept one is unlocked."""
     if _session_cache.get("temporary"):
         shutil.rmtree(_session_cache["folder"], ignore_errors=True)
+    if _session_cache.get("lock") is not None:
+        _session_cache["lock"].close()
 
 
 @pytest.fixture(params=names(), ids=str)

@@ -12,16 +12,35 @@ wrong is an entry cut short by a kill in the middle of its write (JAX writes in 
 warns about it and recompiles in every later session). So a session marks the folder clean only
 when it ends normally; a folder without that mark, or grown past the size limit, is emptied
 before the next session starts.
+
+Two sessions at once in one checkout (the suite in one terminal, a file in another) would empty
+and fill each other's folder: a session first takes an exclusive lock (flock, released by the
+system when the process ends, however it ends), and one that finds it taken works in a temporary
+folder instead.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 from pathlib import Path
+from typing import IO
 
 CLEAN_MARK = "ended-normally"  # written by the session that last used the folder, as it ends
 SIZE_LIMIT = 512 * 2**20  # bytes; a whole session writes tens of MiB, a little more after each change of the code
+
+
+def lock(folder: Path) -> IO | None:
+    """An exclusive lock on `folder` for this session (FOLDER.lock beside it, held until the
+    returned file is closed or this process ends), or None when another session holds it."""
+    handle = open(folder.parent / f"{folder.name}.lock", "a")  # noqa: SIM115 - held for the whole session
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    return handle
 
 
 def folder_size(folder: Path) -> int:

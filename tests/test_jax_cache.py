@@ -76,3 +76,15 @@ def test_a_normal_end_shares_every_workers_entries_with_every_worker_and_counts_
     assert (folder / "gw1" / "jit_a-cache").read_bytes() == b"x" * 100
     marks = len((folder / jax_cache.CLEAN_MARK).read_bytes())
     assert jax_cache.folder_size(folder) == 600 + marks  # linked three times, counted once
+
+
+def test_a_second_session_at_once_cannot_take_the_folder_until_the_first_lets_go(tmp_path):
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    first = jax_cache.lock(folder)
+    assert first is not None
+    assert jax_cache.lock(folder) is None  # a second open file: as another process would see it
+    first.close()
+    again = jax_cache.lock(folder)
+    assert again is not None
+    again.close()
