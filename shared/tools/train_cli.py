@@ -241,12 +241,12 @@ def run(args) -> int:
             parser.error(f"--compile: the {args.backend} backend has no opt-in compiler; --compile is for {', '.join(registry.names('compile'))}")
         if args.dp > 1:
             parser.error(f"--compile with --dp {args.dp}: torch.compile runs on one device here; leave out one of the two")
+    if args.no_jax_cache and backend.framework != "jax":
+        parser.error(f"--no-jax-cache: the {args.backend} backend does not compile with JAX")
     if args.dp > 1:  # before the framework starts: JAX fixes its CPU device count then
         if "dp" not in backend.supports:
             parser.error(f"--dp {args.dp}: the {args.backend} backend has no data-parallel trainer")
         backend.module("parallel").prepare(args.dp)
-    if args.no_jax_cache and backend.framework != "jax":
-        parser.error(f"--no-jax-cache: the {args.backend} backend does not compile with JAX")
     cache_note = None
     if backend.framework == "jax" and not args.no_jax_cache:  # after prepare: JAX's devices are not fixed by it
         from shared.tools import compile_cache
