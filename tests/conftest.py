@@ -25,6 +25,9 @@ _CALLERS_CACHE = "JAX_COMPILATION_CACHE_DIR" in os.environ  # before a session's
 # every entry, however quick to compile: the tests compile many small functions
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+# by default JAX also points XLA's GPU autotuning cache into the cache folder, and that path
+# enters every cache key: an entry of worker gw0's folder never matched in gw1's, however shared
+os.environ.setdefault("JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES", "none")
 # one subfolder per pytest-xdist worker: JAX writes an entry in place, without a lock unless the
 # cache has a size limit, and a size limit rescans the whole folder on every write
 if "PYTEST_XDIST_WORKER" in os.environ:
@@ -90,6 +93,22 @@ def pytest_unconfigure(config):
         shutil.rmtree(_session_cache["folder"], ignore_errors=True)
     if _session_cache.get("lock") is not None:
         _session_cache["lock"].close()
+
+
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """What a test's command line run in this process sets in os.environ (XLA_FLAGS for --threads 1
+    or --dp, OMP_NUM_THREADS for --threads) ends with the test: left behind, it reached every later
+    subprocess of the worker, and JAX hashes XLA_FLAGS into its compilation cache keys, so what a
+    later test compiled depended on which tests had run before it in that worker."""
+    before = dict(os.environ)
+    yield
+    for key in set(os.environ) | set(before):
+        if key != "PYTEST_CURRENT_TEST" and os.environ.get(key) != before.get(key):
+            if key in before:
+                os.environ[key] = before[key]
+            else:
+                del os.environ[key]
 
 
 @pytest.fixture(params=names(), ids=str)

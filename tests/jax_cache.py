@@ -4,7 +4,8 @@ normally, so a second `make test` does not compile again what the first one comp
 Each pytest-xdist worker writes its own subfolder (JAX writes entries without a lock), and which
 worker runs a module changes from one session to the next; so a session that ends normally links
 every entry into every subfolder and the folder itself, and the next session finds each program
-whichever worker asks for it. An entry is written once and never changed, so a hard link is safe.
+whichever worker asks for it (conftest keeps the folder's path out of JAX's cache keys). An entry
+is written once and never changed, so a hard link is safe.
 
 JAX's cache key is the program itself (its HLO, the compile options, the jax and jaxlib
 versions, the flags), so an entry is never the wrong program for a changed test; what can go
