@@ -183,6 +183,17 @@ def test_jax_cache_keeps_every_compiled_program_where_asked(tmp_path):
     )
     assert cut.returncode == 0, cut.stderr
     assert cut.stdout.splitlines()[-1] == "[2.0, 2.0, 2.0]"
+    # a size limit: the least recently read entries go, the folder stays within it
+    limited = (
+        "from shared.tools.compile_cache import enable_jax_cache; enable_jax_cache(size_limit=12000); "
+        "import jax, jax.numpy as jnp; [jax.jit(lambda x, n=n: x * n + n)(jnp.ones(n)).block_until_ready() for n in range(1, 9)]"
+    )
+    small = subprocess.run(
+        [sys.executable, "-c", limited], cwd=root, env={**env, "XDG_CACHE_HOME": str(tmp_path / "small")}, capture_output=True, text=True
+    )
+    assert small.returncode == 0 and small.stderr == "", small.stderr
+    entries = [path for path in (tmp_path / "small" / "mhsa" / "jax").iterdir() if path.name.endswith("-cache")]
+    assert 1 <= len(entries) < 8 and sum(path.stat().st_size for path in entries) <= 12000, [path.stat().st_size for path in entries]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

@@ -6,6 +6,8 @@ the same, only the compile time goes.
 
 Where: $XDG_CACHE_HOME/mhsa/jax (~/.cache/mhsa/jax without it), unless JAX already has a cache
 directory (JAX_COMPILATION_CACHE_DIR, or jax.config), which then wins, with its own settings.
+How much: at most SIZE_LIMIT bytes; past it JAX deletes the entries read least recently (each
+distinct model size or setting adds its own programs, so the folder would otherwise only grow).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 from pathlib import Path
 
 OFF = "JAX's compilation cache is off"  # how the note of a cache that cannot be used begins
+SIZE_LIMIT = 256 * 2**20  # bytes; the default report's programs take under 1 MiB, a default training run's about 0.1
 
 
 def default_directory() -> Path:
@@ -22,10 +25,12 @@ def default_directory() -> Path:
     return Path(base) / "mhsa" / "jax"
 
 
-def enable_jax_cache(directory: str | Path | None = None) -> str:
+def enable_jax_cache(directory: str | Path | None = None, size_limit: int = SIZE_LIMIT) -> str:
     """Turn JAX's persistent compilation cache on in `directory` (default_directory() if None)
     for every program, however small or quick to compile; returns a note saying where it is, or
     why it stays off (a folder that cannot be created or written: the run compiles afresh).
+    size_limit: the bytes the folder may hold; past them JAX deletes the least recently read
+    entries (it keeps one access-time file and one lock beside them for that).
 
     Call it before the process's first compilation: JAX decides once, at its first compilation,
     whether it uses a cache, and a later call changes nothing."""
@@ -46,4 +51,5 @@ def enable_jax_cache(directory: str | Path | None = None) -> str:
     # programs are many and small, and compiling them is most of its JAX time
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)  # no size limit, and JAX may not raise it
+    jax.config.update("jax_compilation_cache_max_size", size_limit)  # least recently read entries go first
     return f"JAX's compiled programs are kept in {chosen} for the next run (--no-jax-cache: compile afresh)"
