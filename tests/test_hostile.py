@@ -329,6 +329,24 @@ def test_compare_refuses_a_history_whose_losses_are_not_numbers_in_one_line(caps
     assert len(err.splitlines()) == 1 and re.search(pattern, err), err
 
 
+@pytest.mark.parametrize(
+    "value, loads",
+    [(None, True), (0.05, True), (-1.0, False), (0.2, False), ("2.0", False), (float("nan"), False), ([0.1], False)],
+    ids=["null", "within", "negative", "over-seconds", "string", "nan", "list"],
+)
+def test_a_history_whose_compile_seconds_is_not_a_share_of_its_seconds_is_refused_in_one_line(tmp_path, value, loads):
+    path = tmp_path / "h.json"
+    History("torch", SMALL, train_cli.TrainConfig(), [1.0], [1.0], 0.1).save(path)
+    path.write_text(json.dumps({**json.loads(path.read_text()), "compile_seconds": value}))
+    if loads:
+        assert History.load(path).compile_seconds == value
+        return
+    with pytest.raises(ValueError) as error:
+        History.load(path)
+    assert str(error.value).startswith(f"history file {str(path)!r}: compile_seconds must be null or a number in [0, seconds], got ")
+    assert "\n" not in str(error.value)
+
+
 def test_compare_names_every_differing_field_and_never_calls_different_inits_parity(capsys, tmp_path):
     from shared.config import TrainConfig
 
