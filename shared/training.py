@@ -120,8 +120,10 @@ def history(
     model: Any,
     optimizer: Any,
     start_epoch: int = 0,
+    compile_seconds: float | None = None,
 ) -> History:
-    """Bundle a finished run; epoch means over each epoch's steps."""
+    """Bundle a finished run; epoch means over each epoch's steps. compile_seconds: the part of
+    the run spent compiling before its first step, where a trainer compiles apart (torch's opt-in)."""
     size = train_config.steps_per_epoch
     epoch_losses = [float(np.mean(losses[start : start + size])) for start in range(0, len(losses), size)]
     return History(
@@ -132,6 +134,7 @@ def history(
         epoch_losses,
         time.perf_counter() - started,
         first_step=start_epoch * size,
+        compile_seconds=compile_seconds,
         model=model,
         optimizer=optimizer,
     )

@@ -113,9 +113,7 @@ def train(
             for chunk in training.chunks(batches):  # a few steps at a time: progress as it happens
                 epoch_losses = train_epoch(stepped, optimizer, chunk)
                 training.finish_epoch(losses, epoch_losses, train_config, start_epoch, on_step)
-    run = training.history("torch", model_config, train_config, losses, started, model, optimizer, start_epoch)
-    run.compile_seconds = compile_seconds
-    return run
+    return training.history("torch", model_config, train_config, losses, started, model, optimizer, start_epoch, compile_seconds)
 
 
 def compile_model(model: TinyLM, batches: list[tuple[np.ndarray, np.ndarray]]) -> tuple[torch.nn.Module, float]:
