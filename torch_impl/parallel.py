@@ -94,9 +94,8 @@ def train(
 
     # 1. ranks: dp replicas of the same init and Adam state, each to train on its shard of every batch
     # (dp processes on a free port of 127.0.0.1; rank 0 reports on a queue, this process prints)
+    prepare(dp)  # the rank server, unless the caller started it already
     context = mp.get_context(START_METHOD)
-    if START_METHOD == "forkserver":
-        context.set_forkserver_preload(PRELOAD)
     results = context.Queue()
     port = free_port()
     ranks = [
