@@ -1,8 +1,11 @@
-"""A trainer's command line run in this process, as the tests that check its output use it."""
+"""Command lines run in this process, as the tests that check their output use them: a trainer's
+(run_cli), and any `mhsa` command its parser refuses (refused)."""
 
 import contextlib
 import io
 from types import SimpleNamespace
+
+import pytest
 
 from shared.tools import train_cli
 
@@ -19,3 +22,15 @@ def run_cli(backend, *flags, cwd):
         except SystemExit as exit:  # argparse's errors
             status = exit.code
     return SimpleNamespace(returncode=status, stdout=out.getvalue(), stderr=err.getvalue())
+
+
+def refused(capsys, *argv):
+    """`mhsa ARGV` in this process, refused by its parser before any work: exit status 2 and
+    nothing on stdout (asserted); returns what it wrote on stderr."""
+    from shared.tools.cli import main
+
+    with pytest.raises(SystemExit) as exit:
+        main(list(argv))
+    out, err = capsys.readouterr()
+    assert exit.value.code == 2 and out == "", (exit.value.code, out, err)
+    return err

@@ -8,6 +8,7 @@ import pytest
 
 from shared.tools.cli import COMMANDS, main
 from tests.backends import names, package
+from tests.commands import refused
 
 FRAMEWORKS = ("flax", "jax", "optax", "torch")  # the framework modules, not the backends
 
@@ -90,10 +91,7 @@ def test_threads_is_a_flag_of_every_command_that_computes(capsys):
 
 @pytest.mark.parametrize("name", [name for name in names("train") if name not in names("layers")])
 def test_native_init_is_refused_before_any_work_where_a_backend_has_no_layers(capsys, name):
-    with pytest.raises(SystemExit) as exit:
-        main(["train", "--backend", name, "--init", "native"])
-    out, err = capsys.readouterr()
-    assert exit.value.code == 2 and out == ""
+    err = refused(capsys, "train", "--backend", name, "--init", "native")
     assert f"--init native asks for the framework layers' own initializers; the {name} backend has none" in err
 
 

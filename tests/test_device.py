@@ -13,6 +13,7 @@ from shared.tools.cli import main
 from shared.tools.train_cli import full_precision
 from shared.training import DEVICES, check_device
 from tests.backends import SMALL, names
+from tests.commands import refused
 
 TINY = ["--quiet", "--epochs", "1", "--n-sequences", "40", "--batch-size", "8"]
 TINY += ["--d-model", "8", "--n-heads", "2", "--seq-len", "5", "--vocab-size", "7"]
@@ -28,19 +29,13 @@ def test_check_device_names_the_value_and_what_was_expected():
 
 @pytest.mark.parametrize("name", [name for name in names("train") if "device" not in registry.get(name).supports])
 def test_a_cpu_only_backend_refuses_cuda_before_any_work(capsys, name):
-    with pytest.raises(SystemExit) as exit:
-        main(["train", "--backend", name, "--device", "cuda"])
-    out, err = capsys.readouterr()
-    assert exit.value.code == 2 and out == ""
+    err = refused(capsys, "train", "--backend", name, "--device", "cuda")
     assert f"--device cuda: the {name} backend runs on the CPU only" in err
 
 
 @pytest.mark.parametrize("name", names("device"))
 def test_cuda_with_data_parallel_is_refused_before_any_work(capsys, name):
-    with pytest.raises(SystemExit) as exit:
-        main(["train", "--backend", name, "--device", "cuda", "--dp", "2"])
-    out, err = capsys.readouterr()
-    assert exit.value.code == 2 and out == ""
+    err = refused(capsys, "train", "--backend", name, "--device", "cuda", "--dp", "2")
     assert "device 'cuda' with dp=2: the data-parallel trainers run their ranks on CPU devices only" in err
 
 

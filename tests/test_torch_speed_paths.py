@@ -20,7 +20,7 @@ from shared.config import ModelConfig, TrainConfig
 from shared.tolerances import tolerance
 from tests.backends import SMALL as SMALL_MODEL
 from tests.backends import names
-from tests.commands import run_cli
+from tests.commands import refused, run_cli
 from torch_impl import train as train_module
 from torch_impl.model import TinyLM, from_exchange, predict
 from torch_impl.train import FusedAdam, train, train_step
@@ -214,9 +214,5 @@ def test_the_compile_flag_reports_its_seconds_apart_and_in_the_history(counted_c
     ],
 )
 def test_the_compile_flag_is_refused_where_it_cannot_apply_before_any_work(capsys, name, flags, message):
-    from shared.tools.cli import main
-
-    with pytest.raises(SystemExit) as exit:
-        main(["train", "--backend", name, "--compile", *flags])
-    out, err = capsys.readouterr()
-    assert exit.value.code == 2 and out == "" and message in err, err
+    err = refused(capsys, "train", "--backend", name, "--compile", *flags)
+    assert message in err, err
