@@ -285,7 +285,7 @@ def demo_table(runs):
         package, framework = registry.get(backend).package, registry.get(backend).framework
         run = [sys.executable, "-m", f"{package}.train", "--quiet"]
         commands[backend] = {
-            "import": (["-c", f"import {framework}"], f"`python -c 'import {framework}'`"),
+            "import": ([sys.executable, "-c", f"import {framework}"], f"`python -c 'import {framework}'`"),
             "run": (run, f"`python -m {package}.train --quiet`" + (", compilation cache empty" if framework == "jax" else "")),
         }
         if framework == "jax":
@@ -300,7 +300,6 @@ def demo_table(runs):
                 for kind, (argv, _) in kinds.items():
                     if kind == "run":
                         shutil.rmtree(env["XDG_CACHE_HOME"], ignore_errors=True)
-                    argv = [sys.executable, *argv] if kind == "import" else argv
                     started = time.perf_counter()
                     result = subprocess.run(argv, cwd=folder, env=env, capture_output=True, text=True)
                     times[backend, kind].append(time.perf_counter() - started)
