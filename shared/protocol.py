@@ -123,5 +123,5 @@ CAPABILITIES = {
     },  # any user model: shared.tools.port_check
     "dp": {"parallel": ("train", "shard", "prepare")},  # data parallel: train(..., dp=N) over N ranks/devices
     "device": {},  # train(..., device="cpu" | "cuda"): the run on an accelerator (shared.training.DEVICES)
-    "compile": {"train": ("compile_model",)},  # train(..., compile=True): an opt-in compiler (every JAX run is compiled anyway)
+    "compile": {"train": ("compile_step",)},  # train(..., compile=True): an opt-in compiler (every JAX run is compiled anyway)
 }

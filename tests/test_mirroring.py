@@ -47,7 +47,11 @@ KNOWN_SIGNATURES = {
         ("graphdef", "state", "x", "y"),
         "torch updates model and optimizer in place; JAX threads split state through a pure function",
     ),
-    "train_epoch": (("model", "optimizer", "batches"), ("graphdef", "state", "batches"), "as train_step"),
+    "train_epoch": (
+        ("model", "optimizer", "batches", "step"),
+        ("graphdef", "state", "batches"),
+        "as train_step; torch's opt-in compiler hands the epoch its compiled whole step (compile_step), every JAX step is traced",
+    ),
     "train": (
         ("model_config", "train_config", "init", "on_step", "resume", "dp", "device", "compile"),
         ("model_config", "train_config", "init", "on_step", "resume", "dp", "device"),
@@ -63,7 +67,7 @@ ONE_SIDED = {
             "torch.optim.Adam(fused=True) bit for bit, without the import of torch._dynamo "
             "every torch.optim optimizer makes; optax.adam has no such cost",
         ),
-        "compile_model": ("left", "torch.compile before the first step, for train(compile=True); JAX compiles every run"),
+        "compile_step": ("left", "torch.compile of the whole step before the first one, for train(compile=True); JAX compiles every run"),
     },
     "parallel": {
         "train_rank": ("left", "torch runs one process per rank: this is the body of each process"),

@@ -8,6 +8,7 @@ The compile tests plant torch.compile's "aot_eager" backend: the same captured g
 autograd, without inductor's C++ build (seconds per graph on a cold cache);
 benchmarks/train.py runs the real inductor path and RESULTS.md has its numbers."""
 
+import dataclasses
 import json
 import re
 
@@ -15,14 +16,14 @@ import numpy as np
 import pytest
 import torch
 
-from shared import training
+from shared import training, weights
 from shared.config import ModelConfig, TrainConfig
 from shared.tolerances import tolerance
 from tests.backends import SMALL as SMALL_MODEL
 from tests.backends import names
 from tests.commands import refused, run_cli
 from torch_impl import train as train_module
-from torch_impl.model import TinyLM, from_exchange, predict
+from torch_impl.model import TinyLM, from_exchange, loss_fn, predict, to_exchange
 from torch_impl.train import FusedAdam, train, train_step
 
 SMALL = TrainConfig(epochs=2, n_sequences=96)  # 3 steps per epoch: seconds
@@ -164,7 +165,51 @@ def test_compile_builds_every_batch_shape_before_step_0_and_trains_as_the_eager_
     )
     for name, value in eager.model.state_dict().items():
         np.testing.assert_allclose(compiled.model.state_dict()[name].numpy(), value.numpy(), rtol=0, atol=1e-10, err_msg=name)
-    assert all(parameter.grad is None or parameter.grad.abs().sum() > 0 for parameter in compiled.model.parameters())
+    compiled_adam = train_module.optimizer_to_exchange(compiled.optimizer, compiled.model, config)
+    eager_adam = train_module.optimizer_to_exchange(eager.optimizer, eager.model, config)
+    assert compiled_adam.step == eager_adam.step == 8
+    for moment in ("exp_avg", "exp_avg_sq"):  # Adam's state is the optimizer's own, updated in place by the compiled step
+        for name, value in getattr(eager_adam, moment).items():
+            np.testing.assert_allclose(getattr(compiled_adam, moment)[name], value, rtol=1e-9, atol=1e-14, err_msg=f"{moment} {name}")
+
+
+def test_compile_resumes_as_the_eager_run(counted_compiles, tmp_path):
+    config = TrainConfig(epochs=2, batch_size=8, n_sequences=28, seed=5, dtype="float64")
+    first = train(SMALL_MODEL, dataclasses.replace(config, epochs=1))
+    weights.save(tmp_path / "epoch1.safetensors", to_exchange(first.model), SMALL_MODEL)
+    state = train_module.optimizer_to_exchange(first.optimizer, first.model, first.train_config)
+    eager = train(SMALL_MODEL, config, init=tmp_path / "epoch1.safetensors", resume=state)
+    compiled = train(SMALL_MODEL, config, init=tmp_path / "epoch1.safetensors", resume=state, compile=True)
+    assert len(compiled.losses) == len(eager.losses) == 4  # epoch 2 only, from the saved moments and step count
+    gap = np.abs(np.asarray(compiled.losses) - np.asarray(eager.losses)).max()
+    assert gap <= tolerance("trajectory", "float64"), (
+        f"resumed loss trajectory: compiled vs eager differ by {gap:.2e} > {tolerance('trajectory', 'float64'):.0e}"
+    )
+
+
+def test_compiling_the_step_leaves_the_weights_and_adam_state_as_they_were(counted_compiles):
+    config = TrainConfig(epochs=1, batch_size=8, n_sequences=28, seed=5, dtype="float64")
+    model = from_exchange(training.initial_weights("shared", SMALL_MODEL, config), SMALL_MODEL)
+    optimizer = train_module.new_optimizer(model, config)
+    batches = next(training.epochs(SMALL_MODEL, config))
+    for x, y in batches[:2]:  # Adam's state exists and is not zero
+        train_step(model, optimizer, torch.from_numpy(x), torch.from_numpy(y))
+    before = [tensor.clone() for tensor in train_module._step_tensors(list(model.parameters()), optimizer.states(list(model.parameters())))]
+    step, seconds = train_module.compile_step(model, optimizer, batches)
+    after = train_module._step_tensors(list(model.parameters()), optimizer.states(list(model.parameters())))
+    assert seconds > 0 and len(counted_compiles) == 2  # the full batch's shape and the last one's
+    assert all(torch.equal(a, b) for a, b in zip(before, after)), "compile_step changed the weights or Adam's state"
+    x, y = (torch.from_numpy(array) for array in batches[2])
+    eager_model = from_exchange(to_exchange(model), SMALL_MODEL)
+    compiled_loss = step(x, y)  # called on its own, outside train(): it trains from them, as the eager step does
+    assert float(compiled_loss) == pytest.approx(float(loss_fn(eager_model, x, y).detach()), rel=1e-12)
+    bad = x.clone()
+    bad[1, 2] = SMALL_MODEL.vocab_size
+    with pytest.raises(ValueError) as from_step:  # and checks the ids it is given, with the forward's message
+        step(bad, y)
+    with pytest.raises(ValueError) as from_forward:
+        loss_fn(eager_model, bad, y)
+    assert str(from_step.value) == str(from_forward.value)
 
 
 def test_compile_refuses_data_parallel_and_names_a_failed_compilation(monkeypatch):
@@ -191,7 +236,7 @@ def test_the_compile_flag_reports_its_seconds_apart_and_in_the_history(counted_c
     flags += ["--d-model", "8", "--n-heads", "2", "--seq-len", "5", "--vocab-size", "7"]
     result = run_cli("torch", *flags, "--compile", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "\ntorch.compile: compiling the model before step 0 (seconds; inductor caches it across processes)\nepoch 1/1 " in result.stdout
+    assert "\ntorch.compile: compiling the whole step before step 0 (seconds; inductor caches it across processes)\nepoch 1/1 " in result.stdout
     final = next(line for line in result.stdout.splitlines() if line.startswith("final loss "))
     assert re.search(r"5 steps in [0-9.]+ s, start-up and compilation included \(torch.compile before step 0: [0-9.]+ s\)$", final), final
     data = json.loads((tmp_path / "run.json").read_text())

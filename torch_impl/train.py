@@ -1,5 +1,5 @@
 """Train TinyLM on the copy task with PyTorch: train_step, train_epoch, train (loss_fn is in model.py),
-and compile_model for the opt-in torch.compile of a run.
+and compile_step for the opt-in torch.compile of a run.
 
 Run it: `python -m torch_impl.train --help`.
 """
@@ -30,9 +30,11 @@ from shared.config import ModelConfig, TrainConfig
 from shared.history import History
 from torch_impl.model import TinyLM, from_exchange, loss_fn
 
-# torch.compile's backend for compile_model: its default, inductor, which writes and builds C++
+# torch.compile's backend for compile_step: its default, inductor, which writes and builds C++
 # (cached across processes); tests plant "aot_eager" (the same graphs, run without code generation)
 COMPILE_BACKEND: str | Callable[..., Any] = "inductor"
+
+StepFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # a whole training step: x, y -> loss
 
 
 def train_step(model: torch.nn.Module, optimizer: FusedAdam, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -44,11 +46,15 @@ def train_step(model: torch.nn.Module, optimizer: FusedAdam, x: torch.Tensor, y:
     return loss.detach()
 
 
-def train_epoch(model: torch.nn.Module, optimizer: FusedAdam, batches: Iterable[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
-    """Every step of `batches` (an epoch, or a run of its steps), eagerly, on the model's device;
-    returns the per-step losses as a NumPy array (one copy to the host, after the last step)."""
+def train_epoch(
+    model: torch.nn.Module, optimizer: FusedAdam, batches: Iterable[tuple[np.ndarray, np.ndarray]], step: StepFn | None = None
+) -> np.ndarray:
+    """Every step of `batches` (an epoch, or a run of its steps), on the model's device: train_step,
+    eagerly, or `step` (the compiled whole step of compile_step); returns the per-step losses as a
+    NumPy array (one copy to the host, after the last step)."""
     device = next(model.parameters()).device
-    losses = [train_step(model, optimizer, torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)) for x, y in batches]
+    run = step or (lambda x, y: train_step(model, optimizer, x, y))
+    losses = [run(torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)) for x, y in batches]
     return torch.stack(losses).cpu().numpy()
 
 
@@ -71,8 +77,8 @@ def train(
     dp: data-parallel ranks; dp > 1 splits every batch over dp devices (torch_impl.parallel).
     device: "cpu" or "cuda" (torch's first CUDA device); the returned model and optimizer live
     there, and everything that takes a model (predict, attend, generate, to_exchange) runs there.
-    compile: the steps run torch.compile(model), compiled before the first step (compile_model);
-    its seconds are History.compile_seconds. It pays only on long runs (benchmarks/RESULTS.md);
+    compile: every step runs as one graph of torch.compile (forward, backward and Adam's update:
+    compile_step), compiled before the first step; its seconds are History.compile_seconds. It pays only on long runs (benchmarks/RESULTS.md);
     one device only (dp=1). The returned model is the plain TinyLM either way.
     Raises ValueError before any work for a device torch does not have or compile with dp > 1,
     ValueError when torch.compile fails, and training.NonFiniteLossError naming the first step
@@ -102,47 +108,114 @@ def train(
         optimizer_from_exchange(resume, optimizer, model)
 
     # 3. epochs: the same batches as every other backend
-    stepped: torch.nn.Module = model
+    compiled: StepFn | None = None
     compile_seconds = None
     if compile:  # opt-in: every batch shape of the run compiled now, not inside the first steps
         first = next(training.epochs(model_config, train_config, start=start_epoch), [])  # every epoch has the same shapes
-        stepped, compile_seconds = compile_model(model, first)
+        compiled, compile_seconds = compile_step(model, optimizer, first)
     losses: list[float] = []
     for batches in training.epochs(model_config, train_config, start=start_epoch):
         with _ids_checked_per_epoch(model, batches):  # not per step: the forward's min/max of the ids is a host sync
             for chunk in training.chunks(batches):  # a few steps at a time: progress as it happens
-                epoch_losses = train_epoch(stepped, optimizer, chunk)
+                epoch_losses = train_epoch(model, optimizer, chunk, compiled)
                 training.finish_epoch(losses, epoch_losses, train_config, start_epoch, on_step)
     return training.history("torch", model_config, train_config, losses, started, model, optimizer, start_epoch, compile_seconds)
 
 
-def compile_model(model: TinyLM, batches: list[tuple[np.ndarray, np.ndarray]]) -> tuple[torch.nn.Module, float]:
-    """(torch.compile(model), seconds it took): compiled here, by one forward and backward of the
-    first batch of each shape in `batches` (the gradients are dropped, the weights untouched), so
-    the steps that follow only run it; the seconds are compilation, apart from the steps'.
-    Inductor keeps what it built in its cache across processes, so a later run compiles faster.
-    Raises ValueError when torch.compile fails (inductor needs a C++ compiler, for one)."""
-    from torch._dynamo.exc import TorchDynamoException  # torch._dynamo is imported only when asked for
+def compile_step(model: TinyLM, optimizer: FusedAdam, batches: list[tuple[np.ndarray, np.ndarray]]) -> tuple[StepFn, float]:
+    """(step, seconds it took): one training step as one torch.compile graph, step(x, y) -> the loss
+    before the update, as train_step returns it. The forward and backward are
+    torch.func.grad_and_value of loss_fn over the parameters, and Adam's update is
+    torch.optim.Adam's arithmetic written out (_adam_update: the fused kernel cannot be traced);
+    it updates the model's parameters and the optimizer's state in place, as train_step does, so
+    saving, resuming and to_exchange see the same objects. Compiled here by running the step once
+    on the first batch of each shape in `batches`, after which the weights and Adam's state are
+    put back as they were: the seconds are compilation, apart from the steps', and the steps that
+    follow only run it. Inductor keeps what it built in its cache across processes, so a later run
+    compiles faster. Raises ValueError when torch.compile fails (inductor needs a C++ compiler, for
+    one; a graph break is a failure too, not a silently slower run)."""
+    import torch._dynamo  # imported only when asked for (it takes about as long as torch itself)
+    from torch._dynamo.exc import TorchDynamoException
 
     started = time.perf_counter()
-    compiled = cast(torch.nn.Module, torch.compile(model, backend=COMPILE_BACKEND))  # an OptimizedModule; typed as a callable
+    names = [name for name, _ in model.named_parameters()]
+    params: list[torch.Tensor] = [parameter for _, parameter in model.named_parameters()]
+    states = optimizer.states(params)
+    lr, (beta1, beta2), eps = optimizer.lr, optimizer.betas, optimizer.eps
+
+    def whole_step(params: list[torch.Tensor], states: list[dict[str, torch.Tensor]], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        def loss_of(values: tuple[torch.Tensor, ...]) -> torch.Tensor:
+            weights = dict(zip(names, values))
+            return loss_fn(_Functional(model, weights), x, y)
+
+        grads, loss = torch.func.grad_and_value(loss_of)(tuple(parameter.detach() for parameter in params))
+        with torch.no_grad():
+            for parameter, grad, state in zip(params, grads, states):
+                _adam_update(parameter, grad, state, lr, beta1, beta2, eps)
+        return loss.detach()
+
+    compiled = torch.compile(whole_step, backend=COMPILE_BACKEND, fullgraph=True, dynamic=False)
     device = next(model.parameters()).device
     shapes: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
-    for x, y in batches:  # the first batch of each shape, the full one first: the last batch's is then a second graph
+    for x, y in batches:  # the first batch of each shape: the full one, then a shorter last one
         shapes.setdefault(x.shape, (x, y))
-    with _ids_checked_per_epoch(model, list(shapes.values())):  # as the steps run it: one graph
-        try:
-            for x, y in shapes.values():
-                loss_fn(compiled, torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)).backward()
-        except TorchDynamoException as error:
-            cause = getattr(error, "inner_exception", None) or error  # BackendCompilerFailed wraps what the backend raised
-            backend = getattr(COMPILE_BACKEND, "__name__", COMPILE_BACKEND)
-            first = (str(cause).strip().splitlines() or [""])[0]
-            raise ValueError(f"torch.compile (backend {backend!r}) failed: {type(cause).__name__}: {first}") from error
-        finally:
-            for parameter in model.parameters():
-                parameter.grad = None
-    return compiled, time.perf_counter() - started
+    with torch.no_grad():
+        saved = [tensor.clone() for tensor in _step_tensors(params, states)]
+    try:
+        with _ids_checked_per_epoch(model, list(shapes.values())), torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+            for x, y in shapes.values():  # as the steps will run it: one graph per shape, no recompilation after
+                compiled(params, states, torch.from_numpy(x).to(device), torch.from_numpy(y).to(device))
+    except TorchDynamoException as error:
+        cause = getattr(error, "inner_exception", None) or error  # BackendCompilerFailed wraps what the backend raised
+        backend = getattr(COMPILE_BACKEND, "__name__", COMPILE_BACKEND)
+        first = (str(cause).strip().splitlines() or [""])[0]
+        raise ValueError(f"torch.compile (backend {backend!r}) failed: {type(cause).__name__}: {first}") from error
+    finally:
+        with torch.no_grad():  # the compiling steps' updates undone: the run starts from its own weights and state
+            for tensor, value in zip(_step_tensors(params, states), saved):
+                tensor.copy_(value)
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if model.ids_checked:  # inside train(): the epoch's ids were checked on the host
+            return compiled(params, states, x, y)
+        with _ids_checked_per_epoch(model, [(x.cpu().numpy(), y.cpu().numpy())]):  # called on its own: this batch checked here
+            return compiled(params, states, x, y)
+
+    return step, time.perf_counter() - started
+
+
+def _adam_update(
+    parameter: torch.Tensor, grad: torch.Tensor, state: dict[str, torch.Tensor], lr: float, beta1: float, beta2: float, eps: float
+) -> None:
+    """torch.optim.Adam's update of one parameter (its single-tensor algorithm, no weight decay or
+    amsgrad), in place, in traceable operations; the step count and bias corrections in the
+    parameter's dtype. Equal to the fused kernel within rounding, not bit for bit."""
+    step = state["step"]
+    step.add_(1)  # first: bias correction uses the new count
+    state["exp_avg"].lerp_(grad, 1 - beta1)
+    state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    count = step.to(parameter.dtype)
+    bias_correction1 = 1 - beta1**count
+    bias_correction2 = 1 - beta2**count
+    denom = (state["exp_avg_sq"].sqrt() / bias_correction2.sqrt()).add_(eps)
+    parameter.sub_(lr / bias_correction1 * state["exp_avg"] / denom)
+
+
+def _step_tensors(params: list[torch.Tensor], states: list[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
+    """Every tensor a step changes: the parameters, then each one's Adam state."""
+    return params + [state[key] for state in states for key in ("step", "exp_avg", "exp_avg_sq")]
+
+
+class _Functional(torch.nn.Module):
+    """`model` called with `weights` in place of its parameters (torch.func.functional_call), so
+    that loss_fn, which calls model(x, mask=mask), can be differentiated by torch.func."""
+
+    def __init__(self, model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
+        super().__init__()
+        self.model, self.weights = model, weights
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        return cast(torch.Tensor, torch.func.functional_call(self.model, self.weights, (x,), {"mask": mask}))
 
 
 def _device(device: str) -> torch.device:
@@ -191,16 +264,21 @@ class FusedAdam:
                 parameter.grad.zero_()
 
     @torch.no_grad()
-    def step(self) -> None:
-        params = [parameter for parameter in self.params if parameter.grad is not None]
+    def states(self, params: list[torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+        """The state of each of `params`, created on first use as torch.optim.Adam creates it."""
         for parameter in params:
-            if parameter not in self.state:  # created on first use, like torch.optim.Adam's
+            if parameter not in self.state:
                 self.state[parameter] = {  # the step count beside its parameter, as fused Adam keeps it
                     "step": torch.zeros((), dtype=torch.float32, device=parameter.device),
                     "exp_avg": torch.zeros_like(parameter, memory_format=torch.preserve_format),
                     "exp_avg_sq": torch.zeros_like(parameter, memory_format=torch.preserve_format),
                 }
-        states = [self.state[parameter] for parameter in params]
+        return [self.state[parameter] for parameter in params]
+
+    @torch.no_grad()
+    def step(self) -> None:
+        params = [parameter for parameter in self.params if parameter.grad is not None]
+        states = self.states(params)
         steps = [state["step"] for state in states]
         torch._foreach_add_(steps, 1)  # the step count first: bias correction uses the new one
         torch._fused_adam_(

@@ -291,7 +291,7 @@ def run(args) -> int:
             epoch_sum[0] = 0.0
 
     if args.compile:  # the first progress comes only after it
-        print("torch.compile: compiling the model before step 0 (seconds; inductor caches it across processes)", flush=True)
+        print("torch.compile: compiling the whole step before step 0 (seconds; inductor caches it across processes)", flush=True)
     try:
         options = (
             ({"dp": args.dp} if args.dp > 1 else {})
