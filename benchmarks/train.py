@@ -98,6 +98,7 @@ def torch_peers(quick):
 
     peers = {
         "tutorial loop: Adam(), loss.item() every step": loop(sync=True),
+        "tutorial loop on 1 thread": loop(sync=True, threads=1),
         "Adam(foreach=True), no host sync": loop(sync=False, foreach=True),
         "Adam(fused=True), no host sync": loop(sync=False, fused=True),
         "Adam(fused=True), no host sync, 1 thread": loop(sync=False, threads=1, fused=True),
@@ -159,32 +160,58 @@ def jax_peers(quick):
     }, len(epochs[0])
 
 
+def _trainer_variants(backend, quick, with_compile):
+    """label -> (torch threads or None, train() options) of the project trainer's rows."""
+    name = f"{backend}_impl.train.train"
+    label = (
+        f"{name} (the project's trainer)"
+        if backend == "torch"
+        else f"{name} (the project's trainer: a jax.lax.scan per 16 steps, each queued before the last is read)"
+    )
+    variants = {label: (None, {})}
+    if backend == "torch":  # XLA reads its threads once, at start: JAX's one-thread figure is in RESULTS.md
+        variants[f"{name} on 1 thread (--threads 1)"] = (1, {})
+    if not quick:
+        variants[f"{name} with ModelConfig(attn_impl='fused')"] = (None, {"attn_impl": "fused"})
+    if backend == "torch" and with_compile:
+        variants[f"{name}(compile=True) (--compile: the whole step in one torch.compile graph, inductor)"] = (None, {"compile": True})
+        variants[f"{name}(compile=True) on 1 thread (--compile --threads 1)"] = (1, {"compile": True})
+    return variants
+
+
 def speed_tables(repeats, quick, with_compile):
+    """Steps/s of the usual loops and of the project trainer's variants. Their epochs are taken in
+    rounds (3, or one with --quick or under 3 repeats): each round runs every loop interleaved, then each trainer variant once, so a
+    slow or fast minute of a shared machine falls on all of them and not on one row."""
     sections = []
+    rounds = [repeats // 3 + (index < repeats % 3) for index in range(3)] if repeats >= 3 and not quick else [repeats]
     for backend in ("torch", "jax"):
         peers, steps = (torch_peers if backend == "torch" else jax_peers)(quick)
-        times = interleaved(peers, repeats, warmup=1, warmup_s=0.0 if quick else 0.2)
-        rows = {name: _steps_per_s(values, steps) for name, values in times.items()}
-        project, first, _ = project_epochs(backend, repeats, quick)
-        label = (
-            "torch_impl.train.train (the project's trainer)"
-            if backend == "torch"
-            else "jax_impl.train.train (the project's trainer: a jax.lax.scan per 16 steps, each queued before the last is read)"
-        )
-        rows[label] = _steps_per_s(project, steps)
-        notes = [
-            f"the project's trainer: {first:.2f} s from train() to the end of epoch 1 (set-up"
-            + (", tracing and compilation)" if backend == "jax" else ")")
+        variants = _trainer_variants(backend, quick, with_compile)
+        rows = {name: [] for name in [*peers, *variants]}
+        notes = {}
+        for count in rounds:
+            times = interleaved(peers, count, warmup=1, warmup_s=0.0 if quick else 0.2)
+            for name, values in times.items():
+                rows[name] += _steps_per_s(values, steps)
+            for label, (threads, options) in variants.items():
+                with bench_common.torch_threads(threads):
+                    epochs, first, history = project_epochs(backend, count, quick, **options)
+                rows[label] += _steps_per_s(epochs, steps)
+                if label == next(iter(variants)):
+                    notes.setdefault("first", []).append(first)
+                if history.compile_seconds is not None:
+                    notes.setdefault("compile", []).append(f"{history.compile_seconds:.1f}" + (" (1 thread)" if threads == 1 else ""))
+        lines = [
+            f"the project's trainer: {notes['first'][0]:.2f} s from train() to the end of epoch 1 in its first run (set-up"
+            + (", tracing and compilation; later runs in this process reuse the compiled steps)" if backend == "jax" else ")")
         ]
-        if not quick:
-            fused, _, _ = project_epochs(backend, repeats, quick, attn_impl="fused")
-            rows[label.split(" (")[0] + " with ModelConfig(attn_impl='fused')"] = _steps_per_s(fused, steps)
-        if backend == "torch" and with_compile:
-            compiled, _, history = project_epochs(backend, repeats, quick, compile=True)
-            rows["torch_impl.train.train(compile=True) (--compile: torch.compile, inductor)"] = _steps_per_s(compiled, steps)
-            notes.append(
-                f"--compile: {history.compile_seconds:.1f} s of torch.compile before step 0, apart from the steps "
-                "(inductor's cache across processes makes a second run's shorter)"
+        if "compile" in notes:
+            lines.append(
+                "--compile: seconds of torch.compile before step 0, apart from the steps, run by run in this process: "
+                + ", ".join(notes["compile"])
+                + " (a run reuses the graphs an earlier one built for the same thread count; inductor's cache across "
+                "processes shortens a new process's first)"
             )
         baseline = median(rows[next(iter(peers))])
         target = TARGETS[backend]
@@ -195,10 +222,10 @@ def speed_tables(repeats, quick, with_compile):
             body.append([name, f"{value:,.0f}", f"{low:,.0f}-{high:,.0f}", f"{value / baseline:.2f}x", f"{value / target:.2f}x"])
         sections.append(
             f"### {backend}: steady-state training steps per second, default config "
-            f"(median of {repeats} epochs of {steps} steps)\n\n"
+            f"(median of {repeats} epochs of {steps} steps, in {len(rounds)} interleaved round{'s' * (len(rounds) > 1)})\n\n"
             + table(["loop", "steps/s", "middle half", "vs tutorial loop", f"vs target {target:,}"], body)
             + "\n\n"
-            + "\n".join(f"- {note}" for note in notes)
+            + "\n".join(f"- {line}" for line in lines)
         )
     return "\n\n".join(sections)
 
@@ -274,10 +301,12 @@ def numpy_section(rows, reference, repeats, steps, first):
 
 
 def demo_table(runs):
-    """Each backend's default run against its framework's bare import, whole processes from start
-    to exit, interleaved: (import, run) per backend, `runs` times. The JAX command keeps its
-    compiled programs on disk (shared.tools.compile_cache), so it is timed twice per round: with
-    that cache emptied first (a first run), and once more right after (every later run)."""
+    """Each backend's default run against its framework's bare import and against the import of
+    its trainer module (the framework and every library the run needs, e.g. flax and optax: the
+    floor below which no run of that trainer can start), whole processes from start to exit,
+    interleaved, `runs` times. The JAX command keeps its compiled programs on disk
+    (shared.tools.compile_cache), so it is timed twice per round: with that cache emptied first
+    (a first run), and once more right after (every later run)."""
     from shared.tools import registry
 
     commands = {}
@@ -286,6 +315,7 @@ def demo_table(runs):
         run = [sys.executable, "-m", f"{package}.train", "--quiet"]
         commands[backend] = {
             "import": ([sys.executable, "-c", f"import {framework}"], f"`python -c 'import {framework}'`"),
+            "modules": ([sys.executable, "-c", f"import {package}.train"], f"`python -c 'import {package}.train'`"),
             "run": (run, f"`python -m {package}.train --quiet`" + (", compilation cache empty" if framework == "jax" else "")),
         }
         if framework == "jax":
@@ -305,18 +335,22 @@ def demo_table(runs):
                     times[backend, kind].append(time.perf_counter() - started)
                     if result.returncode != 0:
                         raise RuntimeError(f"{backend} {kind} failed:\n{result.stderr}")
-    rows = []
+    runs_rows, import_rows = [], []
     for backend, kinds in commands.items():
-        bare = times[backend, "import"]
+        bare, modules = times[backend, "import"], times[backend, "modules"]
+        for kind in ("import", "modules"):
+            import_rows.append([kinds[kind][1], ms(median(times[backend, kind])), spread(times[backend, kind])])
         for kind in kinds:
-            if kind != "import":
+            if kind not in ("import", "modules"):
                 run = times[backend, kind]
-                cells = [kinds[kind][1], ms(median(run)), spread(run), kinds["import"][1], ms(median(bare)), spread(bare)]
-                rows.append([*cells, ratio(median(run), median(bare))])
+                cells = [kinds[kind][1], ms(median(run)), spread(run)]
+                runs_rows.append([*cells, ratio(median(run), median(bare)), ratio(median(run), median(modules))])
     return (
-        f"### Start-up: the default run (imports, 3 epochs, compilation, the heatmap) against its framework's bare import, "
-        f"process start to exit (median of {runs} runs each, interleaved)\n\n"
-        + table(["run", "ms", "middle half", "bare import", "ms", "middle half", "run / import"], rows)
+        f"### Start-up: the default run (imports, 3 epochs, compilation, the heatmap) against its framework's bare import "
+        f"and against the import of its trainer module, process start to exit (median of {runs} runs each, interleaved)\n\n"
+        + table(["run", "ms", "middle half", "run / bare import", "run / its modules' import"], runs_rows)
+        + "\n\n"
+        + table(["import", "ms", "middle half"], import_rows)
     )
 
 
