@@ -331,6 +331,12 @@ def main(argv=None) -> int:
         help="set THP_MEM_ALLOC_ENABLE=1 before torch loads: its large buffers get transparent "
         "huge pages, so a fresh (B, H, T, T) tensor costs far fewer page faults",
     )
+    parser.add_argument(
+        "--keep-freed-memory",
+        action="store_true",
+        help="glibc's malloc keeps every freed buffer for reuse (bench_common.keep_freed_memory), so a fresh "
+        "(B, H, T, T) tensor reuses pages already mapped instead of page-faulting new ones (glibc only)",
+    )
     parser.add_argument("--memory-probe", choices=["torch", "jax"], help=argparse.SUPPRESS)
     parser.add_argument("--lengths", type=int, nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -341,6 +347,8 @@ def main(argv=None) -> int:
         if "torch" in sys.modules:
             parser.error("--thp works only before torch is imported: run `python benchmarks/attention.py --thp`")
         os.environ["THP_MEM_ALLOC_ENABLE"] = "1"  # read once, when torch's allocator starts
+    if args.keep_freed_memory and not bench_common.keep_freed_memory():
+        parser.error("--keep-freed-memory needs glibc's malloc (mallopt), which this system does not have")
     repeats = args.repeats or (3 if args.quick else 7)
     shown = ["benchmarks/attention.py"] + (argv if argv is not None else sys.argv[1:])
     with bench_common.torch_threads(1 if args.quick else None):
@@ -356,7 +364,8 @@ def run(args, repeats, shown):
         for framework in ("torch", "jax"):
             print("\n" + speed_table(framework, QUICK_SHAPES if args.quick else SHAPES, repeats, warmup_s), flush=True)
     if "memory" in parts:
-        print("\n" + memory_table(QUICK_MEMORY_T if args.quick else MEMORY_T, isolated=not args.quick), flush=True)
+        isolated = not args.quick or args.keep_freed_memory  # in this process, freed memory would stay resident
+        print("\n" + memory_table(QUICK_MEMORY_T if args.quick else MEMORY_T, isolated=isolated), flush=True)
     if "qkv" in parts:
         widths = [32] if args.quick else QKV_D
         print("\n" + qkv_table(widths, (2, 32) if args.quick else QKV_TOKENS, repeats, warmup_s), flush=True)

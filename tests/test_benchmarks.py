@@ -72,3 +72,27 @@ def test_the_scripts_refuse_a_count_outside_its_range_before_any_work(script, ar
     folder = Path(__file__).resolve().parents[1] / "benchmarks"
     result = subprocess.run([sys.executable, str(folder / script), *argv.split()], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and result.stdout == "" and message in result.stderr, result.stderr
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt and /proc/self/status")
+def test_keep_freed_memory_keeps_a_freed_large_buffer_resident_for_reuse():
+    """attention.py --keep-freed-memory: after bench_common.keep_freed_memory(), a freed 256 MiB
+    buffer stays mapped (resident memory does not fall), so the next one reuses its pages;
+    without it glibc unmaps the buffer when it is freed."""
+    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+    probe = (
+        "import sys, numpy as np, bench_common\n"
+        "kept = bench_common.keep_freed_memory() if sys.argv[1] == 'keep' else None\n"
+        "buffer = np.ones(64 << 20, dtype=np.float32)\n"
+        "during = bench_common._status_kib('VmRSS')\n"
+        "del buffer\n"
+        "print(kept, during, bench_common._status_kib('VmRSS'))\n"
+    )
+    found = {}
+    for mode in ("keep", "default"):
+        result = subprocess.run([sys.executable, "-c", probe, mode], cwd=folder, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        kept, during, after = result.stdout.split()
+        found[mode] = (kept, (int(during) - int(after)) >> 10)  # MiB handed back when the buffer was freed
+    assert found["keep"][0] == "True" and found["keep"][1] < 16, found  # (mallopt succeeded, MiB handed back)
+    assert found["default"][1] > 200, found
