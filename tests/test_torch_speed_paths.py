@@ -212,6 +212,20 @@ def test_compiling_the_step_leaves_the_weights_and_adam_state_as_they_were(count
     assert str(from_step.value) == str(from_forward.value)
 
 
+def test_each_run_compiles_its_own_step_so_no_recompile_limit_builds_up_across_runs(counted_compiles):
+    import torch._dynamo
+
+    config = TrainConfig(epochs=1, batch_size=8, n_sequences=16, seed=5)
+    with torch._dynamo.config.patch(recompile_limit=1):  # 8 in torch: a ninth configuration in one process would fail
+        for model_config in (SMALL_MODEL, dataclasses.replace(SMALL_MODEL, max_len=SMALL_MODEL.max_len + 1)):
+            assert train(model_config, config, compile=True).compile_seconds > 0
+        assert len(counted_compiles) == 2
+        uneven = dataclasses.replace(config, n_sequences=20)  # batches of 8, 8 and 4: a second graph, over the limit of 1
+        message = r"^torch.compile: a recompile limit of torch._dynamo was reached \(recompile_limit 1 per function, "
+        with pytest.raises(ValueError, match=message):  # one line that says what to do, not dynamo's traceback
+            train(SMALL_MODEL, uneven, compile=True)
+
+
 def test_compile_refuses_data_parallel_and_names_a_failed_compilation(monkeypatch):
     with pytest.raises(ValueError, match=r"^compile with dp=2: torch.compile runs on one device here \(dp=1\)$"):
         train(SMALL_MODEL, SMALL, compile=True, dp=2)

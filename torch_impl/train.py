@@ -18,6 +18,7 @@ if __name__ == "__main__":  # the command line belongs to the tools layer: parse
 
 import contextlib
 import time
+import types
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, cast
 
@@ -135,7 +136,7 @@ def compile_step(model: TinyLM, optimizer: FusedAdam, batches: list[tuple[np.nda
     compiles faster. Raises ValueError when torch.compile fails (inductor needs a C++ compiler, for
     one; a graph break is a failure too, not a silently slower run)."""
     import torch._dynamo  # imported only when asked for (it takes about as long as torch itself)
-    from torch._dynamo.exc import TorchDynamoException
+    from torch._dynamo.exc import FailOnRecompileLimitHit, TorchDynamoException
 
     started = time.perf_counter()
     names = [name for name, _ in model.named_parameters()]
@@ -154,7 +155,11 @@ def compile_step(model: TinyLM, optimizer: FusedAdam, batches: list[tuple[np.nda
                 _adam_update(parameter, grad, state, lr, beta1, beta2, eps)
         return loss.detach()
 
-    compiled = torch.compile(whole_step, backend=COMPILE_BACKEND, fullgraph=True, dynamic=False)
+    # a code object of its own: torch.compile keeps its graphs per code object, and with the one
+    # every run's whole_step shares, dynamo's limit of 8 recompilations would refuse a ninth
+    # configuration compiled in the same process
+    own = types.FunctionType(whole_step.__code__.replace(), whole_step.__globals__, "whole_step", None, whole_step.__closure__)
+    compiled = torch.compile(own, backend=COMPILE_BACKEND, fullgraph=True, dynamic=False)
     device = next(model.parameters()).device
     shapes: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
     for x, y in batches:  # the first batch of each shape: the full one, then a shorter last one
@@ -165,6 +170,12 @@ def compile_step(model: TinyLM, optimizer: FusedAdam, batches: list[tuple[np.nda
         with _ids_checked_per_epoch(model, list(shapes.values())), torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
             for x, y in shapes.values():  # as the steps will run it: one graph per shape, no recompilation after
                 compiled(params, states, torch.from_numpy(x).to(device), torch.from_numpy(y).to(device))
+    except FailOnRecompileLimitHit as error:  # the process-wide limit still counts every run's compilations
+        limits = torch._dynamo.config
+        raise ValueError(
+            f"torch.compile: a recompile limit of torch._dynamo was reached (recompile_limit {limits.recompile_limit} per function, "
+            f"accumulated_recompile_limit {limits.accumulated_recompile_limit} per process); start a new process or call torch.compiler.reset()"
+        ) from error
     except TorchDynamoException as error:
         cause = getattr(error, "inner_exception", None) or error  # BackendCompilerFailed wraps what the backend raised
         backend = getattr(COMPILE_BACKEND, "__name__", COMPILE_BACKEND)
