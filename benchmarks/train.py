@@ -210,8 +210,8 @@ def speed_tables(repeats, quick, with_compile):
             lines.append(
                 "--compile: seconds of torch.compile before step 0, apart from the steps, run by run in this process: "
                 + ", ".join(notes["compile"])
-                + " (a run reuses the graphs an earlier one built for the same thread count; inductor's cache across "
-                "processes shortens a new process's first)"
+                + " (each run compiles its own step; inductor's cache on disk, across runs and processes, makes every "
+                "compilation after the first on a machine shorter)"
             )
         baseline = median(rows[next(iter(peers))])
         target = TARGETS[backend]
