@@ -79,8 +79,9 @@ def train(
     device: "cpu" or "cuda" (torch's first CUDA device); the returned model and optimizer live
     there, and everything that takes a model (predict, attend, generate, to_exchange) runs there.
     compile: every step runs as one graph of torch.compile (forward, backward and Adam's update:
-    compile_step), compiled before the first step; its seconds are History.compile_seconds. It pays only on long runs (benchmarks/RESULTS.md);
-    one device only (dp=1). The returned model is the plain TinyLM either way.
+    compile_step), compiled before the first step; its seconds are History.compile_seconds. It
+    pays only on long runs (benchmarks/RESULTS.md); one device only (dp=1). The returned model is
+    the plain TinyLM either way.
     Raises ValueError before any work for a device torch does not have or compile with dp > 1,
     ValueError when torch.compile fails, and training.NonFiniteLossError naming the first step
     whose loss was NaN or infinite.
