@@ -162,18 +162,21 @@ def jax_peers(quick):
 
 def _trainer_variants(backend, quick, with_compile):
     """label -> (torch threads or None, train() options) of the project trainer's rows."""
-    name = f"{backend}_impl.train.train"
+    from shared.tools import registry
+
+    entry = registry.get(backend)
+    name = f"{entry.package}.train.train"
     label = (
         f"{name} (the project's trainer)"
-        if backend == "torch"
+        if entry.framework == "torch"
         else f"{name} (the project's trainer: a jax.lax.scan per 16 steps, each queued before the last is read)"
     )
     variants = {label: (None, {})}
-    if backend == "torch":  # XLA reads its threads once, at start: JAX's one-thread figure is in RESULTS.md
+    if entry.framework == "torch":  # XLA reads its threads once, at start: JAX's one-thread figure is in RESULTS.md
         variants[f"{name} on 1 thread (--threads 1)"] = (1, {})
     if not quick:
         variants[f"{name} with ModelConfig(attn_impl='fused')"] = (None, {"attn_impl": "fused"})
-    if backend == "torch" and with_compile:
+    if "compile" in entry.supports and with_compile:
         variants[f"{name}(compile=True) (--compile: the whole step in one torch.compile graph, inductor)"] = (None, {"compile": True})
         variants[f"{name}(compile=True) on 1 thread (--compile --threads 1)"] = (1, {"compile": True})
     return variants
@@ -181,8 +184,9 @@ def _trainer_variants(backend, quick, with_compile):
 
 def speed_tables(repeats, quick, with_compile):
     """Steps/s of the usual loops and of the project trainer's variants. Their epochs are taken in
-    rounds (3, or one with --quick or under 3 repeats): each round runs every loop interleaved, then each trainer variant once, so a
-    slow or fast minute of a shared machine falls on all of them and not on one row."""
+    rounds (3, or one with --quick or under 3 repeats): each round runs every loop interleaved,
+    then each trainer variant once, so a slow or fast minute of a shared machine falls on all of
+    them and not on one row."""
     sections = []
     rounds = [repeats // 3 + (index < repeats % 3) for index in range(3)] if repeats >= 3 and not quick else [repeats]
     for backend in ("torch", "jax"):
