@@ -68,8 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser, backend: str | None = None) -
     run.add_argument(
         "--compile",
         action="store_true",
-        help="torch.compile the model before the first step (torch; not with --dp): faster steps, "
-        "seconds of compilation first (reported apart; inductor caches them across processes): pays on long runs",
+        help="torch.compile the whole step (forward, backward, Adam) before the first one (torch; not with --dp): "
+        "faster steps, seconds of compilation first (reported apart; inductor caches them across processes): pays on long runs",
     )
     run.add_argument(
         "--no-jax-cache",
