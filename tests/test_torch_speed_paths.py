@@ -165,6 +165,7 @@ def test_compile_builds_every_batch_shape_before_step_0_and_trains_as_the_eager_
     )
     for name, value in eager.model.state_dict().items():
         np.testing.assert_allclose(compiled.model.state_dict()[name].numpy(), value.numpy(), rtol=0, atol=1e-10, err_msg=name)
+    assert all(parameter.grad is None or parameter.grad.abs().sum() > 0 for parameter in compiled.model.parameters())
     compiled_adam = train_module.optimizer_to_exchange(compiled.optimizer, compiled.model, config)
     eager_adam = train_module.optimizer_to_exchange(eager.optimizer, eager.model, config)
     assert compiled_adam.step == eager_adam.step == 8
