@@ -1,6 +1,7 @@
 """The benchmarks keep working: `mhsa bench --quick` runs both scripts in seconds and prints
 every table. No timing is asserted: these sizes are too small to mean anything."""
 
+import importlib.util
 import re
 import subprocess
 import sys
@@ -96,3 +97,21 @@ def test_keep_freed_memory_keeps_a_freed_large_buffer_resident_for_reuse():
         found[mode] = (kept, (int(during) - int(after)) >> 10)  # MiB handed back when the buffer was freed
     assert found["keep"][0] == "True" and found["keep"][1] < 16, found  # (mallopt succeeded, MiB handed back)
     assert found["default"][1] > 200, found
+
+
+def test_keep_freed_memory_is_refused_in_one_line_before_any_work_where_malloc_has_no_mallopt(monkeypatch, capsys):
+    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+    monkeypatch.syspath_prepend(str(folder))
+    import bench_common
+
+    monkeypatch.setattr(bench_common, "keep_freed_memory", lambda: False)  # what it returns without glibc
+    spec = importlib.util.spec_from_file_location("attention_under_test", folder / "attention.py")
+    attention = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(attention)
+    with pytest.raises(SystemExit) as exit_:
+        attention.main(["--keep-freed-memory", "--only", "qkv"])
+    captured = capsys.readouterr()
+    assert exit_.value.code == 2 and captured.out == "", captured.out  # no header, no table: nothing measured
+    assert (
+        captured.err.strip().splitlines()[-1].endswith("error: --keep-freed-memory needs glibc's malloc (mallopt), which this system does not have")
+    )
