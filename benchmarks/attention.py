@@ -217,10 +217,9 @@ def memory_rows(framework, lengths):
 def _probe(framework, lengths) -> None:
     """--memory-probe: a fresh process in which glibc returns every buffer of 64 KiB or more to
     the system when it is freed, so resident memory follows what is alive; prints JSON."""
-    import ctypes
     import json
 
-    ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 16)  # M_MMAP_THRESHOLD: fixed, not adaptive
+    bench_common.mallopt((bench_common.M_MMAP_THRESHOLD, 1 << 16))  # fixed, not adaptive
     print(json.dumps({str(T): row for T, row in memory_rows(framework, lengths).items()}))
 
 

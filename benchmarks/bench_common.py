@@ -42,22 +42,30 @@ def torch_threads(count: int | None):
         torch.set_num_threads(previous)
 
 
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4  # glibc's malloc.h
+
+
+def mallopt(*settings: tuple[int, int]) -> bool:
+    """glibc's mallopt(option, value) for each (option, value), for the rest of this process;
+    False where there is no glibc, or where it refuses one of them."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        call = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    return all([bool(call(option, value)) for option, value in settings])
+
+
 def keep_freed_memory() -> bool:
     """Make glibc's malloc keep every buffer it frees for reuse, for the rest of this process: no
     buffer is mmap-ed (M_MMAP_MAX 0), so none is unmapped when freed, and the heap's top is handed
     back to the kernel only beyond 2 GiB (M_TRIM_THRESHOLD). A fresh large tensor then reuses
     pages already mapped instead of page-faulting new ones in. The same as starting the process
     with GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=2147483647.
-    Returns False where there is no glibc (nothing is changed)."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return False
-    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's malloc.h
-    return bool(mallopt(M_MMAP_MAX, 0) and mallopt(M_TRIM_THRESHOLD, (1 << 31) - 1))
+    Returns False where there is no glibc."""
+    return mallopt((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, (1 << 31) - 1))
 
 
 def cpu_model() -> str:
