@@ -1,6 +1,6 @@
 """JAX's persistent compilation cache for a command that compiles the same programs on every
-run (`mhsa parity`, and the JAX trainer's command line): the second run reads the compiled programs from disk instead of compiling
-them again. The cache is keyed by the program, the compile options, the JAX and jaxlib versions
+run (`mhsa parity`, and the JAX trainer's command line): the second run reads the compiled
+programs from disk instead of compiling them again. The cache is keyed by the program, the compile options, the JAX and jaxlib versions
 and the device, so a hit is the executable a compilation would have produced: the numbers are
 the same, only the compile time goes.
 
