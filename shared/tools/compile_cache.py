@@ -46,6 +46,7 @@ def enable_jax_cache(directory: str | Path | None = None, size_limit: int = SIZE
             raise PermissionError(f"not writable: {chosen}")
     except OSError as error:
         return f"{OFF}, {chosen} cannot be used ({error}): every program was compiled afresh"
+    _complete_access_times(chosen)
     jax.config.update("jax_compilation_cache_dir", str(chosen))
     # JAX's defaults keep only programs that took over a second to compile; this report's
     # programs are many and small, and compiling them is most of its JAX time
@@ -53,3 +54,19 @@ def enable_jax_cache(directory: str | Path | None = None, size_limit: int = SIZE
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)  # no size limit, and JAX may not raise it
     jax.config.update("jax_compilation_cache_max_size", size_limit)  # least recently read entries go first
     return f"JAX's compiled programs are kept in {chosen} for the next run (--no-jax-cache: compile afresh)"
+
+
+def _complete_access_times(folder: Path) -> None:
+    """Give every entry of `folder` that lacks one the access-time file of JAX's size limit, dated
+    when the entry was written. JAX writes an entry and then its access time; an entry without one
+    (a kill between the two writes, or a folder kept before the limit was set) makes its eviction
+    scan fail at every later write, so nothing new would be kept and every write would warn."""
+    from jax._src.lru_cache import _ATIME_SUFFIX, _CACHE_SUFFIX  # JAX's own names (jaxlib pinned in constraints.txt)
+
+    for entry in folder.glob(f"*{_CACHE_SUFFIX}"):
+        access_time = folder / (entry.name.removesuffix(_CACHE_SUFFIX) + _ATIME_SUFFIX)
+        if not access_time.exists():
+            try:
+                access_time.write_bytes(entry.stat().st_mtime_ns.to_bytes(8, "little"))  # JAX's format: ns, little-endian
+            except OSError:  # the entry went meanwhile (another run evicted it), or the folder turned read-only
+                continue
