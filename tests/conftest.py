@@ -7,13 +7,18 @@ subprocesses they start, so a computation compiled once (a train step of SMALL, 
 compiled again by the next call, process or session that needs it: pytest's cache folder
 (.pytest_cache/d/mhsa-jax, kept between sessions that ended normally: tests/jax_cache.py),
 or a temporary folder removed at the end when pytest's cache is off (-p no:cacheprovider).
-A JAX_COMPILATION_CACHE_DIR set by the caller is used as it is and left alone."""
+A JAX_COMPILATION_CACHE_DIR set by the caller is used as it is and left alone.
+
+XLA compiles the tests' programs with its quickest settings (tests/xla_flags.py), added to the
+caller's XLA_FLAGS, so the tests' subprocesses compile that way too."""
 
 import os
 import shutil
 import signal
 import tempfile
 from pathlib import Path
+
+from tests.xla_flags import with_quick_compile
 
 # a session started with Ctrl-C ignored (a background job of a non-interactive shell) would pass
 # that on to the processes the Ctrl-C tests start, and they would wait for a Ctrl-C that never
@@ -28,6 +33,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # by default JAX also points XLA's GPU autotuning cache into the cache folder, and that path
 # enters every cache key: an entry of worker gw0's folder never matched in gw1's, however shared
 os.environ.setdefault("JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES", "none")
+os.environ["XLA_FLAGS"] = with_quick_compile(os.environ.get("XLA_FLAGS", ""))  # tests/xla_flags.py
 # one subfolder per pytest-xdist worker: JAX writes an entry in place, without a lock unless the
 # cache has a size limit, and a size limit rescans the whole folder on every write
 if "PYTEST_XDIST_WORKER" in os.environ:

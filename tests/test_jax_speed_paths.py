@@ -6,6 +6,11 @@ a run compiles its programs, not one per parameter shape.
 No GPU here: "cuda" is tested as a refusal; the committed-device path is the one a GPU run takes
 (the arrays are committed to the device train() was given), exercised on the CPU device."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -17,8 +22,11 @@ from flax import nnx  # noqa: E402
 from jax_impl import generate, model, train  # noqa: E402
 from shared import training  # noqa: E402
 from shared.config import ModelConfig, TrainConfig  # noqa: E402
+from shared.history import History  # noqa: E402
+from shared.tolerances import assert_close, tolerance  # noqa: E402
 from shared.tools import registry  # noqa: E402
 from tests.backends import SMALL, names  # noqa: E402
+from tests.xla_flags import without_quick_compile  # noqa: E402
 
 CONFIG = TrainConfig(epochs=2, n_sequences=100, batch_size=6)  # 17 steps per epoch: two chunks of 16, one of 1, and a last batch of 4
 
@@ -161,3 +169,19 @@ def test_no_jax_cache_is_refused_for_a_backend_without_jax(capsys, name):
     from tests.commands import refused
 
     assert f"--no-jax-cache: the {name} backend does not compile with JAX" in refused(capsys, "train", "--backend", name, "--no-jax-cache")
+
+
+def test_the_default_run_compiled_with_xlas_own_settings_agrees_with_every_trainer(default_run, tmp_path):
+    """The tests compile JAX programs with XLA's quickest settings (tests/xla_flags.py); a user's
+    run compiles with XLA's defaults. The default run, trained here as a user trains it (its own
+    process, XLA's settings), holds every trainer's default run at the trajectory tolerance."""
+    root = Path(__file__).resolve().parents[1]  # the checkout whose jax_impl is tested
+    env = {**os.environ, "PYTHONPATH": str(root), "XLA_FLAGS": without_quick_compile(os.environ.get("XLA_FLAGS", ""))}
+    command = [sys.executable, "-m", "jax_impl.train", "--quiet", "--history", "users.json"]
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    users = History.load(tmp_path / "users.json").losses
+    assert len(users) == 192
+    for name in names("train"):
+        theirs = default_run(name, "float32").losses
+        assert_close(f"float32 loss trajectory jax (XLA's own settings) vs {name}", users, theirs, tolerance("trajectory", "float32"))

@@ -23,6 +23,7 @@ from shared.tolerances import tolerance
 from shared.tools import dp_parity
 from shared.tools.registry import get, names
 from tests.backends import SMALL
+from tests.xla_flags import with_quick_compile
 
 ROOT = Path(__file__).resolve().parent.parent
 # float64: batches of 12, 12 and a last one of 4 per epoch, each splits into 2 and into 4 shards;
@@ -98,7 +99,7 @@ def jax_child(folder: str) -> None:
 def jax_started(tmp_path_factory):
     """Start the JAX subprocess at once, so it runs while the torch ranks train."""
     folder = tmp_path_factory.mktemp("jax_dp")
-    env = dict(os.environ, PYTHONPATH=str(ROOT), XLA_FLAGS="")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), XLA_FLAGS=with_quick_compile(""))
     code = f"import tests.test_parallel as t; t.jax_child({str(folder)!r})"
     process = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     yield process, folder
