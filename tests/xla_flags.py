@@ -12,7 +12,10 @@ trains the default run that way, in its own process, and holds it to every train
 (test_jax_speed_paths.py).
 
 Only the compiler's own passes change; JAX hashes XLA_FLAGS into its compilation cache
-keys, so a program compiled this way is never read by a run without them.
+keys, so a program compiled this way is never read by a run without them. Both options are
+debug options of the jaxlib pinned in constraints.txt: a jaxlib without one of them aborts the
+tests at JAX's first use with XLA's fatal "Unknown flag in XLA_FLAGS", so a jaxlib upgrade checks
+them first.
 """
 
 QUICK_COMPILE = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
