@@ -230,6 +230,16 @@ def test_a_wrong_cache_is_refused_before_any_work(name):
     assert k.shape[2] == 6  # the refused chunk wrote nothing
 
 
+def test_a_weight_too_small_for_a_bar_ends_its_line_at_its_digits():
+    from shared.tools.generate import attention_row
+
+    assert attention_row(np.array([0.001, 0.999]), [7, 3]).splitlines() == [
+        " pos   id  weight",
+        "   0    7   0.001",
+        "   1    3   0.999  " + "#" * 40,
+    ]
+
+
 def test_the_generate_command_prints_the_tokens_and_the_last_tokens_attention(tmp_path, capsys):
     from shared import weights
     from shared.tools.cli import main

@@ -42,7 +42,7 @@ def attention_row(weights_row: np.ndarray, tokens: list[int]) -> str:
     """One query's weights (T,) over the keys, one line per key: position, id, weight, bar."""
     lines = [f"{'pos':>4} {'id':>4}  weight"]
     for position, (token, weight) in enumerate(zip(tokens, weights_row)):
-        lines.append(f"{position:>4} {token:>4}  {weight:6.3f}  {'#' * round(float(weight) * BAR)}")
+        lines.append(f"{position:>4} {token:>4}  {weight:6.3f}  {'#' * round(float(weight) * BAR)}".rstrip())  # no bar, no trailing spaces
     return "\n".join(lines)
 
 
