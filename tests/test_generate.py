@@ -240,6 +240,23 @@ def test_a_weight_too_small_for_a_bar_ends_its_line_at_its_digits():
     ]
 
 
+@pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning", "ignore:invalid value:RuntimeWarning")  # NumPy's, on purpose
+def test_a_nan_weight_gets_the_heatmaps_nan_mark_not_a_traceback(tmp_path, capsys):
+    """Weights finite but large enough to overflow the scores (1e30 in the QKV projection) give
+    NaN attention weights; the command prints them as the heatmap does."""
+    from shared import weights
+    from shared.tools.cli import main
+    from shared.tools.generate import attention_row
+    from shared.tools.heatmap import NAN
+
+    assert attention_row(np.array([np.nan, 1.0]), [7, 3]).splitlines()[1] == f"   0    7     nan  {NAN}"
+    huge = {key: value * 1e30 if "qkv" in key else value for key, value in init_weights(SMALL, 10).items()}
+    weights.save(tmp_path / "huge.safetensors", huge, SMALL)
+    argv = ["generate", "--backend", GENERATORS[0], "--load", str(tmp_path / "huge.safetensors"), "--prompt", "1,2", "--max-new-tokens", "2"]
+    assert main([*argv, "--heatmap-head", "0"]) == 0
+    assert f"     nan  {NAN}" in capsys.readouterr().out
+
+
 def test_the_generate_command_prints_the_tokens_and_the_last_tokens_attention(tmp_path, capsys):
     from shared import weights
     from shared.tools.cli import main

@@ -5,6 +5,7 @@ over the whole context."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from shared import weights
 from shared.tools import registry
 from shared.tools.flags import int_flag, positive_float
 from shared.tools.heads import token_list
+from shared.tools.heatmap import NAN
 from shared.tools.threads import add_threads_argument
 
 BAR = 40  # characters for a weight of 1
@@ -39,10 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def attention_row(weights_row: np.ndarray, tokens: list[int]) -> str:
-    """One query's weights (T,) over the keys, one line per key: position, id, weight, bar."""
+    """One query's weights (T,) over the keys, one line per key: position, id, weight, bar (the
+    heatmap's NAN mark for a NaN weight, which weights finite but large enough to overflow give)."""
     lines = [f"{'pos':>4} {'id':>4}  weight"]
     for position, (token, weight) in enumerate(zip(tokens, weights_row)):
-        lines.append(f"{position:>4} {token:>4}  {weight:6.3f}  {'#' * round(float(weight) * BAR)}".rstrip())  # no bar, no trailing spaces
+        bar = NAN if math.isnan(weight) else "#" * round(float(weight) * BAR)
+        lines.append(f"{position:>4} {token:>4}  {weight:6.3f}  {bar}".rstrip())  # no bar, no trailing spaces
     return "\n".join(lines)
 
 
