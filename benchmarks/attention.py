@@ -16,7 +16,7 @@ import sys
 import bench_common  # noqa: F401  (puts the repository on sys.path)
 from bench_common import interleaved, jax_module, median, mib, ms, ratio, spread, table
 
-from shared.tools.flags import int_flag  # noqa: E402  (after bench_common puts the repository on sys.path)
+from mhsa.flags import int_flag  # noqa: E402  (after bench_common puts the repository on sys.path)
 
 SHAPES = [(4, 1024, 256, 8), (2, 2048, 512, 8)]  # B, T, D, H
 QUICK_SHAPES = [(2, 64, 32, 4)]

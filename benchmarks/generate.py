@@ -21,7 +21,7 @@ import bench_common
 import numpy as np
 from bench_common import interleaved, median, table
 
-from shared.tools.flags import int_flag  # noqa: E402  (after bench_common puts the repository on sys.path)
+from mhsa.flags import int_flag  # noqa: E402  (after bench_common puts the repository on sys.path)
 
 LENGTHS = [64, 256, 1024]
 QUICK_LENGTHS = [16, 32]
@@ -40,8 +40,8 @@ def rewind(cache, length):
 
 def candidates(name, T, sizes, seed=0):
     """'cached' and 'uncached': one step at context length T, each a no-argument function."""
+    from mhsa import registry
     from shared.config import ModelConfig
-    from shared.tools import registry
     from shared.weights import init_weights
 
     backend = registry.get(name)
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
     lengths, sizes = (QUICK_LENGTHS, QUICK_SIZES) if args.quick else (LENGTHS, SIZES)
     shown = ["benchmarks/generate.py"] + (argv if argv is not None else sys.argv[1:])
 
-    from shared.tools import registry
+    from mhsa import registry
 
     frameworks = [name for name in registry.names("generate") if name in registry.names("layers")]
     import torch  # noqa: F401  (imported first, so that the header names its thread count)

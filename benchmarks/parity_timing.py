@@ -22,9 +22,9 @@ variants = {
         other,
         None,
     ),
-    "now, first run (empty JAX cache)": ([py, "-m", "shared.tools.parity"], here, "cold"),
-    "now, next run (JAX cache filled)": ([py, "-m", "shared.tools.parity"], here, "warm"),
-    "now, --no-jax-cache": ([py, "-m", "shared.tools.parity", "--no-jax-cache"], here, None),
+    "now, first run (empty JAX cache)": ([py, "-m", "mhsa.parity"], here, "cold"),
+    "now, next run (JAX cache filled)": ([py, "-m", "mhsa.parity"], here, "warm"),
+    "now, --no-jax-cache": ([py, "-m", "mhsa.parity", "--no-jax-cache"], here, None),
 }
 times = {name: [] for name in variants}
 for _ in range(rounds):

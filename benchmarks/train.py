@@ -21,7 +21,7 @@ import time
 import bench_common
 from bench_common import interleaved, median, middle_half, ms, ratio, spread, table
 
-from shared.tools.flags import int_flag  # noqa: E402  (after bench_common puts the repository on sys.path)
+from mhsa.flags import int_flag  # noqa: E402  (after bench_common puts the repository on sys.path)
 
 TARGETS = {"torch": 1500, "jax": 2500, "numpy": 1000}  # steps/s, issues 8 and 14
 
@@ -42,7 +42,7 @@ def project_epochs(backend, repeats, quick, attn_impl="explicit", **options):
     set-up and, in JAX, compilation), timed between the on_step calls that open each epoch;
     and the seconds from train() to epoch 1's first step report. options: train()'s own
     (compile=True), whose History is returned third."""
-    from shared.tools import registry
+    from mhsa import registry
 
     trainer = registry.get(backend).train
     model_config, config = _configs(quick, epochs=repeats + 1, attn_impl=attn_impl)
@@ -162,7 +162,7 @@ def jax_peers(quick):
 
 def _trainer_variants(backend, quick, with_compile):
     """label -> (torch threads or None, train() options) of the project trainer's rows."""
-    from shared.tools import registry
+    from mhsa import registry
 
     entry = registry.get(backend)
     name = f"{entry.package}.train.train"
@@ -309,9 +309,9 @@ def demo_table(runs):
     its trainer module (the framework and every library the run needs, e.g. flax and optax: the
     floor below which no run of that trainer can start), whole processes from start to exit,
     interleaved, `runs` times. The JAX command keeps its compiled programs on disk
-    (shared.tools.compile_cache), so it is timed twice per round: with that cache emptied first
+    (mhsa.compile_cache), so it is timed twice per round: with that cache emptied first
     (a first run), and once more right after (every later run)."""
-    from shared.tools import registry
+    from mhsa import registry
 
     commands = {}
     for backend in registry.names("train"):
@@ -364,8 +364,8 @@ def demo_table(runs):
 def gap_table(quick):
     import numpy as np
 
+    from mhsa import registry
     from shared.config import ModelConfig, TrainConfig
-    from shared.tools import registry
 
     rows = []
     for dtype in ("float32",) if quick else ("float32", "float64"):  # float64 turns jax_enable_x64 on: last
@@ -395,8 +395,8 @@ def gap_table(quick):
 
 def dp_epochs(backend, dp, batch_size, repeats, quick):
     """Seconds per epoch (epochs 2.., as project_epochs) of train(..., dp=dp) at a global batch."""
+    from mhsa import registry
     from shared.config import ModelConfig, TrainConfig
-    from shared.tools import registry
 
     steps = 8 if quick else 64
     config = TrainConfig(epochs=repeats + 1, batch_size=batch_size, n_sequences=steps * batch_size)
@@ -416,7 +416,7 @@ def dp_epochs(backend, dp, batch_size, repeats, quick):
 def dp_table(repeats, quick):
     """steps/s at dp = 1, 2 for each backend and two global batches, and the overhead share: how
     much of a dp=2 step is not the dp=1 step on one shard (B/2), i.e. communication and waiting."""
-    from shared.tools import registry
+    from mhsa import registry
 
     rows = []
     for backend in registry.names("dp"):
@@ -459,7 +459,7 @@ def main(argv=None) -> int:
     parser.add_argument("--only", choices=["speed", "numpy", "demo", "gap", "dp"], action="append", help="run only this table (repeatable)")
     args = parser.parse_args(argv)
     if args.only == ["dp"]:  # JAX needs its 2 CPU devices before it starts (other tables run without)
-        from shared.tools import dp_parity
+        from mhsa.parity import data_parallel as dp_parity
 
         dp_parity.prepare(2)
     repeats = args.repeats or (3 if args.quick else 7)

@@ -107,6 +107,8 @@ def from_exchange(arrays: dict[str, np.ndarray], config: ModelConfig) -> TinyLM:
     """A TinyLM holding the exchange arrays, in their dtype. Everything is checked before
     anything is assigned (nnx.update checks no shapes); linear weights are transposed here."""
     dtype = weights.validate(arrays, config)
+    if dtype == "float64":
+        jax.config.update("jax_enable_x64", True)  # off by default: float64 would silently become float32
     model = _empty(config, dtype)
     assign_exchange(model, arrays)
     return model

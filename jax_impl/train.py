@@ -9,7 +9,7 @@ if __name__ == "__main__":  # the command line belongs to the tools layer: parse
     import sys
 
     try:  # Ctrl-C while the command line is still being imported: one line and 130, as at any later moment
-        from shared.tools.train_cli import main
+        from mhsa.train_cli import main
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         raise SystemExit(130) from None
@@ -20,12 +20,12 @@ import time
 from collections.abc import Callable, Sequence
 
 import jax
-import jax.extend.backend
 import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
 
+from jax_impl.device import resolve
 from jax_impl.model import TinyLM, assign_exchange, from_exchange, grads_to_exchange, loss_fn
 from shared import training
 from shared.adam_state import AdamState
@@ -80,7 +80,6 @@ def train(
     init: str = "shared",
     on_step: Callable[[int, float], object] | None = None,
     resume: AdamState | None = None,
-    dp: int = 1,
     device: str = "cpu",
 ) -> History:
     """Train from `init` ("shared", "native" or a weights file); returns the History with the
@@ -89,18 +88,13 @@ def train(
     resume: an AdamState saved with those weights (by either backend): the run continues
     where it stopped, with the same moments, step count and remaining batches.
     on_step(step, loss) is called for every step once its run of steps has finished.
-    dp: data-parallel ranks; dp > 1 splits every batch over dp devices (jax_impl.parallel).
     device: "cpu" or "cuda" (JAX's first CUDA device); the returned model and optimizer live
     there, and everything that takes a model (predict, attend, generate, to_exchange) runs there.
+    Data parallel is jax_impl.parallel.train, which runs this file's scan_steps over a mesh.
     Raises ValueError before any work for a device JAX does not have, and
     training.NonFiniteLossError naming the first step whose loss was NaN or infinite.
     """
-    training.check_device(device, dp)
-    if dp != 1:  # the same run over dp devices: the framework's own data-parallel engine
-        from jax_impl import parallel
-
-        return parallel.train(model_config, train_config, dp, init, on_step, resume)
-    target = _device(device)
+    target = resolve(training.check_device(device))
     started = time.perf_counter()
     start_epoch = training.first_epoch(resume, train_config)
     if train_config.dtype == "float64":
@@ -136,17 +130,6 @@ def train(
     return training.history("jax", model_config, train_config, losses, started, model, optimizer, start_epoch)
 
 
-def _device(device: str) -> jax.Device:
-    """The JAX device for a checked `device` name: the first CPU device, or the first CUDA device.
-    Raises ValueError when JAX has no such backend (a CPU-only jaxlib has no CUDA)."""
-    platform = "cuda" if device == "cuda" else "cpu"
-    try:
-        return jax.devices(platform)[0]
-    except RuntimeError:  # JAX: "Unknown backend cuda" (no CUDA plugin) or no device on it
-        names = ", ".join(sorted(jax.extend.backend.backends()))
-        raise ValueError(f"device {device!r}: jax sees no CUDA device (jax {jax.__version__}: backends {names})") from None
-
-
 @functools.cache
 def _transform(lr: float, betas: tuple[float, float], eps: float) -> optax.GradientTransformation:
     """optax.adam(lr, *betas, eps=eps), one object per setting: the transform is part of the graph
@@ -159,7 +142,7 @@ def new_optimizer(model: TinyLM, train_config: TrainConfig) -> nnx.Optimizer:
     """nnx.Optimizer(model, optax.adam(lr, *betas, eps=eps), wrt=nnx.Param), built without a
     compilation: Adam starts from zeros (its step count and both moments), so nnx.eval_shape gives
     the structure and NumPy the zeros. Eagerly, optax's init compiles a zeros_like per parameter
-    shape, a share of the start-up; tests/test_jax_speed_paths.py holds the two equal."""
+    shape, a share of the start-up; tests/implementations/test_jax_speed_paths.py holds the two equal."""
     tx = _transform(train_config.lr, train_config.betas, train_config.eps)
     graphdef, state = nnx.split(nnx.eval_shape(lambda model: nnx.Optimizer(model, tx, wrt=nnx.Param), model))
     return nnx.merge(graphdef, jax.tree.map(lambda leaf: jax.device_put(np.zeros(leaf.shape, leaf.dtype)), state))

@@ -13,7 +13,7 @@ if __name__ == "__main__":  # the command line belongs to the tools layer: parse
     import sys
 
     try:  # Ctrl-C while the command line is still being imported: one line and 130, as at any later moment
-        from shared.tools.train_cli import main
+        from mhsa.train_cli import main
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         raise SystemExit(130) from None

@@ -8,5 +8,5 @@ echo "lint: ruff check (pyflakes, pycodestyle, isort, bugbear, pyupgrade, NumPy 
 ruff check .
 echo "lint: ruff format --check (the one formatting of the tree)"
 ruff format --check .
-echo "lint: mypy (types of shared/, numpy_ref/, torch_impl/, jax_impl/)"
+echo "lint: mypy (types of shared/, numpy_ref/, torch_impl/, jax_impl/, mhsa/)"
 mypy

@@ -129,7 +129,7 @@ def load(path: PathArg, model_config: ModelConfig, weights_digest: str | None = 
                 raise ValueError(
                     f"{what} does not record which weights file it belongs to (written before "
                     f"checkpoints were bound); if it belongs to the weights beside it, bind it with "
-                    f"`python -m shared.checkpoint bind WEIGHTS.safetensors`, then resume"
+                    f"`mhsa bind WEIGHTS.safetensors`, then resume"
                 )
             if recorded != weights_digest:
                 raise ValueError(

@@ -8,16 +8,14 @@ beside the old companion: --load still works, --resume refuses the pair because 
 differ. A companion copied from another run is refused the same way.
 
 Companions written before the binding (no weights_sha256) are refused with a message; if the
-pair does belong together, `python -m shared.checkpoint bind NAME.safetensors` records the
-digest of the weights beside it.
+pair does belong together, bind() (the command `mhsa bind NAME.safetensors`) records the digest
+of the weights beside it.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import signal
-import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -83,26 +81,3 @@ def bind(path: PathArg) -> Path:
         raise ValueError(f"{str(companion)!r} holds {state.train_config.dtype} moments, the weights are {loaded.dtype}")
     write_atomically(companion, adam_state.payload(state, loaded.config, loaded.digest))
     return companion
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m shared.checkpoint", description="Bind an Adam companion saved before checkpoints were bound to its weights file."
-    )
-    parser.add_argument("command", choices=("bind",))
-    parser.add_argument("weights", metavar="NAME.safetensors", type=Path)
-    args = parser.parse_args(argv)
-    try:
-        companion = bind(args.weights)
-    except (ValueError, TypeError, FileNotFoundError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    print(f"bound {companion} to {args.weights}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

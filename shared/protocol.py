@@ -1,6 +1,6 @@
 """The backend protocol: what a backend package (numpy_ref, torch_impl, jax_impl, or a new
-one) provides, written once. `shared.tools.registry` lists the packages and what each
-supports; `tests/test_protocol.py` checks every registered backend against this page.
+one) provides, written once. `mhsa.registry` lists the packages and what each
+supports; `tests/architecture/test_protocol.py` checks every registered backend against this page.
 
 A backend is a package with up to three modules. Framework types stay inside; every
 function named "NumPy in, NumPy out" takes and returns NumPy arrays, so a tool can drive any
@@ -35,12 +35,12 @@ numpy_ref.attention.attention over the exchange dict)
                              NumPy in, NumPy out: the loss and d loss / d every exchange array.
 
 `train`, where the registry lists "train"
-    train(model_config, train_config, init="shared", on_step=None, resume=None, dp=1, device="cpu") -> History
-                             the copy task on shared.training's batch stream; init is "shared",
-                             "native" or a weights file; resume an AdamState; dp > 1 only
-                             where the registry lists "dp"; device "cuda" only where it lists
-                             "device" (checked first by shared.training.check_device; refused
-                             before any work where the framework sees no GPU).
+    train(model_config, train_config, init="shared", on_step=None, resume=None, device="cpu") -> History
+                             the copy task on shared.training's batch stream, on one device;
+                             init is "shared", "native" or a weights file; resume an AdamState;
+                             device "cuda" only where the registry lists "device" (checked first
+                             by shared.training.check_device; refused before any work where the
+                             framework sees no GPU). Data parallel is parallel.train's.
     optimizer_to_exchange(optimizer, model, train_config) -> AdamState
     optimizer_from_exchange(adam_state, optimizer, model) -> None
 
@@ -72,26 +72,17 @@ numpy_ref.attention.attention over the exchange dict)
                              so that equal logits give equal tokens in every backend. Refused
                              before any work (shared.checks.check_generate): an empty prompt,
                              ids out of range, P + max_new_tokens > max_len.
-`port`, where the registry lists "port" (shared.tools.port_check: any user model, not TinyLM)
-    owns(model) -> bool      whether this backend can read the model
-    describe(model, inputs) -> {module path: {"type": neutral name, setting: value}}
-                             settings in torch's conventions (eps, bias, dropout active, ...)
-    parameters(model) -> dict[str, np.ndarray]
-                             every parameter in the exchange convention: torch state_dict
-                             names and layouts (Linear (out, in), Conv (out, in, k...))
-    load_parameters(model, arrays) -> model
-    cast(model, dtype) -> model      a copy in "float32" or "float64"
-    capture(model, inputs) -> [(module path, np.ndarray)]
-                             NumPy in, NumPy out: every submodule's output, in the order the
-                             calls return; the model itself last, path ""
-    gradients(model, inputs) -> dict[str, np.ndarray]
-                             d (sum of the outputs) / d every parameter, exchange convention
-    switched(model, switch, path, value=None) -> model or None
-                             a copy with "transpose" (square Linear kernel) or "eps" switched
-    highest_precision()      context manager: full float32 matmuls (TF32 off)
+`device`, where the registry lists "device" (the run on an accelerator)
+    resolve(name) -> device  the framework's device for "cpu" or "cuda" (its first GPU);
+                             ValueError naming the framework's view where it sees no GPU.
+    full_precision()         context manager: float32 matmuls at full precision (TF32 off,
+                             JAX's "highest"), restored on exit: runs compared across backends.
+    accelerator() -> str | None
+                             the accelerator the framework computes on by default, or None
+                             on a CPU (a parity report then says it turned TF32 off).
 `parallel`, where the registry lists "dp" (data parallel on the framework's own engine)
     train(model_config, train_config, dp, init="shared", on_step=None, resume=None, *, shard=shard) -> History
-                             what train.train(..., dp=dp) delegates to: every global batch
+                             the data-parallel twin of train.train: every global batch
                              (B, T) split into dp equal shards (B // dp, T), one per rank or
                              device, gradients averaged, one Adam step per global batch: the
                              single-device run's mathematics, so its trajectory within the
@@ -118,10 +109,7 @@ CAPABILITIES = {
     "fused": {},  # ModelConfig(attn_impl="fused") calls a fused attention kernel
     "jit": {},  # calls are compiled for each new input shape: tests keep such a backend to a few shapes
     "generate": {"generate": ("KVCache", "new_cache", "step", "cache_arrays", "generate")},
-    "port": {
-        "port": ("owns", "describe", "parameters", "load_parameters", "cast", "capture", "gradients", "switched", "highest_precision")
-    },  # any user model: shared.tools.port_check
-    "dp": {"parallel": ("train", "shard", "prepare")},  # data parallel: train(..., dp=N) over N ranks/devices
-    "device": {},  # train(..., device="cpu" | "cuda"): the run on an accelerator (shared.training.DEVICES)
+    "dp": {"parallel": ("train", "shard", "prepare")},  # data parallel: parallel.train(..., dp=N) over N ranks/devices
+    "device": {"device": ("resolve", "full_precision", "accelerator")},  # train(..., device="cpu" | "cuda") (shared.training.DEVICES)
     "compile": {"train": ("compile_step",)},  # train(..., compile=True): an opt-in compiler (every JAX run is compiled anyway)
 }

@@ -7,12 +7,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from shared.tools import train_cli
+from mhsa import train_cli
 
 
 def run_cli(backend, *flags, cwd):
     """`python -m PACKAGE.train FLAGS` in folder cwd, run in this process (train_cli.main is what
-    the launcher calls; tests/test_hostile.py and tests/test_errors.py start the real launcher):
+    the launcher calls; tests/tools/test_hostile.py and tests/implementations/test_errors.py start the real launcher):
     an object with the returncode, stdout and stderr a user would see. The streams are not
     terminals, as in a subprocess, so no progress bar is drawn."""
     out, err = io.StringIO(), io.StringIO()
@@ -27,7 +27,7 @@ def run_cli(backend, *flags, cwd):
 def refused(capsys, *argv):
     """`mhsa ARGV` in this process, refused by its parser before any work: exit status 2 and
     nothing on stdout (asserted); returns what it wrote on stderr."""
-    from shared.tools.cli import main
+    from mhsa.cli import main
 
     with pytest.raises(SystemExit) as exit:
         main(list(argv))

@@ -5,11 +5,11 @@ with a capability of shared.protocol.
 One JAX compilation cache on disk, read and written by the in-process tests and the
 subprocesses they start, so a computation compiled once (a train step of SMALL, say) is not
 compiled again by the next call, process or session that needs it: pytest's cache folder
-(.pytest_cache/d/mhsa-jax, kept between sessions that ended normally: tests/jax_cache.py),
+(.pytest_cache/d/mhsa-jax, kept between sessions that ended normally: tests/machinery/jax_cache.py),
 or a temporary folder removed at the end when pytest's cache is off (-p no:cacheprovider).
 A JAX_COMPILATION_CACHE_DIR set by the caller is used as it is and left alone.
 
-XLA compiles the tests' programs with its quickest settings (tests/xla_flags.py), added to the
+XLA compiles the tests' programs with its quickest settings (tests/machinery/xla_flags.py), added to the
 caller's XLA_FLAGS, so the tests' subprocesses compile that way too."""
 
 import os
@@ -18,7 +18,7 @@ import signal
 import tempfile
 from pathlib import Path
 
-from tests.xla_flags import with_quick_compile
+from tests.machinery.xla_flags import with_quick_compile
 
 # a session started with Ctrl-C ignored (a background job of a non-interactive shell) would pass
 # that on to the processes the Ctrl-C tests start, and they would wait for a Ctrl-C that never
@@ -33,7 +33,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # by default JAX also points XLA's GPU autotuning cache into the cache folder, and that path
 # enters every cache key: an entry of worker gw0's folder never matched in gw1's, however shared
 os.environ.setdefault("JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES", "none")
-os.environ["XLA_FLAGS"] = with_quick_compile(os.environ.get("XLA_FLAGS", ""))  # tests/xla_flags.py
+os.environ["XLA_FLAGS"] = with_quick_compile(os.environ.get("XLA_FLAGS", ""))  # tests/machinery/xla_flags.py
 # one subfolder per pytest-xdist worker: JAX writes an entry in place, without a lock unless the
 # cache has a size limit, and a size limit rescans the whole folder on every write
 if "PYTEST_XDIST_WORKER" in os.environ:
@@ -50,8 +50,8 @@ import pytest  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
-from tests import jax_cache  # noqa: E402
 from tests.backends import ADAPTERS, names  # noqa: E402  (after x64 is on)
+from tests.machinery import jax_cache  # noqa: E402
 
 _session_cache: dict[str, object] = {}  # this session's folder, and whether it is temporary
 
@@ -143,8 +143,8 @@ def trainer_backend(request):
 def default_run():
     """run(name, dtype): the History of the default 3-epoch run (ModelConfig(), TrainConfig(dtype=dtype))
     of trainer `name`, trained once per session (per xdist worker) and shared by every test that reads it."""
+    from mhsa import registry
     from shared.config import ModelConfig, TrainConfig
-    from shared.tools import registry
 
     runs = {}
 

@@ -10,7 +10,7 @@ if __name__ == "__main__":  # the command line belongs to the tools layer: parse
     import sys
 
     try:  # Ctrl-C while the command line is still being imported: one line and 130, as at any later moment
-        from shared.tools.train_cli import main
+        from mhsa.train_cli import main
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         raise SystemExit(130) from None
@@ -29,6 +29,7 @@ from shared import checks, training
 from shared.adam_state import AdamState
 from shared.config import ModelConfig, TrainConfig
 from shared.history import History
+from torch_impl.device import resolve
 from torch_impl.model import TinyLM, from_exchange, loss_fn
 
 # torch.compile's backend for compile_step: its default, inductor, which writes and builds C++
@@ -65,7 +66,6 @@ def train(
     init: str = "shared",
     on_step: Callable[[int, float], object] | None = None,
     resume: AdamState | None = None,
-    dp: int = 1,
     device: str = "cpu",
     compile: bool = False,
 ) -> History:
@@ -75,25 +75,18 @@ def train(
     resume: an AdamState saved with those weights (by either backend): the run continues
     where it stopped, with the same moments, step count and remaining batches.
     on_step(step, loss) is called for every step once its run of steps has finished.
-    dp: data-parallel ranks; dp > 1 splits every batch over dp devices (torch_impl.parallel).
     device: "cpu" or "cuda" (torch's first CUDA device); the returned model and optimizer live
     there, and everything that takes a model (predict, attend, generate, to_exchange) runs there.
     compile: every step runs as one graph of torch.compile (forward, backward and Adam's update:
     compile_step), compiled before the first step; its seconds are History.compile_seconds. It
-    pays only on long runs (benchmarks/RESULTS.md); one device only (dp=1). The returned model is
+    pays only on long runs (benchmarks/RESULTS.md). The returned model is
     the plain TinyLM either way.
-    Raises ValueError before any work for a device torch does not have or compile with dp > 1,
+    Data parallel is torch_impl.parallel.train, which runs this file's train_step on every rank.
+    Raises ValueError before any work for a device torch does not have,
     ValueError when torch.compile fails, and training.NonFiniteLossError naming the first step
     whose loss was NaN or infinite.
     """
-    training.check_device(device, dp)
-    if compile and dp != 1:
-        raise ValueError(f"compile with dp={dp}: torch.compile runs on one device here (dp=1)")
-    if dp != 1:  # the same run over dp devices: the framework's own data-parallel engine
-        from torch_impl import parallel
-
-        return parallel.train(model_config, train_config, dp, init, on_step, resume)
-    target = _device(device)
+    target = resolve(training.check_device(device))
     started = time.perf_counter()
     start_epoch = training.first_epoch(resume, train_config)
 
@@ -230,14 +223,6 @@ class _Functional(torch.nn.Module):
         return cast(torch.Tensor, torch.func.functional_call(self.model, self.weights, (x,), {"mask": mask}))
 
 
-def _device(device: str) -> torch.device:
-    """The torch device for a checked `device` name: the CPU, or the first CUDA device.
-    Raises ValueError when torch sees no GPU (a CPU-only build has no CUDA)."""
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device 'cuda': torch sees no CUDA device (torch {torch.__version__}: torch.cuda.is_available() is False)")
-    return torch.device(device)
-
-
 @contextlib.contextmanager
 def _ids_checked_per_epoch(model: TinyLM, batches: list[tuple[np.ndarray, np.ndarray]]) -> Iterator[None]:
     """Check the token ids of a whole epoch once, on the host arrays, then let the forward skip
@@ -261,7 +246,7 @@ class FusedAdam:
     as torch.optim.Adam calls it. Why not torch.optim.Adam itself: every torch.optim optimizer
     imports torch._dynamo on first use, which takes about as long as `import torch` and so
     nearly doubled the start-up of a default run (benchmarks/RESULTS.md); nothing else differs.
-    tests/test_torch_adam.py holds it equal to torch.optim.Adam, bit for bit, step by step."""
+    tests/implementations/test_torch_adam.py holds it equal to torch.optim.Adam, bit for bit, step by step."""
 
     def __init__(self, params: Iterable[torch.nn.Parameter], lr: float, betas: tuple[float, float], eps: float) -> None:
         self.params: list[torch.Tensor] = list(params)

@@ -1,0 +1,41 @@
+"""`mhsa port-check`: check your own port. Take a PyTorch model and its Flax (NNX or Linen) port,
+copy the weights across with a report of what went where, lint the settings that classically
+differ, run both on one batch, and compare every submodule's output in call order: the first
+row beyond tolerance is where the two models part. Probes then re-run with likely causes
+switched and say which closes the gap.
+
+The port check is its own product inside the tools: it reads any user model, not this project's
+backends, so it reaches each framework through a reader of its own, `torch_reader.py` and
+`flax_reader.py`, which read a model in the exchange convention (torch state_dict names and
+layouts); the rest of the package is framework-neutral. The first model is the reference (the
+source of the weights), the second the port.
+
+    from mhsa.port_check import check_port, format_report
+    report = check_port(torch_model, flax_model, x, dtype="float64", grads=True)
+    print(format_report(report))
+"""
+
+from mhsa.port_check.command import (
+    add_arguments,
+    load_factory,
+    read_inputs,
+    run,
+)
+from mhsa.port_check.compare import check_port, lint, transfer_weights
+from mhsa.port_check.records import PortReport, Row, Transfer, map_name
+from mhsa.port_check.report import format_report
+
+__all__ = [
+    "PortReport",
+    "Row",
+    "Transfer",
+    "add_arguments",
+    "check_port",
+    "format_report",
+    "lint",
+    "load_factory",
+    "map_name",
+    "read_inputs",
+    "run",
+    "transfer_weights",
+]

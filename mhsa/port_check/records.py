@@ -1,0 +1,96 @@
+"""What a port check records: the transfer, the rows, the report, and how a model finds its backend."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+NORMS = ("LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm")
+# what the lint says about a setting beyond the two values
+WHY = {
+    ("LayerNorm", "eps"): "torch's default is 1e-5, Flax's 1e-6",
+    ("RMSNorm", "eps"): "torch's default (None) is the dtype's machine epsilon, Flax's 1e-6",
+    ("BatchNorm", "momentum"): "in torch's convention (weight of the new batch): torch 0.1 = Flax momentum 0.9",
+    ("Dropout", "active"): "train mode in torch / deterministic=False in Flax",
+    ("GELU", "approximate"): "jax.nn.gelu defaults to approximate=True (tanh), torch to 'none' (erf)",
+    ("Embedding", "padding_idx"): "torch keeps that row's gradient at zero; Flax's Embed has no padding index",
+}
+
+
+# the two sides the port check reads, each through its own reader module (a user's model is not a
+# backend of the registry: it is any torch.nn.Module, any Flax NNX module or Linen pair)
+READERS = {"torch": "mhsa.port_check.torch_reader", "jax": "mhsa.port_check.flax_reader"}
+
+
+def backend_of(model) -> tuple[str, Any]:
+    """(side name, its reader module) for the reader that can read `model`."""
+    for name, module in READERS.items():
+        reader = importlib.import_module(module)
+        if reader.owns(model):
+            return name, reader
+    raise TypeError(
+        f"model of type {type(model).__name__} is not one the port check can read "
+        f"(a torch.nn.Module, an nnx.Module, or a Linen (module, variables) pair)"
+    )
+
+
+def map_name(name: str, name_map: dict[str, str] | None) -> str:
+    """The port's name for a reference module path or parameter name: the longest prefix of
+    `name` (whole dot-separated parts) found in name_map is replaced; otherwise the same name."""
+    mapping = name_map or {}
+    for key in sorted(mapping, key=len, reverse=True):
+        if name == key or name.startswith(key + ".") or name.startswith(key + "["):
+            return mapping[key] + name[len(key) :]
+    return name
+
+
+@dataclass
+class Transfer:
+    """What happened to every parameter: filled (or, without transfer, compared), and what did not fit."""
+
+    filled: list[tuple[str, str, tuple]] = field(default_factory=list)  # reference name, port name, shape
+    transposed_only: list[tuple[str, str, tuple]] = field(default_factory=list)  # fits only transposed: not filled
+    mismatched: list[tuple[str, str, tuple, tuple]] = field(default_factory=list)
+    unconsumed_source: list[str] = field(default_factory=list)
+    unconsumed_target: list[str] = field(default_factory=list)
+    differing: list[tuple[str, float, str]] = field(default_factory=list)  # without transfer: name, max abs, why
+    copied: bool = True
+
+
+@dataclass
+class Row:
+    section: str  # "output" or "gradient"
+    name: str  # the reference's module path (with the call number) or parameter name
+    target: str  # the port's name for it
+    kind: str  # the module type ("" for gradients)
+    abs_diff: float
+    rel_diff: float
+    tol: float
+    note: str = ""
+    position: int = -1  # index of the output in the reference's calls
+
+    @property
+    def passed(self) -> bool:
+        return self.abs_diff <= self.tol
+
+
+@dataclass
+class PortReport:
+    title: str
+    sides: tuple[str, str]  # backend names: reference, port
+    transfer: Transfer
+    lint: list[str] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
+    unmatched_source: list[str] = field(default_factory=list)
+    unmatched_target: list[str] = field(default_factory=list)
+    hints: list[str] = field(default_factory=list)
+    probes: list[str] = field(default_factory=list)
+
+    @property
+    def first_failure(self) -> Row | None:
+        return next((row for row in self.rows if not row.passed), None)
+
+    @property
+    def passed(self) -> bool:
+        return self.first_failure is None and not self.lint

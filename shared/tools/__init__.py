@@ -1,5 +1,0 @@
-"""The tools layer: commands, reports, renderers and plots built on top of the implementations.
-
-They reach numpy_ref, torch_impl and jax_impl only through `shared.tools.registry`; nothing
-in the contract layer (`shared/*.py`) or in an implementation imports from here.
-"""

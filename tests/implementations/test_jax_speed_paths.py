@@ -1,0 +1,187 @@
+"""jax_impl.train's device choice and its faster paths: a device JAX does not have is refused
+before any work, a run committed to a device feeds every model function, the run queues its next
+steps before it reads the last ones' losses without changing a loss or the order of on_step, and
+a run compiles its programs, not one per parameter shape.
+
+No GPU here: "cuda" is tested as a refusal; the committed-device path is the one a GPU run takes
+(the arrays are committed to the device train() was given), exercised on the CPU device."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+
+import optax  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from jax_impl import generate, model, train  # noqa: E402
+from mhsa import registry  # noqa: E402
+from shared import training  # noqa: E402
+from shared.config import ModelConfig, TrainConfig  # noqa: E402
+from shared.history import History  # noqa: E402
+from shared.tolerances import assert_close, tolerance  # noqa: E402
+from tests.backends import SMALL, names  # noqa: E402
+from tests.machinery.xla_flags import without_quick_compile  # noqa: E402
+from tests.paths import ROOT  # noqa: E402
+
+CONFIG = TrainConfig(epochs=2, n_sequences=100, batch_size=6)  # 17 steps per epoch: two chunks of 16, one of 1, and a last batch of 4
+
+
+@pytest.fixture(scope="module")
+def committed():
+    """A run on device "cpu" (committed to the CPU device, as a "cuda" run is to the GPU) and the
+    same weights in a model built from the exchange arrays (uncommitted, JAX's default device)."""
+    history = train.train(SMALL, CONFIG, device="cpu")
+    plain = model.from_exchange(model.to_exchange(history.model), SMALL)
+    return history, plain
+
+
+def test_the_run_lives_on_the_device_it_was_given(committed):
+    history, _ = committed
+    cpu = jax.devices("cpu")[0]
+    for leaf in jax.tree.leaves(nnx.state((history.model, history.optimizer))):
+        assert leaf.devices() == {cpu} and leaf.committed, leaf
+
+
+def test_a_committed_model_feeds_every_model_function_as_a_plain_one(committed):
+    history, plain = committed
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, SMALL.vocab_size, (3, SMALL.max_len))
+    x = rng.standard_normal((2, 5, SMALL.d_model)).astype(np.float32)
+    mask = rng.random((3, SMALL.n_heads, SMALL.max_len, SMALL.max_len)) < 0.7
+    for name, run in {
+        "predict": lambda m: model.predict(m, tokens, mask=mask, return_weights=True),
+        "attend": lambda m: model.attend(m, x, return_weights=True),
+        "generate with a cache": lambda m: generate.generate(m, tokens[:, :3], 3),
+        "to_exchange": model.to_exchange,
+    }.items():
+        got, expected = jax.tree.leaves(run(history.model)), jax.tree.leaves(run(plain))
+        assert len(got) == len(expected) and all(np.array_equal(a, b) for a, b in zip(got, expected)), name
+    saved = train.optimizer_to_exchange(history.optimizer, history.model, CONFIG)
+    assert saved.step == 2 * CONFIG.steps_per_epoch
+    assert all(np.isfinite(value).all() and value.any() for value in saved.exp_avg_sq.values())
+
+
+def test_queued_runs_give_the_losses_of_one_run_at_a_time_in_step_order(monkeypatch):
+    """train() queues the next run of steps before it reads the losses of the previous one;
+    the losses equal train_epoch's, run by run, and on_step hears every step in order, each run
+    as soon as the next one is queued, not after the whole epoch (progress as it happens)."""
+    arrays = training.initial_weights("shared", SMALL, CONFIG)
+    m = model.from_exchange(arrays, SMALL)
+    graphdef, state = nnx.split((m, train.new_optimizer(m, CONFIG)))
+    expected = []
+    for batches in training.epochs(SMALL, CONFIG):
+        for chunk in training.chunks(batches):
+            state, losses = train.train_epoch(graphdef, state, chunk)
+            expected.extend(losses.tolist())
+
+    queued, heard = [], []
+    dispatch = train._dispatch
+
+    def counting(graphdef, state, batches):
+        queued.append(len(batches))
+        return dispatch(graphdef, state, batches)
+
+    def on_step(step, loss):
+        heard.append((step, len(queued)))
+
+    monkeypatch.setattr(train, "_dispatch", counting)
+    history = train.train(SMALL, CONFIG, on_step=on_step)
+    assert history.losses == expected
+    assert [step for step, _ in heard] == list(range(len(expected)))
+    ends = np.cumsum(queued)  # the step after each run
+    for step, runs_queued in heard:
+        run = int(np.searchsorted(ends, step, side="right"))  # the run this step belongs to (from 0)
+        # one run ahead: the next run is queued before this one's losses are read, and no more
+        assert runs_queued == min(run + 2, len(queued)), f"step {step} of run {run} was reported with {runs_queued} runs queued"
+
+
+def test_adam_built_without_compiling_equals_nnx_optimizer_leaf_for_leaf():
+    m = model.from_exchange(training.initial_weights("shared", SMALL, CONFIG), SMALL)
+    built = train.new_optimizer(m, CONFIG)
+    tx = optax.adam(CONFIG.lr, *CONFIG.betas, eps=CONFIG.eps)
+    eager = nnx.Optimizer(m, tx, wrt=nnx.Param)
+    got, expected = nnx.state(built), nnx.state(eager)
+    assert jax.tree.structure(got) == jax.tree.structure(expected)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected)):
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+    # the same transformation: one update from each moves the weights identically
+    grads = jax.tree.map(lambda leaf: jax.device_put(np.full(leaf.shape, 0.1, leaf.dtype)), nnx.state(m, nnx.Param))  # copies, not the model's own
+    assert type(built.tx) is type(eager.tx) and built.wrt == eager.wrt
+    twin = model.from_exchange(model.to_exchange(m), SMALL)
+    built.update(m, grads)
+    eager_twin = nnx.Optimizer(twin, tx, wrt=nnx.Param)
+    eager_twin.update(twin, grads)
+    for name, value in model.to_exchange(m).items():
+        assert np.array_equal(value, model.to_exchange(twin)[name]), name
+
+
+def test_a_run_compiles_its_programs_not_one_per_parameter_shape():
+    """A config no other test trains, so its steps are not cached: the non-parameter buffers and the
+    scanned steps are one compiled program each, Adam's zero state none (eagerly, the random key,
+    each zeros_like and each transposed weight compiled one small program per shape)."""
+    compiled = []
+
+    def listen(event, duration, **_):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiled.append(event)
+
+    fresh = ModelConfig(vocab_size=13, d_model=20, n_heads=5, max_len=9)
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        train.train(fresh, TrainConfig(epochs=1, n_sequences=32, batch_size=8))
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    # at most: the buffers' program is a constant mask that another test's TinyLM of the same
+    # max_len may have compiled already (JAX reuses a compilation of identical HLO)
+    assert len(compiled) <= 2, f"{len(compiled)} programs compiled, expected at most 2 (the buffers, the scanned steps)"
+
+
+@pytest.mark.parametrize(
+    "flags, note",
+    [
+        ([], None),  # on by default, and silent
+        (["--no-jax-cache"], None),
+        ([], "JAX's compilation cache is off, /nowhere cannot be used (planted): every program was compiled afresh"),
+    ],
+)
+def test_the_train_command_keeps_jaxs_compiled_programs_unless_told_not_to(monkeypatch, tmp_path, flags, note):
+    """Where the cache lives and what it keeps: test_parity's test of compile_cache itself."""
+    from mhsa import compile_cache
+    from tests.commands import run_cli
+
+    asked = []
+    monkeypatch.setattr(compile_cache, "enable_jax_cache", lambda: asked.append(True) or note or "JAX's compiled programs are kept in ...")
+    tiny = ["--quiet", "--epochs", "1", "--n-sequences", "40", "--batch-size", "8", "--d-model", "8", "--n-heads", "2", "--seq-len", "5"]
+    result = run_cli("jax", *tiny, "--vocab-size", "7", *flags, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert asked == ([] if flags else [True])
+    lines = result.stdout.splitlines()
+    assert lines[0] == "backend jax" and (lines[1] == f"note: {note}" if note else lines[1].startswith("model "))
+
+
+@pytest.mark.parametrize("name", [name for name in names("train") if registry.get(name).framework != "jax"])
+def test_no_jax_cache_is_refused_for_a_backend_without_jax(capsys, name):
+    from tests.commands import refused
+
+    assert f"--no-jax-cache: the {name} backend does not compile with JAX" in refused(capsys, "train", "--backend", name, "--no-jax-cache")
+
+
+def test_the_default_run_compiled_with_xlas_own_settings_agrees_with_every_trainer(default_run, tmp_path):
+    """The tests compile JAX programs with XLA's quickest settings (tests/machinery/xla_flags.py); a user's
+    run compiles with XLA's defaults. The default run, trained here as a user trains it (its own
+    process, XLA's settings), holds every trainer's default run at the trajectory tolerance."""
+    root = ROOT  # the checkout whose jax_impl is tested
+    env = {**os.environ, "PYTHONPATH": str(root), "XLA_FLAGS": without_quick_compile(os.environ.get("XLA_FLAGS", ""))}
+    command = [sys.executable, "-m", "jax_impl.train", "--quiet", "--history", "users.json"]
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    users = History.load(tmp_path / "users.json").losses
+    assert len(users) == 192
+    for name in names("train"):
+        theirs = default_run(name, "float32").losses
+        assert_close(f"float32 loss trajectory jax (XLA's own settings) vs {name}", users, theirs, tolerance("trajectory", "float32"))

@@ -1,0 +1,275 @@
+"""The torch trainer's speed paths and its device: the token ids are checked once per epoch
+(instead of a min/max and a host sync in every forward) with the forward's own message, the
+trajectory is the step-by-step one bit for bit, `device` is checked before any work ("cuda"
+without a GPU is refused in one line; the cuda run itself needs a GPU), and the opt-in
+torch.compile compiles before the first step and trains as the eager run does.
+
+The compile tests plant torch.compile's "aot_eager" backend: the same captured graphs and
+autograd, without inductor's C++ build (seconds per graph on a cold cache);
+benchmarks/train.py runs the real inductor path and RESULTS.md has its numbers."""
+
+import dataclasses
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from shared import training, weights
+from shared.config import ModelConfig, TrainConfig
+from shared.tolerances import tolerance
+from tests.backends import SMALL as SMALL_MODEL
+from tests.backends import names
+from tests.commands import refused, run_cli
+from torch_impl import train as train_module
+from torch_impl.model import TinyLM, from_exchange, loss_fn, predict, to_exchange
+from torch_impl.train import FusedAdam, train, train_step
+
+SMALL = TrainConfig(epochs=2, n_sequences=96)  # 3 steps per epoch: seconds
+
+
+def _bad_epochs(bad_id, batch=17):
+    """training.epochs with one id of one batch of the first epoch replaced by bad_id (batch 17:
+    in the epoch's second run of training.PROGRESS_STEPS steps, after on_step heard of the first)."""
+    real = training.epochs
+
+    def epochs(model_config, train_config, start=0):
+        for number, batches in enumerate(real(model_config, train_config, start)):
+            if number == 0:
+                x, y = batches[batch]
+                x = x.copy()
+                x[3, 5] = bad_id
+                batches = [*batches[:batch], (x, y), *batches[batch + 1 :]]
+            yield batches
+
+    return epochs
+
+
+@pytest.mark.parametrize("bad_id", [64, -1])
+def test_a_bad_token_id_is_refused_with_the_forwards_message(monkeypatch, bad_id):
+    model_config = ModelConfig()
+    model = from_exchange(training.initial_weights("shared", model_config, SMALL), model_config)
+    tokens = np.zeros((2, model_config.max_len), dtype=np.int64)
+    tokens[1, 2] = bad_id
+    with pytest.raises(ValueError) as from_forward:
+        predict(model, tokens)
+    expected = f"token id {bad_id} is out of range: ids must lie in [0, 64) for vocab_size=64"
+    assert str(from_forward.value) == expected
+    monkeypatch.setattr(training, "epochs", _bad_epochs(bad_id))
+    steps = []
+    with pytest.raises(ValueError) as from_trainer:
+        train(model_config, TrainConfig(epochs=1, n_sequences=640), on_step=lambda step, loss: steps.append(step))
+    assert str(from_trainer.value) == expected
+    assert steps == []  # refused before the epoch's first step, not after the 16 steps before the bad batch
+
+
+def test_the_trained_model_checks_ids_again():
+    history = train(ModelConfig(), SMALL)
+    assert history.model.ids_checked is False
+    with pytest.raises(ValueError, match=r"^token id 64 is out of range"):
+        predict(history.model, np.full((1, 4), 64, dtype=np.int64))
+
+
+def test_the_trajectory_is_the_step_by_step_loop_bit_for_bit():
+    """train() (ids checked per epoch, losses fetched per run of steps) against train_step
+    called batch by batch with every forward checking its ids."""
+    model_config = ModelConfig()
+    history = train(model_config, SMALL)
+    model = from_exchange(training.initial_weights("shared", model_config, SMALL), model_config)
+    optimizer = FusedAdam(model.parameters(), lr=SMALL.lr, betas=SMALL.betas, eps=SMALL.eps)
+    losses = [
+        float(train_step(model, optimizer, torch.from_numpy(x), torch.from_numpy(y)))
+        for batches in training.epochs(model_config, SMALL)
+        for x, y in batches
+    ]
+    assert history.losses == losses
+    trained = history.model.state_dict()
+    for name, value in model.state_dict().items():
+        assert torch.equal(trained[name], value), name
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_cuda_run_follows_the_cpu_run_and_its_model_serves_numpy():
+    from mhsa import registry  # the tools layer, only to reach the backend as the CLI does
+    from torch_impl.generate import generate
+    from torch_impl.model import attend, to_exchange
+    from torch_impl.train import optimizer_to_exchange
+
+    assert "device" in registry.get("torch").supports
+    previous = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # full float32, as parity asks
+    try:
+        model_config = ModelConfig()
+        on_cpu = train(model_config, SMALL)
+        on_gpu = train(model_config, SMALL, device="cuda")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous
+    assert next(on_gpu.model.parameters()).device.type == "cuda"
+    np.testing.assert_allclose(on_gpu.losses, on_cpu.losses, rtol=0, atol=1e-4)
+    tokens = np.arange(24, dtype=np.int64).reshape(2, 12) % 64
+    np.testing.assert_allclose(predict(on_gpu.model, tokens), predict(on_cpu.model, tokens), atol=1e-3)
+    x = np.random.default_rng(0).standard_normal((2, 12, model_config.d_model)).astype(np.float32)
+    assert attend(on_gpu.model, x).shape == (2, 12, model_config.d_model)
+    assert set(to_exchange(on_gpu.model)) == set(to_exchange(on_cpu.model))
+    assert optimizer_to_exchange(on_gpu.optimizer, on_gpu.model, SMALL).step == int(on_cpu.optimizer.state[next(on_cpu.model.parameters())]["step"])
+    np.testing.assert_array_equal(generate(on_gpu.model, tokens[:, :4], 6), generate(on_gpu.model, tokens[:, :4], 6, use_cache=False))
+
+
+def test_float_tokens_are_refused_with_the_forwards_message(monkeypatch):
+    model_config = ModelConfig()
+    model = from_exchange(training.initial_weights("shared", model_config, SMALL), model_config)
+    with pytest.raises(TypeError) as from_forward:
+        predict(model, np.zeros((2, 4)))
+    real = training.epochs
+
+    def epochs(model_config, train_config, start=0):
+        for batches in real(model_config, train_config, start):
+            yield [(x.astype(np.float64), y) for x, y in batches]
+
+    monkeypatch.setattr(training, "epochs", epochs)
+    with pytest.raises(TypeError) as from_trainer:
+        train(model_config, SMALL)
+    assert str(from_trainer.value) == str(from_forward.value)
+
+
+@pytest.fixture
+def counted_compiles(monkeypatch):
+    """torch.compile's backend for the trainer, planted: aot_eager, recording each graph it is
+    handed (a new batch shape, or a guard that failed, is a new graph)."""
+    import torch._dynamo
+
+    graphs = []
+
+    def counting(graph, example_inputs):
+        graphs.append([tuple(value.shape) for value in example_inputs if isinstance(value, torch.Tensor)])
+        return torch._dynamo.lookup_backend("aot_eager")(graph, example_inputs)
+
+    torch._dynamo.reset()  # no graph of another test is reused
+    monkeypatch.setattr(train_module, "COMPILE_BACKEND", counting)
+    yield graphs
+    torch._dynamo.reset()
+
+
+def test_compile_builds_every_batch_shape_before_step_0_and_trains_as_the_eager_run(counted_compiles):
+    config = TrainConfig(epochs=2, batch_size=8, n_sequences=28, seed=5, dtype="float64")  # 3 batches of 8 and a last of 4 per epoch
+    seen = []  # graphs compiled by the time each step is reported
+    compiled = train(SMALL_MODEL, config, compile=True, on_step=lambda step, loss: seen.append(len(counted_compiles)))
+    eager = train(SMALL_MODEL, config)
+    assert len(counted_compiles) == 2 and seen == [2] * 8  # the full batch and the last one, both before step 0; none later
+    assert type(compiled.model) is TinyLM  # the plain model is returned: saved, served and resumed as any other
+    assert eager.compile_seconds is None and 0 < compiled.compile_seconds <= compiled.seconds
+    gap = np.abs(np.asarray(compiled.losses) - np.asarray(eager.losses)).max()
+    assert gap <= tolerance("trajectory", "float64"), (
+        f"loss trajectory: compiled vs eager differ by {gap:.2e} > {tolerance('trajectory', 'float64'):.0e}"
+    )
+    for name, value in eager.model.state_dict().items():
+        np.testing.assert_allclose(compiled.model.state_dict()[name].numpy(), value.numpy(), rtol=0, atol=1e-10, err_msg=name)
+    assert all(parameter.grad is None or parameter.grad.abs().sum() > 0 for parameter in compiled.model.parameters())
+    compiled_adam = train_module.optimizer_to_exchange(compiled.optimizer, compiled.model, config)
+    eager_adam = train_module.optimizer_to_exchange(eager.optimizer, eager.model, config)
+    assert compiled_adam.step == eager_adam.step == 8
+    for moment in ("exp_avg", "exp_avg_sq"):  # Adam's state is the optimizer's own, updated in place by the compiled step
+        for name, value in getattr(eager_adam, moment).items():
+            np.testing.assert_allclose(getattr(compiled_adam, moment)[name], value, rtol=1e-9, atol=1e-14, err_msg=f"{moment} {name}")
+
+
+def test_compile_resumes_as_the_eager_run(counted_compiles, tmp_path):
+    config = TrainConfig(epochs=2, batch_size=8, n_sequences=32, seed=5, dtype="float64")  # one batch shape: one graph
+    first = train(SMALL_MODEL, dataclasses.replace(config, epochs=1))
+    weights.save(tmp_path / "epoch1.safetensors", to_exchange(first.model), SMALL_MODEL)
+    state = train_module.optimizer_to_exchange(first.optimizer, first.model, first.train_config)
+    eager = train(SMALL_MODEL, config, init=tmp_path / "epoch1.safetensors", resume=state)
+    compiled = train(SMALL_MODEL, config, init=tmp_path / "epoch1.safetensors", resume=state, compile=True)
+    assert len(compiled.losses) == len(eager.losses) == 4  # epoch 2 only, from the saved moments and step count
+    gap = np.abs(np.asarray(compiled.losses) - np.asarray(eager.losses)).max()
+    assert gap <= tolerance("trajectory", "float64"), (
+        f"resumed loss trajectory: compiled vs eager differ by {gap:.2e} > {tolerance('trajectory', 'float64'):.0e}"
+    )
+
+
+def test_compiling_the_step_leaves_the_weights_and_adam_state_as_they_were(counted_compiles):
+    config = TrainConfig(epochs=1, batch_size=8, n_sequences=28, seed=5, dtype="float64")
+    model = from_exchange(training.initial_weights("shared", SMALL_MODEL, config), SMALL_MODEL)
+    optimizer = train_module.new_optimizer(model, config)
+    batches = next(training.epochs(SMALL_MODEL, config))[:3]  # full batches only: one graph
+    for x, y in batches[:2]:  # Adam's state exists and is not zero
+        train_step(model, optimizer, torch.from_numpy(x), torch.from_numpy(y))
+    before = [tensor.clone() for tensor in train_module._step_tensors(list(model.parameters()), optimizer.states(list(model.parameters())))]
+    step, seconds = train_module.compile_step(model, optimizer, batches)
+    after = train_module._step_tensors(list(model.parameters()), optimizer.states(list(model.parameters())))
+    assert seconds > 0 and len(counted_compiles) == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, after)), "compile_step changed the weights or Adam's state"
+    x, y = (torch.from_numpy(array) for array in batches[2])
+    eager_model = from_exchange(to_exchange(model), SMALL_MODEL)
+    compiled_loss = step(x, y)  # called on its own, outside train(): it trains from them, as the eager step does
+    assert float(compiled_loss) == pytest.approx(float(loss_fn(eager_model, x, y).detach()), rel=1e-12)
+    bad = x.clone()
+    bad[1, 2] = SMALL_MODEL.vocab_size
+    with pytest.raises(ValueError) as from_step:  # and checks the ids it is given, with the forward's message
+        step(bad, y)
+    with pytest.raises(ValueError) as from_forward:
+        loss_fn(eager_model, bad, y)
+    assert str(from_step.value) == str(from_forward.value)
+
+
+def test_each_run_compiles_its_own_step_so_no_recompile_limit_builds_up_across_runs(counted_compiles):
+    import torch._dynamo
+
+    config = TrainConfig(epochs=1, batch_size=8, n_sequences=16, seed=5)
+    with torch._dynamo.config.patch(recompile_limit=1):  # 8 in torch: a ninth configuration in one process would fail
+        for model_config in (SMALL_MODEL, dataclasses.replace(SMALL_MODEL, max_len=SMALL_MODEL.max_len + 1)):
+            assert train(model_config, config, compile=True).compile_seconds > 0
+        assert len(counted_compiles) == 2
+        uneven = dataclasses.replace(config, n_sequences=20)  # batches of 8, 8 and 4: a second graph, over the limit of 1
+        message = r"^torch.compile: a recompile limit of torch._dynamo was reached \(recompile_limit 1 per function, "
+        with pytest.raises(ValueError, match=message):  # one line that says what to do, not dynamo's traceback
+            train(SMALL_MODEL, uneven, compile=True)
+
+
+def test_compile_names_a_failed_compilation(monkeypatch):
+    def failing(graph, example_inputs):
+        raise RuntimeError("planted: no C++ compiler")
+
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(train_module, "COMPILE_BACKEND", failing)
+    steps = []
+    with pytest.raises(ValueError) as error:
+        train(SMALL_MODEL, SMALL, compile=True, on_step=lambda step, loss: steps.append(step))
+    message = str(error.value)
+    assert message == "torch.compile (backend 'failing') failed: RuntimeError: planted: no C++ compiler" and steps == []
+    torch._dynamo.reset()
+
+
+def test_the_compile_flag_reports_its_seconds_apart_and_in_the_history(counted_compiles, tmp_path):
+    flags = ["--quiet", "--epochs", "1", "--n-sequences", "40", "--batch-size", "8", "--history", "run.json"]
+    flags += ["--d-model", "8", "--n-heads", "2", "--seq-len", "5", "--vocab-size", "7"]
+    result = run_cli("torch", *flags, "--compile", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "\ntorch.compile: compiling the whole step before step 0 (seconds; inductor caches it across processes)\nepoch 1/1 " in result.stdout
+    final = next(line for line in result.stdout.splitlines() if line.startswith("final loss "))
+    assert re.search(r"5 steps in [0-9.]+ s, start-up and compilation included \(torch.compile before step 0: [0-9.]+ s\)$", final), final
+    data = json.loads((tmp_path / "run.json").read_text())
+    assert 0 < data["compile_seconds"] <= data["seconds"]
+    assert len(counted_compiles) == 1
+
+
+@pytest.mark.parametrize(
+    "name, flags, message",
+    [
+        *[
+            (name, [], f"--compile: the {name} backend has no opt-in compiler; --compile is for torch")
+            for name in names("train")
+            if name not in names("compile")
+        ],
+        *[
+            (name, ["--dp", "2"], "--compile with --dp 2: torch.compile runs on one device here; leave out one of the two")
+            for name in names("compile")
+        ],
+    ],
+)
+def test_the_compile_flag_is_refused_where_it_cannot_apply_before_any_work(capsys, name, flags, message):
+    err = refused(capsys, "train", "--backend", name, "--compile", *flags)
+    assert message in err, err
