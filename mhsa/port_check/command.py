@@ -180,9 +180,12 @@ def run(args) -> int:
     except PortCheckError as error:
         advice = "; --int-range gives integer ids: does the reference take ids?" if args.int_range and "failed" in str(error) else ""
         return _error(f"{error}{advice}")
-    print(format_report(report))
+    try:
+        print(format_report(report))
+    finally:  # a reader gone from stdout (`| head`) does not cancel the map asked for
+        if args.write_map:
+            write_map(args.write_map, report.proposed_map if report.stopped else name_map or {})
     if args.write_map:
-        write_map(args.write_map, report.proposed_map if report.stopped else name_map or {})
         print(f"name map written to {args.write_map}")
     return 2 if report.stopped else 0 if report.passed else 1
 

@@ -80,3 +80,15 @@ def test_npz_positional_members_must_not_have_gaps(tmp_path, capsys):
     path = tmp_path / "gap.npz"
     np.savez(path, arr_0=np.zeros(3), arr_2=np.zeros(3))
     assert "positional members must be arr_0, arr_1, ... without gaps; got arr_0, arr_2" in refused(["--inputs", str(path)], capsys)
+
+
+def test_a_npz_with_more_members_than_one_call_takes_or_a_member_that_is_no_keyword_is_refused(tmp_path, capsys, monkeypatch):
+    from mhsa.port_check import files
+
+    many = tmp_path / "many.npz"
+    np.savez(many, *[np.zeros(2)] * 5)
+    monkeypatch.setattr(files, "MEMBERS", 4)
+    assert "holds 5 arrays, more than the 4 arguments one call takes" in refused(["--inputs", str(many)], capsys)
+    odd = tmp_path / "odd.npz"
+    np.savez(odd, **{"not a name": np.zeros(2)})
+    assert "member 'not a name' is neither arr_N nor a keyword argument's name" in refused(["--inputs", str(odd)], capsys)

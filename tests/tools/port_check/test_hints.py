@@ -23,6 +23,17 @@ def test_an_eps_bug_is_probed_at_the_norm_only_and_its_probe_retires_every_other
     assert report.hints == [], report.hints  # no GELU hint: the eps explains the whole difference
 
 
+def test_probes_touch_nothing_after_the_first_failing_row():
+    torch.manual_seed(0)
+    port = models.NNXMLP(hidden=models.D)
+    port.norm = nnx.RMSNorm(models.D, epsilon=1e-5, rngs=nnx.Rngs(0))  # another norm: nothing a probe switches explains it
+    report = check_port(models.TorchSquare(), port, models.activations())
+    assert report.first_failure.name == "norm", format_report(report)
+    failing_later = [row.name for row in report.rows if not row.passed and row.kind == "Linear"]
+    assert "fc1" in failing_later  # square, failing, and after the norm: not probed
+    assert report.probes and not any("fc1" in probe for probe in report.probes), report.probes
+
+
 def test_a_closing_probe_retires_the_hint_about_its_row():
     source, x = torch_block.block()
     port = flax_block.block()[0]

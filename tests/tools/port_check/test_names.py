@@ -80,3 +80,15 @@ def test_write_map_refuses_an_input_a_fifo_a_folder_and_a_link_before_any_work(t
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err, (target, err)
     assert json.loads(given.read_text()) == {"norm": "ln"}
+
+
+def test_a_reader_gone_from_stdout_does_not_cancel_the_map(tmp_path, monkeypatch):
+    from mhsa.port_check import command
+
+    def closed(report):  # what print meets once `| head` has exited
+        raise BrokenPipeError
+
+    monkeypatch.setattr(command, "format_report", closed)
+    written = tmp_path / "map.json"
+    mhsa(["port-check", *FACTORIES, "--write-map", str(written)])
+    assert json.loads(written.read_text()) == {"norm": "ln", "fc1": "dense1", "fc2": "dense2"}
