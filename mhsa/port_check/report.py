@@ -45,9 +45,9 @@ def _weights(t: Transfer, listed: bool = True) -> list[str]:
     a, b = t.sides
     lines = []
     if listed and t.copied:
-        lines.append(f"weights: {len(t.filled)} parameters copied {a} -> {b}: {t.decision}")
+        lines += [f"weights: {len(t.filled)} parameters copied {a} -> {b}", f"  {t.decision}"]
     elif listed:
-        lines.append(f"weights: {len(t.filled)} parameters paired, {len(t.differing)} differ: {t.decision}")
+        lines += [f"weights: {len(t.filled)} parameters paired, {len(t.differing)} differ ({b}'s own weights checked)", f"  {t.decision}"]
         lines += _listed(
             [f"  differs: {name}: {how}" + ("" if how.startswith("differs by") else f" (max abs {diff:.2e})") for name, diff, how in t.differing]
         )

@@ -89,20 +89,30 @@ def _view(value: np.ndarray, transposed: bool) -> np.ndarray:
     return value.T if transposed else value
 
 
+SEARCHED = 16  # differing parameters searched for a transform while none has shown a converter ran
+
+
 def compare_values(report: Transfer, source_params, target_params, tol: float) -> int:
     """Fill report.differing with every paired parameter the port holds other values of (and how),
     and return the evidence that a converter ran: how many parameters with non-constant reference
-    values hold those values or a recognisable transform of them."""
-    evidence = 0
+    values hold those values or a recognisable transform of them. While there is no evidence,
+    only the first SEARCHED differing parameters are searched for a transform: a fresh port of a
+    large model is not searched parameter by parameter (the rest are said to differ by so much)."""
+    evidence, searched, differing = 0, 0, []
     for name, mapped, _, transposed in report.filled:
         reference, port = _view(source_params[name], transposed), target_params[mapped]
         diff = max_abs_diff(reference, port)
-        informative = reference.size > 1 and np.ptp(reference) > 0 and np.ptp(port) > 0
+        informative = bool(reference.size > 1 and np.ptp(reference) > 0 and np.ptp(port) > 0)
         if diff <= tol:
             evidence += informative
-            continue
-        how = how_it_differs(reference, port, tol)
-        evidence += informative and how is not None
+        else:
+            differing.append((name, reference, port, diff, informative))
+    for name, reference, port, diff, informative in differing:
+        how = None
+        if evidence or searched < SEARCHED:
+            searched += 1
+            how = how_it_differs(reference, port, tol)
+            evidence += informative and how is not None
         report.differing.append((name, diff, how or f"differs by {diff:.2e}"))
     return evidence
 
@@ -186,13 +196,12 @@ def decide(report: Transfer, evidence: int, informative: int, transfer: bool | N
     report.copied = evidence == 0
     if report.copied:
         report.decision = (
-            f"a fresh port: none of the {informative} parameters whose reference values are not constant hold them, "
-            "so they were copied from the reference (--no-transfer checks the port's own weights)"
+            f"a fresh port: none of the {informative} parameters whose reference values are not constant hold them (--no-transfer checks its own)"
         )
     else:
         report.decision = (
-            f"the port holds converted weights ({evidence} of {informative} parameters hold the reference's values or a "
-            "transform of them): checked as it is, with your converter (--transfer copies the reference's instead)"
+            f"the port holds converted weights ({evidence} of {informative} parameters hold the reference's values or a transform of them): "
+            "checked as it is, your converter with it (--transfer copies the reference's)"
         )
     return report.copied
 
