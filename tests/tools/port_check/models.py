@@ -368,6 +368,15 @@ def flax_narrow():
     return flax_block.Block(d_model=16, rngs=nnx.Rngs(0))
 
 
+def torch_positions_model():
+    """The position-embedding pair without inputs: ids come from the command line."""
+    return TorchPositions()
+
+
+def flax_positions_model():
+    return FlaxPositions()
+
+
 def torch_block_model():
     """The example block alone, inputs from the command line."""
     return torch_block.block()[0]

@@ -187,6 +187,7 @@ def test_names_that_do_not_correspond_are_matched_through_a_name_map():
     target = Renamed(rngs=nnx.Rngs(0))
     unmapped = check_port(source, target, x)
     assert "mlp.fc1.weight" in unmapped.transfer.unconsumed_source and "ffn.fc1.weight" in unmapped.transfer.unconsumed_target
+    assert unmapped.proposed_map == {"mlp": "ffn"} and not unmapped.rows  # proposed by structure, not compared
     report = check_port(source, target, x, name_map={"mlp": "ffn"})
     assert report.passed, format_report(report)
     assert map_name("mlp.fc1[0]", {"mlp": "ffn", "m": "x"}) == "ffn.fc1[0]" and map_name("mlps.a", {"mlp": "ffn"}) == "mlps.a"

@@ -43,6 +43,10 @@ M = "tests.tools.port_check.models"
             "running the reference (torch) on the inputs ((3, 5, 24) int64) failed: RuntimeError",
         ),
         ([f"{M}:torch_block_model", f"{M}:flax_block_model"], "no inputs: give --input-shape or --inputs, or let a factory return (model, inputs)"),
+        (
+            [f"{M}:torch_positions_model", f"{M}:flax_positions_model", "--input-shape", "3,5"],
+            "running the reference (torch) on the inputs ((3, 5) float32) failed: RuntimeError: Expected tensor for argument #1 'indices'",
+        ),
     ],
     ids=[
         "factory-raises",
@@ -53,6 +57,7 @@ M = "tests.tools.port_check.models"
         "wrong-input-shape",
         "int-range-on-floats",
         "no-inputs",
+        "floats-for-ids",
     ],
 )
 def test_a_mistake_is_one_line_and_exit_2(argv, message, capsys):
