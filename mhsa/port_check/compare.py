@@ -30,8 +30,7 @@ def transfer_weights(source: Any, target: Any, name_map: dict[str, str] | None =
     types: tuple[dict, dict] = ({}, {})
     if not isinstance(target, tuple):  # torch and NNX know their layers without a call; Linen only while called
         types = (source_reader.describe(source, Inputs()), target_reader.describe(target, Inputs()))
-    report = weights.pair_parameters(source_params, target_params, *types, name_map)
-    report.sides = (source_name, target_name)
+    report = weights.pair_parameters(source_params, target_params, *types, name_map, (source_name, target_name))
     return _settle(report, target, target_reader, source_params, target_params, copy), report
 
 
@@ -171,8 +170,7 @@ def check_port(source, target, inputs, *, target_inputs=None, name_map=None, tra
     target_desc = _running(
         f"running the port ({target_name}) on the inputs ({describe_inputs(target_inputs)})", target_reader.describe, target, target_inputs
     )
-    pairing = weights.pair_parameters(source_params, target_params, source_desc, target_desc, name_map)
-    pairing.sides = sides
+    pairing = weights.pair_parameters(source_params, target_params, source_desc, target_desc, name_map, sides)
     tied = source_reader.tied(source)
     aliases = [name for name in pairing.unconsumed_source if name in tied and any(s == tied[name] for s, *_ in pairing.filled)]
     if aliases:  # a tied weight is one parameter: paired once, under its first name

@@ -2,12 +2,14 @@
 with one likely cause switched.
 
 Probes only touch what runs at or before the first failing row: the failing module itself (a
-square kernel transposed, a norm's eps set to the reference's) and the reference's modules that
-ran since the last agreeing output without a counterpart in the port (a torch GELU whose port
-computes the other approximation inline), plus matmul precision for the whole run. A probe that
-closes the gap at the first failing row is the explanation: the other probes and every hint about
-that row are retired, and the hints are read again off the probe's own rows (a second cause
-further on, if there is one).
+square kernel transposed, a norm's eps set to the reference's, the port's own parameters there
+that differ given the reference's values) and the reference's modules that ran since the last
+agreeing output without a counterpart in the port (a torch GELU whose port computes the other
+approximation inline), plus matmul precision for the whole run. A probe that closes the gap at
+the first failing row is the explanation: the other probes and every hint about that row are
+retired, and the search goes on from the next failure with that switch in place (up to four
+causes). The hints are then read off the rows with every closing switch in place: what is left
+to explain, if anything.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ def hints(rows: list[Row], call_paths: list[str], source_desc: dict, sides: tupl
     at = outputs.index(first)
     last_good = next((row for row in reversed(outputs[:at]) if row.passed), None)
     found = [
-        f"'{name}' {how}, and the difference enters at its module '{first.module}' (weights above)"
+        f"'{name}' {how}, and the difference enters at '{first.module or '(the model)'}', which holds it (weights above)"
         for name, _, how in differing
         if _inside(name.rpartition(".")[0], first.module)
     ]

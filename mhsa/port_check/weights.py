@@ -32,12 +32,13 @@ def _module(name: str) -> str:
     return name.rpartition(".")[0]
 
 
-def pair_parameters(source_params, target_params, source_desc, target_desc, name_map=None) -> Transfer:
+def pair_parameters(source_params, target_params, source_desc, target_desc, name_map=None, sides=("torch", "jax")) -> Transfer:
     """Pair every reference parameter with the port's by name (through name_map) and shape.
 
     source_params, target_params: {neutral name: array}; *_desc: {module path: {"type": ...}}
-    from the readers' describe (for the layer types of the layout inference)."""
-    report = Transfer()
+    from the readers' describe (for the layer types of the layout inference); sides: the two
+    readers' names, for the report."""
+    report = Transfer(sides=sides)
     candidates = []
     for name in source_params:
         mapped = map_name(name, name_map)
@@ -51,10 +52,10 @@ def pair_parameters(source_params, target_params, source_desc, target_desc, name
     for name, mapped in candidates:
         value, expected = source_params[name], target_params[mapped].shape
         kinds = (_type_of(source_desc, name), _type_of(target_desc, mapped))
-        if value.ndim == 2 and kinds in transposed_types:
-            report.filled.append((name, mapped, value.shape, True)) if value.T.shape == expected else report.mismatched.append(
-                (name, mapped, value.T.shape, expected)
-            )
+        if value.ndim == 2 and kinds in transposed_types and value.T.shape == expected:
+            report.filled.append((name, mapped, value.shape, True))
+        elif value.ndim == 2 and kinds in transposed_types:
+            report.mismatched.append((name, mapped, value.T.shape, expected))
         elif value.shape == expected:
             report.filled.append((name, mapped, value.shape, False))
         elif value.ndim == 2 and value.T.shape == expected:
