@@ -1,31 +1,35 @@
 """`mhsa port-check`: check your own port. Take a PyTorch model and its Flax (NNX or Linen) port,
-copy the weights across with a report of what went where, lint the settings that classically
-differ, run both on one batch, and compare every submodule's output in call order: the first
-row beyond tolerance is where the two models part. Probes then re-run with likely causes
-switched and say which closes the gap.
+pair their parameters (or propose a name map when the names do not correspond), check the port's
+own weights when it holds converted ones (your converter is part of the port) or copy the
+reference's into a fresh one, lint the settings that classically differ, run both on one batch,
+and compare every submodule's output in call order, whatever its structure: the first row beyond
+tolerance is where the two models part. Probes then re-run with likely causes switched and say
+which closes the gap.
 
 The port check is its own product inside the tools: it reads any user model, not this project's
 backends, so it reaches each framework through a reader of its own, `torch_reader.py` and
 `flax_reader.py`, which read a model in the exchange convention (torch state_dict names and
-layouts); the rest of the package is framework-neutral. The first model is the reference (the
-source of the weights), the second the port.
+layouts); the rest of the package is framework-neutral: `structure.py` (inputs and outputs of
+any structure), `weights.py` (pairing, comparing and copying parameters), `names.py` (a name
+map by structure), `precision.py` (modules computing below the dtype asked for), `rows.py` (the
+table), `hints.py` (hints and probes), `compare.py` (check_port), `report.py`, `files.py` and
+`command.py`. The first model is the reference (the source of the weights), the second the port.
 
     from mhsa.port_check import check_port, format_report
     report = check_port(torch_model, flax_model, x, dtype="float64", grads=True)
     print(format_report(report))
 """
 
-from mhsa.port_check.command import (
-    add_arguments,
-    load_factory,
-    read_inputs,
-    run,
-)
+from mhsa.port_check.command import add_arguments, load_factory, read_inputs, run
 from mhsa.port_check.compare import check_port, lint, transfer_weights
-from mhsa.port_check.records import PortReport, Row, Transfer, map_name
+from mhsa.port_check.files import read_input_file, read_map
+from mhsa.port_check.records import PortCheckError, PortReport, Row, Transfer, map_name
 from mhsa.port_check.report import format_report
+from mhsa.port_check.structure import Inputs
 
 __all__ = [
+    "Inputs",
+    "PortCheckError",
     "PortReport",
     "Row",
     "Transfer",
@@ -35,7 +39,9 @@ __all__ = [
     "lint",
     "load_factory",
     "map_name",
+    "read_input_file",
     "read_inputs",
+    "read_map",
     "run",
     "transfer_weights",
 ]

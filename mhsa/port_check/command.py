@@ -1,42 +1,81 @@
-"""`mhsa port-check TORCH_FACTORY FLAX_FACTORY`: factories, inputs and the command."""
+"""`mhsa port-check TORCH_FACTORY FLAX_FACTORY`: factories, inputs and the command.
+
+Exit status: 0 the port passes; 1 it fails (or, computing below float32, cannot be judged);
+2 the check could not be made: a bad flag or file (the usage and one line), a factory, model or
+input mistake (one line), or names that do not correspond (the report with a proposed name map);
+130 interrupted (one line).
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import io
-import json
 import os
 import sys
-import zipfile
 
 import numpy as np
 
-from mhsa.port_check.compare import check_port
-from mhsa.port_check.records import backend_of
+from mhsa.port_check.compare import check_port, one_line
+from mhsa.port_check.files import check_writable, read_input_file, read_map, write_map
+from mhsa.port_check.records import PortCheckError, backend_of
 from mhsa.port_check.report import format_report
+from mhsa.port_check.structure import Inputs, as_inputs
 from mhsa.threads import add_threads_argument
 from shared.config import DTYPES
-from shared.files import read_regular
+
+FACTORIES = """factories: each FACTORY is package.module:function, called without arguments. It returns
+the model, or (model, inputs). TORCH_FACTORY's model is a torch.nn.Module (the reference);
+FLAX_FACTORY's an nnx.Module or a Linen (module, variables) pair (the port). inputs are what
+the model is called with: an array (one argument), a tuple of arrays (positional arguments), a
+dict (keyword arguments), or (tuple, dict) for both; arrays may sit in nested tuples and dicts,
+other values (deterministic=True) pass as they are. The reference's inputs go to the port too
+unless FLAX_FACTORY returns its own. --inputs and --input-shape replace both.
+
+weights: the port is checked as it is when it holds converted weights (at least one parameter
+whose reference values are not constant holds them, or a transform of them), so that your
+converter is checked too; a fresh port gets the reference's weights. --transfer and
+--no-transfer force either.
+
+exit status: 0 pass; 1 fail (or no verdict: a module computes below float32); 2 the check
+could not be made (a bad flag, file, factory or input: one line; names that do not correspond:
+a proposed name map); 130 interrupted."""
 
 
-def load_factory(spec: str):
-    """'package.module:function' -> what the function returns: a model, or (model, inputs)."""
+def load_factory(spec: str, what: str):
+    """'package.module:function' -> (model, Inputs or None): what the function returns. A bad
+    spec or a module that cannot be imported is a ValueError (a usage error); a factory that
+    raises or returns something else than a model or (model, inputs) a PortCheckError."""
     module_name, _, function = spec.partition(":")
     if not module_name or not function:
         raise ValueError(f"factory must be package.module:function; got {spec!r}")
     if os.getcwd() not in sys.path:  # the user's own package, as `python -m` would find it
         sys.path.insert(0, os.getcwd())
     try:
-        factory = getattr(importlib.import_module(module_name), function)
-    except (ImportError, AttributeError) as error:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
         raise ValueError(f"cannot load factory {spec!r}: {error}") from None
-    result = factory()
+    except Exception as error:  # the user's module fails while it is imported
+        raise PortCheckError(f"importing {module_name!r} for {what} failed: {one_line(error)}") from error
+    factory = getattr(module, function, None)
+    if not callable(factory):
+        raise ValueError(f"cannot load factory {spec!r}: {module_name} has no function {function!r}")
+    try:
+        result = factory()
+    except Exception as error:
+        raise PortCheckError(f"{what} {spec!r} raised {one_line(error)}") from error
     if _readable(result):
         return result, None
     if isinstance(result, tuple) and len(result) == 2 and _readable(result[0]):
-        return result
-    raise ValueError(f"factory {spec!r} returned {type(result).__name__}; expected a model or (model, inputs)")
+        if result[1] is None:
+            return result[0], None
+        return result[0], as_inputs(result[1])
+    raise PortCheckError(f"{what} {spec!r} returned {_kind(result)}; expected a model or (model, inputs)")
+
+
+def _kind(value) -> str:
+    if isinstance(value, tuple):
+        return "(" + ", ".join(type(item).__name__ for item in value) + ")"
+    return "None" if value is None else f"a {type(value).__name__}"
 
 
 def _readable(model) -> bool:
@@ -47,51 +86,21 @@ def _readable(model) -> bool:
     return True
 
 
-MAP_BYTES = 1 << 20  # a name map is a few lines of JSON
-INPUT_BYTES = 1 << 30  # one batch of inputs
-
-
-def read_map(path: str) -> dict[str, str]:
-    """--map: a JSON object {reference prefix: port prefix}, read as every file here is read:
-    a regular file only (a FIFO or a device is refused at once), bounded in size."""
-    raw = read_regular(path, "--map file", MAP_BYTES)
-    try:
-        name_map = json.loads(raw)
-    except (ValueError, RecursionError):  # not JSON, or nested too deep to parse
-        raise ValueError(f"--map file {path!r} is not a JSON object of names to names") from None
-    if not isinstance(name_map, dict) or not all(isinstance(value, str) for value in name_map.values()):
-        raise ValueError(f"--map file {path!r} must hold a JSON object of names to names")
-    return name_map
-
-
-def read_input_file(path: str) -> tuple[np.ndarray, ...]:
-    """--inputs: the arrays of a .npy file, or of a .npz archive in its order; never unpickled."""
-    raw = read_regular(path, "--inputs file", INPUT_BYTES)
-    try:
-        loaded = np.load(io.BytesIO(raw), allow_pickle=False)
-        if isinstance(loaded, np.lib.npyio.NpzFile):
-            with loaded:
-                return tuple(loaded[key] for key in loaded.files)
-        return (loaded,)
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
-        raise ValueError(f"--inputs file {path!r} is not a .npy or .npz file of arrays: {error}") from None
-
-
-def read_inputs(args, source_inputs, target_inputs, from_file=None):
-    """(inputs for the reference, inputs for the port) from --inputs (already read: `from_file`),
-    --input-shape or the factories."""
+def read_inputs(args, source_inputs, target_inputs, from_file=None) -> tuple[Inputs, Inputs | None]:
+    """(inputs for the reference, inputs for the port or None: the same) from --inputs (already
+    read: `from_file`), --input-shape or the factories."""
     if from_file is not None:
-        return from_file, from_file
+        return from_file, None
     if args.input_shape:
         rng = np.random.default_rng(args.seed)
         if args.int_range:
             x = rng.integers(0, args.int_range, args.input_shape)
         else:
             x = rng.standard_normal(args.input_shape).astype(np.float32)
-        return (x,), (x,)
+        return Inputs((x,), {}), None
     if source_inputs is None and target_inputs is None:
-        raise ValueError("no inputs: give --input-shape or --inputs, or let a factory return (model, inputs)")
-    return source_inputs if source_inputs is not None else target_inputs, target_inputs
+        raise PortCheckError("no inputs: give --input-shape or --inputs, or let a factory return (model, inputs)")
+    return (source_inputs if source_inputs is not None else target_inputs), target_inputs
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -107,6 +116,8 @@ def _shape(text: str) -> tuple[int, ...]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from mhsa.flags import int_flag
 
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = FACTORIES
     add_threads_argument(parser)
     parser.add_argument("torch_factory", metavar="TORCH_FACTORY", help="package.module:function returning the reference model, or (model, inputs)")
     parser.add_argument(
@@ -116,38 +127,81 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--input-shape", type=_shape, help="random normal float32 inputs of this shape, e.g. 3,5,24")
-    source.add_argument("--inputs", help="inputs from a .npy file, or a .npz file (one array per positional argument)")
+    source.add_argument("--inputs", help="inputs from a .npy file (one argument) or a .npz file (arr_0, arr_1, ... positional, other names keywords)")
     parser.add_argument("--int-range", type=int_flag("--int-range"), help="with --input-shape: integer ids in [0, N) instead")
     parser.add_argument("--map", help="JSON file {reference prefix: port prefix} for names that do not correspond")
+    parser.add_argument("--write-map", metavar="FILE", help="write the name map (the proposed one, when names do not correspond) to FILE as JSON")
     parser.add_argument("--dtype", choices=DTYPES, default="float32", help="cast both models and the inputs (default float32)")
     parser.add_argument("--grads", action="store_true", help="also compare d sum(output) / d every parameter")
-    parser.add_argument("--no-transfer", action="store_true", help="keep the port's own weights and compare them")
+    weights = parser.add_mutually_exclusive_group()
+    weights.add_argument("--transfer", dest="transfer", action="store_true", default=None, help="always copy the reference's weights into the port")
+    weights.add_argument("--no-transfer", dest="transfer", action="store_false", default=None, help="always check the port's own weights")
     parser.add_argument("--no-probes", action="store_true", help="skip the re-runs with likely causes switched")
     parser.add_argument("--seed", type=int_flag("--seed"), default=0, help="seed of --input-shape's inputs (default 0)")
     parser.set_defaults(parser=parser)
+
+
+def _check_sides(source, target) -> None:
+    for model, want, what in ((source, "torch", "TORCH_FACTORY"), (target, "jax", "FLAX_FACTORY")):
+        side, _ = backend_of(model)
+        if side != want:
+            raise PortCheckError(
+                f"{what} returned a {'torch' if side == 'torch' else 'Flax'} model; the torch reference comes first, then the Flax port"
+            )
 
 
 def run(args) -> int:
     if args.int_range and not args.input_shape:
         args.parser.error("--int-range goes with --input-shape")
     try:  # the files first, before the factories import and build anything
+        if args.write_map:
+            check_writable(args.write_map, [args.map, args.inputs])
         name_map = read_map(args.map) if args.map else None
         from_file = read_input_file(args.inputs) if args.inputs else None
-        source, source_inputs = load_factory(args.torch_factory)
-        target, target_inputs = load_factory(args.flax_factory)
-        inputs, target_inputs = read_inputs(args, source_inputs, target_inputs, from_file)
+        factories = _factories(args)
     except (ValueError, TypeError, OSError) as error:
+        if isinstance(error, PortCheckError):
+            return _error(str(error))
         args.parser.error(str(error))
-    report = check_port(
-        source,
-        target,
-        inputs,
-        target_inputs=target_inputs,
-        name_map=name_map,
-        transfer=not args.no_transfer,
-        dtype=args.dtype,
-        grads=args.grads,
-        probes=not args.no_probes,
-    )
-    print(format_report(report))
-    return 0 if report.passed else 1
+    try:
+        (source, source_inputs), (target, target_inputs) = factories
+        inputs, target_inputs = read_inputs(args, source_inputs, target_inputs, from_file)
+        report = check_port(
+            source,
+            target,
+            inputs,
+            target_inputs=target_inputs,
+            name_map=name_map,
+            transfer=args.transfer,
+            dtype=args.dtype,
+            grads=args.grads,
+            probes=not args.no_probes,
+        )
+    except PortCheckError as error:
+        advice = "; --int-range gives integer ids: does the reference take ids?" if args.int_range and "failed" in str(error) else ""
+        return _error(f"{error}{advice}")
+    try:
+        print(format_report(report))
+    finally:  # a reader gone from stdout (`| head`) does not cancel the map asked for
+        if args.write_map:
+            write_map(args.write_map, report.proposed_map if report.stopped else name_map or {})
+    if args.write_map:
+        print(f"name map written to {args.write_map}")
+    return 2 if report.stopped else 0 if report.passed else 1
+
+
+def _factories(args):
+    """Both factories' (model, inputs), each checked to be on its side; --write-map checked not
+    to be either factory's own source file."""
+    source = load_factory(args.torch_factory, "TORCH_FACTORY")
+    target = load_factory(args.flax_factory, "FLAX_FACTORY")
+    _check_sides(source[0], target[0])
+    if args.write_map:
+        files = [getattr(sys.modules.get(spec.partition(":")[0]), "__file__", None) for spec in (args.torch_factory, args.flax_factory)]
+        check_writable(args.write_map, [file for file in files if file])
+    return source, target
+
+
+def _error(message: str) -> int:
+    print(f"mhsa port-check: error: {message}", file=sys.stderr)
+    return 2

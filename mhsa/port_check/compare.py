@@ -1,63 +1,47 @@
-"""Run both models, copy the weights, lint the settings, compare every output and gradient, probe."""
+"""check_port: the order of a port check. Read both models, pair their parameters (or stop with a
+proposed name map), copy the weights or keep the port's, lint the settings, run both on one
+batch, compare every output and gradient, then hint and probe."""
 
 from __future__ import annotations
 
 import os
+import sysconfig
+import traceback
+from typing import Any
 
 import numpy as np
 
-from mhsa.port_check.records import (
-    NORMS,
-    WHY,
-    PortReport,
-    Row,
-    Transfer,
-    backend_of,
-    map_name,
-)
+from mhsa.port_check import names, precision, weights
+from mhsa.port_check.hints import Side, hints, run_probes
+from mhsa.port_check.records import NORMS, WHY, PortCheckError, PortReport, Transfer, backend_of, map_name
+from mhsa.port_check.rows import call_paths, gradient_rows, output_rows
+from mhsa.port_check.structure import RANKS, Inputs, as_inputs, describe_inputs, dtype_name, is_float_dtype, map_inputs, numpy_inputs
 from shared.config import DTYPES
-from shared.tolerances import max_abs_diff, tolerance
+from shared.tolerances import tolerance
 
 
-def _as_tuple(inputs) -> tuple:
-    return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+def transfer_weights(source: Any, target: Any, name_map: dict[str, str] | None = None, copy: bool | None = True) -> tuple[Any, Transfer]:
+    """Pair the reference's parameters with the port's by name (through name_map) and shape, and
+    copy them into the port (copy=True), or compare the port's own (copy=False: every parameter
+    that differs is named with how), or decide by the port's values (copy=None: weights.py).
+    Returns (target, Transfer)."""
+    (source_name, source_reader), (target_name, target_reader) = backend_of(source), backend_of(target)
+    source_params, target_params = source_reader.parameters(source), target_reader.parameters(target)
+    types: tuple[dict, dict] = ({}, {})
+    if not isinstance(target, tuple):  # torch and NNX know their layers without a call; Linen only while called
+        types = (source_reader.describe(source, Inputs()), target_reader.describe(target, Inputs()))
+    report = weights.pair_parameters(source_params, target_params, *types, name_map, (source_name, target_name))
+    return _settle(report, target, target_reader, source_params, target_params, copy), report
 
 
-def transfer_weights(source, target, name_map=None, copy=True):
-    """Copy the reference's parameters into the port by name (through name_map), shape-checked.
-    Returns (target, Transfer). copy=False leaves the port's weights as they are and lists the
-    parameters whose values differ (and whether the port holds the transpose)."""
-    _, source_port = backend_of(source)
-    _, target_port = backend_of(target)
-    source_params, target_params = source_port.parameters(source), target_port.parameters(target)
-    report, arrays = Transfer(copied=copy), {}
-    for name, value in source_params.items():
-        mapped = map_name(name, name_map)
-        if mapped not in target_params:
-            report.unconsumed_source.append(name)
-            continue
-        expected = target_params[mapped].shape
-        if value.shape == expected:
-            report.filled.append((name, mapped, value.shape))
-            arrays[mapped] = value
-        elif value.ndim == 2 and value.T.shape == expected:
-            report.transposed_only.append((name, mapped, value.shape))
-        else:
-            report.mismatched.append((name, mapped, value.shape, expected))
-    consumed = {mapped for _, mapped, *_ in report.filled + report.transposed_only + report.mismatched}
-    report.unconsumed_target = [name for name in target_params if name not in consumed]
-    if copy:
-        target = target_port.load_parameters(target, arrays)
-    else:
-        dtype = str(next(iter(source_params.values())).dtype) if source_params else "float32"
-        tol = tolerance("stage", dtype if dtype in DTYPES else "float32")
-        for name, mapped, _ in report.filled:
-            diff = max_abs_diff(source_params[name], target_params[mapped])
-            if diff > tol:
-                value = source_params[name]
-                transposed = value.ndim == 2 and value.shape[0] == value.shape[1] and max_abs_diff(value.T, target_params[mapped]) <= tol
-                report.differing.append((name, diff, "the port holds its transpose: a kernel copied without transposing" if transposed else ""))
-    return target, report
+def _settle(report: Transfer, target, target_reader, source_params, target_params, copy: bool | None):
+    """Compare the values (unless a copy is forced), decide, copy if so; returns the port."""
+    dtype = _dtype_of(source_params)
+    evidence = 0 if copy else weights.compare_values(report, source_params, target_params, tolerance("weights", dtype))
+    if weights.decide(report, evidence, weights.informative_count(report, source_params), copy):
+        report.differing = []
+        return target_reader.load_parameters(target, weights.arrays_to_copy(report, source_params))
+    return target
 
 
 def lint(source_desc: dict, target_desc: dict, sides: tuple[str, str], name_map=None) -> list[str]:
@@ -73,15 +57,27 @@ def lint(source_desc: dict, target_desc: dict, sides: tuple[str, str], name_map=
             findings.append(f"{where}: {kind} in {sides[0]}, {other['type']} in {sides[1]}")
             continue
         for key, value in info.items():
-            if key == "type" or key not in other or value is None or other[key] is None or value == other[key]:
+            if key in ("type", "dtypes") or key not in other or value is None or other[key] is None or value == other[key]:
                 continue
             why = WHY.get((kind, key), "")
             if key in ("bias", "active"):
-                what = {"bias": "bias", "active": "active"}[key]
                 side = sides[0] if value else sides[1]
-                findings.append(f"{where}: {kind} {what} in {side} only" + (f" ({why})" if why else ""))
+                findings.append(f"{where}: {kind} {key} in {side} only" + (f" ({why})" if why else ""))
             else:
                 findings.append(f"{where}: {kind} {key} {value!r} in {sides[0]}, {other[key]!r} in {sides[1]}" + (f" ({why})" if why else ""))
+    return findings
+
+
+def _untied(tied: dict[str, str], target_params, sides, name_map) -> list[str]:
+    """One line per tied reference parameter whose port counterparts are two parameters."""
+    findings = []
+    for name, shared in tied.items():
+        mapped, other = map_name(name, name_map), map_name(shared, name_map)
+        if mapped != other and mapped in target_params and other in target_params:
+            findings.append(
+                f"{name}: tied to {shared} in {sides[0]}, a parameter of its own in {sides[1]} "
+                "(untied: equal once copied, they part as soon as either is trained; --grads shows it)"
+            )
     return findings
 
 
@@ -89,168 +85,202 @@ def _neutral(kind: str) -> bool:
     return kind in ("Linear", "Embedding", "Conv", "Dropout", "GELU") + NORMS
 
 
-def _keyed(calls) -> list[tuple[tuple[str, int], np.ndarray]]:
-    """(path, output) in call order -> ((path, call number), output)."""
-    seen: dict[str, int] = {}
-    keyed = []
-    for path, value in calls:
-        seen[path] = seen.get(path, -1) + 1
-        keyed.append(((path, seen[path]), value))
-    return keyed
+def one_line(error: BaseException) -> str:
+    """'ValueError: first line of the message (at path/to/model.py:42)': an error of the user's
+    code in one line, located at the innermost frame outside the libraries and this package."""
+    message = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+    if len(message) > 300:
+        message = message[:297] + "..."
+    libraries = {sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+    ours = os.path.dirname(os.path.abspath(__file__))
+    where = ""
+    for frame in reversed(traceback.extract_tb(error.__traceback__)):
+        path = os.path.abspath(frame.filename)
+        if not path.startswith(ours) and not any(path.startswith(library) for library in libraries) and "site-packages" not in path:
+            shown = os.path.relpath(path) if not os.path.relpath(path).startswith("..") else path
+            where = f" (at {shown}:{frame.lineno})"
+            break
+    return f"{type(error).__name__}: {message}{where}"
 
 
-def _diffs(a, b) -> tuple[float, float, str]:
-    """(max abs, max abs / max |reference|, note); a channels-first reference output is compared
-    channels-last where only that makes the shapes agree (Conv: torch NCL, Flax NLC)."""
-    a, b = np.asarray(a), np.asarray(b)
-    note = ""
-    if a.shape != b.shape:
-        if a.ndim >= 3 and np.moveaxis(a, 1, -1).shape == b.shape:
-            a, note = np.moveaxis(a, 1, -1), "compared channels-last"
-        else:
-            return float("inf"), float("inf"), f"shape {a.shape} vs {b.shape}"
-    diff = max_abs_diff(a, b)
-    scale = float(np.max(np.abs(a))) if a.size else 0.0
-    return diff, diff / scale if scale > 0 else (0.0 if diff == 0 else float("inf")), note
+def _running(what: str, function, *args, also: str = "") -> Any:
+    """function(*args); an error of the user's model (any Exception) becomes one PortCheckError
+    line saying what was being done, the error, where, and `also` (a likely cause)."""
+    try:
+        return function(*args)
+    except PortCheckError:
+        raise
+    except Exception as error:
+        raise PortCheckError(f"{what} failed: {one_line(error)}" + (f"; {also}" if also else "")) from error
 
 
-def output_rows(source_calls, target_calls, source_desc, dtype, name_map=None):
-    """(rows in the reference's call order, unmatched reference calls, unmatched port calls)."""
-    source, target = _keyed(source_calls), dict(_keyed(target_calls))
-    counts = {}
-    for (path, _), _ in source:
-        counts[path] = counts.get(path, 0) + 1
-    rows, unmatched, used = [], [], set()
-    tol = tolerance("stage", dtype)
-    for position, ((path, call), value) in enumerate(source):
-        key = (map_name(path, name_map), call)
-        label = _label(path, call, counts[path])
-        if key not in target:
-            unmatched.append(label)
-            continue
-        used.add(key)
-        kind = source_desc.get(path.split("[")[0], {}).get("type", "")
-        abs_diff, rel_diff, note = _diffs(value, target[key])
-        rows.append(Row("output", label, _label(*key, counts[path]), kind, abs_diff, rel_diff, tol, note, position))
-    unmatched_target = [_label(path, call, 1 + max(c for p, c in target if p == path)) for path, call in target if (path, call) not in used]
-    return rows, unmatched, unmatched_target
+def _cast_inputs(inputs: Inputs, dtype: str | None) -> Inputs:
+    def cast(x):
+        x = np.asarray(x)
+        return x.astype(dtype) if dtype is not None and is_float_dtype(x.dtype) else x
+
+    return map_inputs(inputs, cast)
 
 
-def _label(path: str, call: int, calls: int) -> str:
-    name = path if path and not path.startswith("[") else f"(model output){path}"
-    return f"{name} (call {call + 1})" if calls > 1 else name
+def _low_precision_inputs(inputs: Inputs, asked: str) -> list[str]:
+    """The input dtypes below float32 (bfloat16, float16): cast up, exactly; said in a note."""
+    found: list[str] = []
+    map_inputs(inputs, lambda x: found.append(dtype_name(x.dtype)) if is_float_dtype(x.dtype) and RANKS.get(dtype_name(x.dtype), 3) < 2 else None)
+    return sorted(set(found))
 
 
-def gradient_rows(source_grads, target_grads, dtype, name_map=None) -> list[Row]:
-    tol = tolerance("grad", dtype)
-    rows = []
-    for name, value in source_grads.items():
-        mapped = map_name(name, name_map)
-        if mapped in target_grads:
-            abs_diff, rel_diff, note = _diffs(value, target_grads[mapped])
-            rows.append(Row("gradient", name, mapped, "", abs_diff, rel_diff, tol, note))
-    return rows
-
-
-def _path(label: str) -> str:
-    """A row label back to its module path."""
-    path = label.split(" (call ")[0]
-    return "" if path.startswith("(model output)") else path.split("[")[0]
-
-
-def _hints(report: PortReport, source_calls, source_desc) -> list[str]:
-    """Where to look: the code between the first failing output and the last agreeing one, the
-    reference modules without a counterpart that ran in between, and the same for the largest
-    growth of the difference after the first failure (a second cause behind the first)."""
-    first = report.first_failure
-    if first is None or first.section != "output":
-        return []
-    outputs = [row for row in report.rows if row.section == "output"]
-    at = outputs.index(first)
-    last_good = next((row for row in reversed(outputs[:at]) if row.passed), None)
-    hints = []
-    if last_good is not None:
-        parent = ".".join(os.path.commonprefix([_path(last_good.name).split("."), _path(first.name).split(".")]))
-        hints.append(
-            f"the difference enters between '{last_good.name}' (last agreeing output) and '{first.name}'"
-            + (f": look at the code of '{parent}' that runs between those calls" if parent else "")
-        )
-    hints += _unmatched_between(report, source_calls, source_desc, last_good, first)
-    jumps = [
-        (row.abs_diff / before.abs_diff, before, row)
-        for before, row in zip(outputs[at:], outputs[at + 1 :])
-        if before.abs_diff > 0 and np.isfinite(row.abs_diff)
-    ]
-    if jumps:
-        ratio, before, row = max(jumps, key=lambda jump: jump[0])
-        if ratio >= 10:
-            hints.append(f"the difference grows {ratio:.0f}x from '{before.name}' to '{row.name}': a second cause may sit between them")
-            hints += _unmatched_between(report, source_calls, source_desc, before, row)
-    return hints
-
-
-def _unmatched_between(report, source_calls, source_desc, before, row) -> list[str]:
-    """Reference modules without a counterpart called after row `before` (None: the start) and before `row`."""
-    matched = {row.position for row in report.rows if row.section == "output"}
-    start = before.position + 1 if before is not None else 0
-    hints = []
-    for position in range(start, row.position):
-        path = source_calls[position][0]
-        if path in source_desc and position not in matched:
-            info = source_desc[path]
-            settings = ", ".join(f"{key}={value!r}" for key, value in info.items() if key != "type")
-            why = next((text for (kind, _), text in WHY.items() if kind == info["type"]), "")
-            hints.append(
-                f"'{path}' ({info['type']}{': ' + settings if settings else ''}) ran in {report.sides[0]} "
-                f"just before '{row.name}' and has no counterpart in {report.sides[1]}" + (f"; {why}" if why else "")
-            )
-    return hints
-
-
-def check_port(source, target, inputs, *, target_inputs=None, name_map=None, transfer=True, dtype="float32", grads=False, probes=True) -> PortReport:
+def check_port(source, target, inputs, *, target_inputs=None, name_map=None, transfer=None, dtype="float32", grads=False, probes=True) -> PortReport:
     """Compare a reference model and its port on one batch.
 
     source: the reference (a torch.nn.Module); target: the port (an nnx.Module, or a Linen
-    (module, variables) pair). inputs: an array or a tuple of arrays for `source(*inputs)`, also
-    given to the port unless target_inputs is. name_map: {reference prefix: port prefix} for
-    module paths and parameter names whose structures do not correspond. transfer: copy the
-    reference's weights into the port (else compare them). dtype: "float32" or "float64", both
-    models and floating inputs cast (None: as they are). grads: also compare d sum(output) / d
-    every parameter. probes: on a failing output, re-run with likely causes switched.
+    (module, variables) pair). inputs: what `source` is called with (structure.as_inputs: an
+    array, a tuple of positional arguments, a dict of keyword arguments, or (args, kwargs)),
+    also given to the port unless target_inputs is. name_map: {reference prefix: port prefix}
+    for module paths and parameter names whose structures do not correspond. transfer: None
+    checks the port as it is when it holds converted weights and copies the reference's into a
+    fresh port (weights.py); True always copies; False never does. dtype: "float32" or
+    "float64", both models and floating inputs cast (None: as they are). grads: also compare
+    d sum(output) / d every parameter. probes: on a failing output, re-run with likely causes
+    switched. Raises PortCheckError (one line) when the check cannot run: a model without
+    parameters, or one that fails on the inputs.
     """
-    (source_name, source_port), (target_name, target_port) = backend_of(source), backend_of(target)
-    inputs = _as_tuple(inputs)
-    target_inputs = inputs if target_inputs is None else _as_tuple(target_inputs)
+    (source_name, source_reader), (target_name, target_reader) = backend_of(source), backend_of(target)
+    sides = (source_name, target_name)
+    raw_inputs = as_inputs(inputs)
+    inputs = numpy_inputs(raw_inputs)
+    target_inputs = inputs if target_inputs is None else numpy_inputs(as_inputs(target_inputs))
+    notes = []
     if dtype is not None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
-        source, target = source_port.cast(source, dtype), target_port.cast(target, dtype)
-        inputs = tuple(_cast(x, dtype) for x in inputs)
-        target_inputs = tuple(_cast(x, dtype) for x in target_inputs)
-    dtype = dtype or _dtype_of(source_port.parameters(source))
-    target, transfer_report = transfer_weights(source, target, name_map, copy=transfer)
-
-    sides = (source_name, target_name)
-    source_desc, target_desc = source_port.describe(source, inputs), target_port.describe(target, target_inputs)
-    title = f"mhsa port-check · {type(source).__name__} ({source_name}) vs {_type_name(target)} ({target_name}) · {dtype}"
-    report = PortReport(title, sides, transfer_report, lint=lint(source_desc, target_desc, sides, name_map))
-
-    source_calls = source_port.capture(source, inputs)
-    target_calls = target_port.capture(target, target_inputs)
-    report.rows, report.unmatched_source, report.unmatched_target = output_rows(source_calls, target_calls, source_desc, dtype, name_map)
-    if grads:
-        report.rows += gradient_rows(source_port.gradients(source, inputs), target_port.gradients(target, target_inputs), dtype, name_map)
-    report.hints = _hints(report, source_calls, source_desc)
-    if probes and report.first_failure is not None and report.first_failure.section == "output":
-        report.probes = run_probes(
-            report, (source, source_port, inputs), (target, target_port, target_inputs), source_desc, target_desc, name_map, dtype
-        )
+        low = _low_precision_inputs(raw_inputs, dtype)
+        if low:
+            notes.append(f"inputs: {', '.join(low)} arrays cast to {dtype} (exactly: every such value is a {dtype} value)")
+        source, changed = _running(f"casting the reference ({source_name}) to {dtype}", source_reader.cast, source, dtype)
+        target, changed_target = _running(f"casting the port ({target_name}) to {dtype}", target_reader.cast, target, dtype)
+        if changed or changed_target:
+            notes.append(f"compute dtype set to {dtype} as asked: " + ", ".join(changed + changed_target))
+        inputs, target_inputs = _cast_inputs(inputs, dtype), _cast_inputs(target_inputs, dtype)
+    source_params, target_params = source_reader.parameters(source), target_reader.parameters(target)
+    asked = dtype or _dtype_of(source_params)
+    for side, params, model in ((f"the reference ({source_name})", source_params, source), (f"the port ({target_name})", target_params, target)):
+        if not params:
+            raise PortCheckError(f"{side} ({_type_name(model)}) has no floating-point parameters: there is nothing to port")
+    source_desc = _running(f"running the reference ({source_name}) on the inputs ({describe_inputs(inputs)})", source_reader.describe, source, inputs)
+    target_desc = _running(
+        f"running the port ({target_name}) on the inputs ({describe_inputs(target_inputs)})", target_reader.describe, target, target_inputs
+    )
+    pairing = weights.pair_parameters(source_params, target_params, source_desc, target_desc, name_map, sides)
+    tied = source_reader.tied(source)
+    aliases = [name for name in pairing.unconsumed_source if name in tied and any(s == tied[name] for s, *_ in pairing.filled)]
+    if aliases:  # a tied weight is one parameter: paired once, under its first name
+        pairing.unconsumed_source = [name for name in pairing.unconsumed_source if name not in aliases]
+        notes.append(f"tied in {source_name}: " + ", ".join(f"{name} is {tied[name]}" for name in aliases) + " (one parameter, paired once)")
+    title = f"mhsa port-check · {_type_name(source)} ({source_name}) vs {_type_name(target)} ({target_name}) · {asked}"
+    report = PortReport(title, sides, pairing, notes=notes)
+    if pairing.unconsumed_source and pairing.unconsumed_target:
+        orders = (_order(source_reader, source, inputs, source_params), _order(target_reader, target, target_inputs, target_params))
+        proposal, lines = names.propose_map(pairing, source_params, target_params, *orders, name_map)
+        if proposal or not (pairing.filled or pairing.transposed_only or pairing.mismatched):
+            return _stopped(report, proposal, lines, name_map)
+    target = _settle(pairing, target, target_reader, source_params, target_params, transfer)
+    report.lint = lint(source_desc, target_desc, sides, name_map) + _untied(tied, target_params, sides, name_map)
+    views = {name: (mapped, source_params[name].T if flipped else source_params[name]) for name, mapped, _, flipped in pairing.filled}
+    differing = {name: views[name] for name, _, _ in pairing.differing}
+    _compare(
+        report,
+        Side(source, source_reader, inputs, source_desc),
+        Side(target, target_reader, target_inputs, target_desc, differing),
+        asked,
+        name_map,
+        grads,
+        probes,
+    )
     return report
 
 
-def _cast(x, dtype):
-    x = np.asarray(x)
-    return x.astype(dtype) if np.issubdtype(x.dtype, np.floating) else x
+def _compare(report: PortReport, source: Side, target: Side, asked: str, name_map, grads: bool, probes: bool) -> None:
+    """Run both models, fill the rows, the precision findings, the hints and the probes."""
+    sides, pairing = report.sides, report.transfer
+    source_outputs = _running(
+        f"running the reference ({sides[0]}) on the inputs ({describe_inputs(source.inputs)})", source.reader.capture, source.model, source.inputs
+    )
+    target_outputs = _running(
+        f"running the port ({sides[1]}) on the inputs ({describe_inputs(target.inputs)})",
+        target.reader.capture,
+        target.model,
+        target.inputs,
+        also=_shape_advice(pairing),
+    )
+    report.rows, report.unmatched_source, report.unmatched_target, skipped = output_rows(
+        source_outputs, target_outputs, source.desc, target.desc, asked, sides, name_map
+    )
+    if skipped:
+        shown = ", ".join(f"'{name}' ({kind})" for name, kind in skipped[:4]) + (f" and {len(skipped) - 4} more" if len(skipped) > 4 else "")
+        report.notes.append(f"not compared, as they are not floating-point arrays: {shown}")
+    for outputs, desc, side in ((source_outputs, source.desc, sides[0]), (target_outputs, target.desc, sides[1])):
+        report.precision += precision.findings(outputs, asked, desc, side)
+    floors = [
+        *precision.floors(source_outputs, asked, source.desc).values(),
+        *precision.floors(target_outputs, asked, target.desc).values(),
+        RANKS[asked],
+    ]
+    if report.precision:
+        report.precision[0] += f"; {precision.consequence(min(floors), asked)}"
+    if grads:
+        transposed = frozenset(name for name, _, _, flipped in pairing.filled if flipped)
+        source_grads = _running(f"differentiating the reference ({sides[0]})", source.reader.gradients, source.model, source.inputs)
+        target_grads = _running(f"differentiating the port ({sides[1]})", target.reader.gradients, target.model, target.inputs)
+        report.rows += gradient_rows(source_grads, target_grads, min(floors), sides, name_map, transposed)
+    paths = call_paths(source_outputs)
+    report.hints = hints(report.rows, paths, source.desc, sides, asked, pairing.differing)
+    first = report.first_failure
+    if probes and first is not None and first.section == "output":
+        report.probes, probed = run_probes(report.rows, paths, source, target, sides, asked, name_map)
+        if probed is not None:  # the gap is explained: read the hints again off what remains
+            report.hints = hints(probed, paths, source.desc, sides, asked, pairing.differing)
+            if report.hints:
+                report.hints.insert(0, "read with the switches of the probes that close a gap (below) in place:")
+
+
+def _shape_advice(pairing: Transfer) -> str:
+    """What to add to a failed run of the port: the shapes the pairing already found not to fit."""
+    misfits = [f"'{s}' {ss} vs '{m}' {ts}" for s, m, ss, ts in pairing.mismatched] + [
+        f"'{s}' {shape} fits '{m}' only transposed" for s, m, shape in pairing.transposed_only
+    ]
+    if not misfits:
+        return ""
+    shown = "; ".join(misfits[:3]) + (f" and {len(misfits) - 3} more" if len(misfits) > 3 else "")
+    return f"the port's weights do not fit the reference's ({shown}): is it built with the reference's sizes?"
+
+
+def _order(reader, model, inputs, params) -> list[str]:
+    """Module paths in call order (first calls), or in parameter order when the model does not run."""
+    try:
+        outputs = reader.capture(model, inputs)
+    except Exception:  # the names are the problem being reported; the order is a nicety
+        outputs = []
+    order = [output.path for output in outputs]
+    order += [name.rpartition(".")[0] for name in params]
+    return list(dict.fromkeys(order))
+
+
+def _stopped(report: PortReport, proposal: dict, lines: list[str], name_map) -> PortReport:
+    pairing, (a, b) = report.transfer, report.sides
+    left = f"{len(pairing.unconsumed_source)} parameter(s) of {a} have no counterpart in {b}, and {len(pairing.unconsumed_target)} of {b} none in {a}"
+    if proposal:
+        report.stopped = (
+            f"names do not correspond: {left}. Nothing was compared: the port's unpaired parameters would keep "
+            "their own values, and the rows would be noise."
+        )
+    else:
+        report.stopped = (
+            f"names do not correspond and no structure pairs them: {left}, and no parameter shares a name. "
+            "Nothing was compared. Write a name map (JSON {reference prefix: port prefix}) and give it with --map."
+        )
+    report.proposed_map = {**(name_map or {}), **proposal}
+    report.map_lines = lines
+    return report
 
 
 def _dtype_of(params) -> str:
@@ -260,45 +290,3 @@ def _dtype_of(params) -> str:
 
 def _type_name(model) -> str:
     return type(model[0]).__name__ if isinstance(model, tuple) else type(model).__name__
-
-
-def run_probes(report, source_side, target_side, source_desc, target_desc, name_map, dtype) -> list[str]:
-    """Re-run with one likely cause switched at a time and say whether the gap closes at the first
-    failing output: matmul precision 'highest' (TF32 off); the first failing Linear's kernel
-    transposed in the port, where it is square (otherwise the transfer report already names it);
-    the first failing norm's eps set to the reference's, where the two differ."""
-    source, source_port, inputs = source_side
-    target, target_port, target_inputs = target_side
-    first = report.first_failure
-    failing = [row for row in report.rows if row.section == "output" and not row.passed]
-
-    def verdict(what, source_calls, target_calls):
-        rows, _, _ = output_rows(source_calls, target_calls, source_desc, dtype, name_map)
-        row = next((r for r in rows if r.name == first.name), None)
-        if row is None or not row.passed:
-            diff = "no output" if row is None else f"{row.abs_diff:.2e}"
-            return f"probe: {what}: does not close the gap ('{first.name}' still {diff})"
-        rest = next((r for r in rows if not r.passed), None)
-        after = "every output then agrees" if rest is None else f"the first failure moves to '{rest.name}'"
-        return f"probe: {what}: closes the gap at '{first.name}' ({first.abs_diff:.2e} -> {row.abs_diff:.2e}); {after}"
-
-    probes = []
-    with source_port.highest_precision(), target_port.highest_precision():
-        probes.append(
-            verdict("matmul precision 'highest' (TF32 off) in both", source_port.capture(source, inputs), target_port.capture(target, target_inputs))
-        )
-    source_calls = source_port.capture(source, inputs)
-    linear = next((row for row in failing if row.kind == "Linear"), None)
-    switched = None if linear is None else target_port.switched(target, "transpose", _path(linear.target))
-    if linear is not None and switched is not None:  # a square kernel: a transposed one has the right shape and wrong values
-        what = f"the kernel of '{_path(linear.target)}' transposed in {report.sides[1]}"
-        probes.append(verdict(what, source_calls, target_port.capture(switched, target_inputs)))
-    norm = next((row for row in failing if row.kind in NORMS), None)
-    if norm is not None:
-        eps = source_desc.get(_path(norm.name), {}).get("eps")
-        other = target_desc.get(_path(norm.target), {}).get("eps")
-        switched = None if eps is None or eps == other else target_port.switched(target, "eps", _path(norm.target), eps)
-        if switched is not None:
-            what = f"the eps of '{_path(norm.target)}' set to {report.sides[0]}'s {eps!r} (was {other!r})"
-            probes.append(verdict(what, source_calls, target_port.capture(switched, target_inputs)))
-    return probes

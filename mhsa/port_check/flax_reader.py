@@ -7,12 +7,13 @@ torch's state_dict, so Dense/Linear kernels are transposed here (in, out) -> (ou
 kernels (k..., in, out) -> (out, in, k...), scale -> weight, embedding -> weight, BatchNorm's
 mean/var -> running_mean/running_var, and settings are given in torch's conventions (BatchNorm
 momentum 1 - Flax's). NumPy in, NumPy out. NNX outputs are captured by wrapping the submodules'
-classes' __call__ for one eager call (restored even on error), Linen's by capture_intermediates.
+classes' __call__ for one call (restored even on error), Linen's by an interceptor.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 from flax import nnx
+
+from mhsa.port_check.structure import Inputs, Output, as_inputs, dtype_name, flatten, float_leaves, is_float_dtype, split_arrays
 
 DTYPES = {"float32": jnp.float32, "float64": jnp.float64}
 
@@ -74,15 +77,39 @@ def module_type(module: object) -> str:
     return next((name for cls, name in TYPES if isinstance(module, cls)), type(module).__name__)
 
 
-def describe(model: Model, inputs: tuple) -> dict[str, dict]:
+def describe(model: Model, inputs: Inputs) -> dict[str, dict]:
     """module path ("" for the model itself) -> {"type": neutral name, setting: value, ...}, with
     the settings the lint compares, in torch's conventions. inputs: Linen's submodules exist only
     while the model is called, so a Linen model is called once with them."""
-    return {path: {"type": module_type(module), **_settings(module)} for path, module in _modules(model, inputs).items()}
+    return {path: {"type": module_type(module), **_settings(module), **_dtypes(module)} for path, module in _modules(model, inputs).items()}
+
+
+def _dtypes(module) -> dict:
+    """{"dtypes": {attribute: dtype name}} for the module's attributes that hold a floating dtype
+    (its compute dtype: Flax layers compute in `dtype` whatever their parameters' dtype); {}
+    when there are none. A Linen module's are its dataclass fields, an NNX module's its
+    attributes; a dtype object only (a string may name anything), and not param_dtype."""
+    if isinstance(module, nn.Module):
+        items = [(field.name, getattr(module, field.name, None)) for field in dataclasses.fields(module)]
+    else:
+        items = list(vars(module).items())
+    # param_dtype only says how parameters are created: the check casts them itself
+    found = {
+        name: dtype_name(jnp.dtype(value))
+        for name, value in items
+        if not name.startswith("_") and name != "param_dtype" and not isinstance(value, str) and _is_float_dtype(value)
+    }
+    return {"dtypes": found} if found else {}
+
+
+# where a norm written by hand keeps its epsilon (Flax's spelling, torch's, a library's RMSNorm)
+EPS_NAMES = ("epsilon", "eps", "variance_epsilon")
 
 
 def _settings(module) -> dict:
-    kind = module_type(module)
+    kind = next((name for cls, name in TYPES if isinstance(module, cls)), None)
+    if kind is None:  # a layer written by hand: only what can be read without knowing it
+        return next(({"eps": value} for value in (getattr(module, name, None) for name in EPS_NAMES) if isinstance(value, float)), {})
     if kind == "Linear":
         return {"bias": module.use_bias}
     if kind in ("LayerNorm", "RMSNorm", "GroupNorm"):
@@ -103,7 +130,7 @@ def _settings(module) -> dict:
         return {
             "bias": module.use_bias,
             "stride": _per_dim(module.strides, n),
-            "padding": _padding(module.padding, n),
+            "padding": _padding(module.padding, n, _per_dim(module.strides, n), _per_dim(module.kernel_dilation, n), tuple(module.kernel_size)),
             "dilation": _per_dim(module.kernel_dilation, n),
             "groups": module.feature_group_count,
             "kernel_size": tuple(module.kernel_size),
@@ -117,8 +144,16 @@ def _per_dim(value, n) -> tuple:
     return (1,) * n if value is None else (value,) * n if isinstance(value, int) else tuple(value)
 
 
-def _padding(value, n):
+def _padding(value, n, strides, dilation, kernel):
+    """Explicit ((low, high), ...) per spatial axis where it does not depend on the input: 'VALID',
+    and 'SAME' with stride 1 (dilation * (kernel - 1), split low-first, as torch's 'same');
+    otherwise the string."""
     if isinstance(value, str):
+        if value.upper() == "VALID":
+            return ((0, 0),) * n
+        if value.upper() == "SAME" and all(s == 1 for s in strides):
+            totals = [d * (k - 1) for d, k in zip(dilation, kernel)]
+            return tuple((total // 2, total - total // 2) for total in totals)
         return value.upper()
     if isinstance(value, int):
         return ((value, value),) * n
@@ -131,12 +166,14 @@ def _modules(model, inputs=None) -> dict:
     if _is_linen(model):
         modules = {}
 
+        arrays, rebuild = _arrays(model, inputs)
+
         def run(variables, arrays):
-            calls, seen = _linen_run((model[0], variables), arrays)
+            calls, seen = _linen_run((model[0], variables), rebuild(arrays))
             modules.update(seen)
             return [value for _, value in calls]
 
-        jax.eval_shape(run, _unfreeze(dict(model[1])), _arrays(model, inputs))
+        jax.eval_shape(run, _unfreeze(dict(model[1])), arrays)
         return modules
     return {_join(path): module for path, module in nnx.iter_modules(model)}
 
@@ -147,7 +184,7 @@ def _join(path) -> str:
 
 def parameters(model: Model) -> dict[str, np.ndarray]:
     """Every parameter and batch statistic, named and laid out as torch's state_dict would."""
-    return {name: np.array(value) for name, value in _neutral(model, _variables(model)).items()}
+    return {name: _numpy(value) for name, value in _neutral(model, _variables(model)).items()}
 
 
 def _variables(model) -> dict:
@@ -278,10 +315,19 @@ def _variable(model, path):
     return model
 
 
-def cast(model: Model, dtype: str) -> Model:
-    """A copy of `model` with every floating-point variable in `dtype`, and every submodule's
-    computation dtype too (a layer built with dtype=float32 would otherwise compute in float32).
-    float64 turns on jax_enable_x64, without which JAX silently keeps float32."""
+def tied(model: Model) -> dict[str, str]:
+    """Tied parameters under a second name: none here (an NNX variable shared by two modules is
+    one entry of the model's state; Linen shares modules, not parameters)."""
+    return {}
+
+
+def cast(model: Model, dtype: str) -> tuple[Model, list[str]]:
+    """A copy of `model` with every floating-point variable in `dtype`, and its compute dtype
+    too: a layer built with dtype=float32 would otherwise compute in float32. NNX: every
+    submodule's `dtype` and `param_dtype` attributes; Linen (frozen dataclasses): the top
+    module's `dtype` field, which library models hand down to their submodules. Returns the copy
+    and one line per attribute changed. float64 turns on jax_enable_x64, without which JAX
+    silently keeps float32."""
     if dtype == "float64":
         jax.config.update("jax_enable_x64", True)
     target = DTYPES[dtype]
@@ -289,61 +335,91 @@ def cast(model: Model, dtype: str) -> Model:
     def convert(leaf):  # in NumPy: an XLA convert would compile once per shape
         if not jnp.issubdtype(jnp.result_type(leaf), jnp.floating):
             return leaf  # integers, booleans, PRNG keys
-        return jnp.asarray(np.asarray(leaf).astype(target))
+        return jnp.asarray(_numpy(leaf).astype(target))
 
+    changed = []
     if _is_linen(model):
-        # Linen modules are frozen dataclasses: their `dtype` fields stay; the default None
-        # computes in the parameters' dtype
-        return model[0], jax.tree.map(convert, _unfreeze(dict(model[1])))
+        module = model[0]
+        names = {field.name for field in dataclasses.fields(module)}
+        current = getattr(module, "dtype", None) if "dtype" in names else None
+        if _is_float_dtype(current) and jnp.dtype(current) != jnp.dtype(target):
+            changed.append(f"'(the model)' dtype {dtype_name(jnp.dtype(current))} -> {dtype}")
+            module = module.clone(dtype=target)
+        return (module, jax.tree.map(convert, _unfreeze(dict(model[1])))), changed
     model = nnx.clone(model)
-    for _, module in nnx.iter_modules(model):
+    for path, module in nnx.iter_modules(model):
         for name in ("dtype", "param_dtype"):
             current = getattr(module, name, None)
-            if current is not None and _is_float_dtype(current):
+            if _is_float_dtype(current) and jnp.dtype(current) != jnp.dtype(target):
+                if name == "dtype":
+                    changed.append(f"'{_join(path) or '(the model)'}' dtype {dtype_name(jnp.dtype(current))} -> {dtype}")
                 setattr(module, name, target)
     graphdef, state = nnx.split(model)
-    return nnx.merge(graphdef, jax.tree.map(convert, state))
+    return nnx.merge(graphdef, jax.tree.map(convert, state)), changed
 
 
 def _is_float_dtype(value) -> bool:
+    """Whether an attribute's value names a floating dtype (a dtype, a scalar type like
+    jnp.float32, or its name); an array or a submodule is no dtype."""
+    if not isinstance(value, (np.dtype, type, str)):
+        return False
     try:
         return jnp.issubdtype(jnp.dtype(value), jnp.floating)
-    except TypeError:
+    except (TypeError, ValueError):
         return False
 
 
-def capture(model: Model, inputs: tuple) -> list[tuple[str, np.ndarray]]:
-    """Call the model once and return (module path, output) for every submodule call in the order
-    the calls return (a child before its parent; the model itself last, path ""). A tuple output
-    gives one entry per array, "path[i]". NNX: each submodule class's __call__ is wrapped for this
-    one call and restored even on error; Linen: capture_intermediates. The call is traced once and
+def capture(model: Model, inputs: Inputs) -> list[Output]:
+    """Call the model once and return every leaf of every submodule call's output (structure.py),
+    in the order the calls return (a child before its parent; the model itself last, path "").
+    NNX: each submodule class's __call__ is wrapped for this one call and restored even on error;
+    Linen: an interceptor that records each module's __call__. The call is traced once and
     compiled (eagerly, every operation compiles on its own for each new shape and dtype, several
     times slower for a first call); a model that cannot be traced, say one that reads a value
-    with float(), runs eagerly instead.
-    A module called through a method other than __call__ is not seen."""
-    arrays = _arrays(model, inputs)
+    with float(), runs eagerly instead. A module called through a method other than __call__ is
+    not seen."""
+    arrays, rebuild = _arrays(model, inputs)
+    labels: list[tuple[int, str, str, str]] = []  # (call, path, label, dtype or kind) of every leaf, at trace time
+
+    def record(calls) -> list:
+        values, labels[:] = [], []
+        for call, (path, output) in enumerate(calls):
+            for label, value in flatten(output, _is_array):
+                labels.append((call, path, label, dtype_name(value.dtype) if _is_array(value) else type(value).__name__))
+                if _is_array(value) and is_float_dtype(value.dtype):
+                    values.append(value)
+        return values
+
     if _is_linen(model):
         module, variables = model
-        order: list[str] = []
 
         def linen(variables, arrays):
-            calls, _ = _linen_run((module, variables), arrays)
-            order[:] = [path for path, _ in calls]
-            return [value for _, value in calls]
+            calls, _ = _linen_run((module, variables), rebuild(arrays))
+            return record(calls)
 
         values = _compiled_or_eager(jax.jit(linen), linen, _unfreeze(dict(variables)), arrays)
-        return [(path, np.array(value)) for path, value in zip(order, values)]
-    order = []
+    else:
 
-    def run(model, arrays):
-        calls = []
-        with _wrapped(model, calls):
-            model(*arrays)
-        order[:] = [path for path, _ in calls]
-        return [value for _, value in calls]
+        def run(model, arrays):
+            calls = []  # (path, output) of every call, filled by the wrappers
+            with _wrapped(model, calls):
+                call = rebuild(arrays)
+                model(*call.args, **call.kwargs)
+            return record(calls)
 
-    values = _compiled_or_eager(nnx.jit(run), run, model, arrays)
-    return [(path, np.array(value)) for path, value in zip(order, values)]
+        values = _compiled_or_eager(nnx.jit(run), run, model, arrays)
+    floats = iter(values)
+    return [Output(call, path, label, _numpy(next(floats)) if is_float_dtype(kind) else None, kind) for call, path, label, kind in labels]
+
+
+def _is_array(value) -> bool:
+    return isinstance(value, jax.Array)
+
+
+def _numpy(value) -> np.ndarray:
+    # NumPy computes nothing in bfloat16 (ml_dtypes stores it): float32 holds every such value exactly
+    array = np.array(value)
+    return array.astype(np.float32) if array.dtype.kind == "V" or dtype_name(array.dtype) in ("bfloat16", "float16") else array
 
 
 def _compiled_or_eager(compiled, eager, *args):
@@ -360,7 +436,8 @@ def _compiled_or_eager(compiled, eager, *args):
 
 @contextlib.contextmanager
 def _wrapped(model, calls):
-    """While open, every call of a submodule of `model` appends (path, output) to `calls`."""
+    """While open, every call of a submodule of `model` appends (path, output) to `calls`, once
+    per call (a subclass's __call__ that calls super().__call__ reaches a second wrapper)."""
     paths = {id(module): _join(path) for path, module in nnx.iter_modules(model)}
     classes = {type(module) for _, module in nnx.iter_modules(model)}
     originals = {cls: (cls.__dict__.get("__call__"), cls.__call__) for cls in classes}
@@ -378,7 +455,7 @@ def _wrapped(model, calls):
                 if outer:
                     active.pop()
             if outer:
-                calls.extend(_flatten(paths[id(self)], output))
+                calls.append((paths[id(self)], output))
             return output
 
         return __call__
@@ -395,83 +472,84 @@ def _wrapped(model, calls):
                 cls.__call__ = own
 
 
-def _flatten(path, output) -> list[tuple[str, object]]:
-    if isinstance(output, jax.Array):
-        return [(path, output)]
-    if isinstance(output, (tuple, list)):
-        return [(f"{path}[{i}]", value) for i, value in enumerate(output) if isinstance(value, jax.Array)]
-    return []
-
-
-def _linen_run(model, inputs):
-    """One Linen apply with capture_intermediates: ((path, output) in return order, {path: module}).
-    The order and the modules come from an interceptor that only watches; the outputs are those
-    capture_intermediates stored."""
+def _linen_run(model, inputs: Inputs):
+    """One Linen apply: ([(path, output)] in return order, {path: module}), recorded by an
+    interceptor on every module's __call__ (once per call: a subclass's __call__ that calls
+    super().__call__ is intercepted twice)."""
     module, variables = model
-    order, modules = [], {}
+    calls: list[tuple[str, Any]] = []
+    modules: dict[str, nn.Module] = {}
+    active: list[nn.Module] = []  # the modules whose __call__ is running, innermost last
 
     def watch(next_fun, args, kwargs, context):
-        output = next_fun(*args, **kwargs)
-        if context.method_name == "__call__":
+        outer = context.method_name == "__call__" and not any(seen is context.module for seen in active)
+        if outer:
+            active.append(context.module)
+        try:
+            output = next_fun(*args, **kwargs)
+        finally:
+            if outer:
+                active.pop()
+        if outer:
             path = _join(context.module.path)
-            order.append(path)
             modules[path] = context.module
+            calls.append((path, output))
         return output
 
     with nn.intercept_methods(watch):
-        _, state = module.apply(dict(variables), *inputs, capture_intermediates=True, mutable=["intermediates"])
-    stored = {}
-    for path, values in _flat(_unfreeze(state["intermediates"])).items():
-        if path[-1] == "__call__":
-            stored[_join(path[:-1])] = list(values)
-    calls, seen = [], {}
-    for path in order:
-        index = seen.get(path, 0)
-        seen[path] = index + 1
-        outputs = stored.get(path, [])
-        if index < len(outputs):
-            calls.extend(_flatten(path, outputs[index]))
+        module.apply(dict(variables), *inputs.args, **inputs.kwargs)
     return calls, modules
 
 
-def _arrays(model, inputs) -> list:
-    # floating inputs take the model's dtype, integer ones (token ids) stay as they are
+def _arrays(model, inputs: Inputs) -> tuple[list, Any]:
+    """(the input arrays as JAX arrays, rebuild) as structure.split_arrays gives them: floating
+    inputs take the model's dtype, integer ones (token ids) stay as they are."""
     leaves = [leaf for leaf in jax.tree.leaves(_variables(model)) if jnp.issubdtype(jnp.asarray(leaf).dtype, jnp.floating)]
     dtype = jnp.asarray(leaves[0]).dtype if leaves else jnp.float32
-    arrays = [jnp.asarray(x, dtype=dtype) if np.issubdtype(np.asarray(x).dtype, np.floating) else jnp.asarray(x) for x in inputs]
-    return arrays
+    arrays, rebuild = split_arrays(as_inputs(inputs))
+    converted = [
+        jnp.asarray(_numpy(x) if not isinstance(x, jax.Array) else x, dtype=dtype) if is_float_dtype(x.dtype) else jnp.asarray(x) for x in arrays
+    ]
+    return converted, rebuild
 
 
-def gradients(model: Model, inputs: tuple) -> dict[str, np.ndarray]:
-    """d (sum of every floating-point output) / d every parameter, neutral names and layout
-    (compiled as one function, as capture is)."""
-    arrays = _arrays(model, inputs)
+def gradients(model: Model, inputs: Inputs) -> dict[str, np.ndarray]:
+    """d (sum of every floating-point leaf of the output) / d every parameter, neutral names and
+    layout (compiled as one function, as capture is)."""
+    arrays, rebuild = _arrays(model, inputs)
 
     def total(output):
-        outputs = output if isinstance(output, (tuple, list)) else (output,)
-        return sum(value.sum() for value in outputs if jnp.issubdtype(value.dtype, jnp.floating))
+        outputs = float_leaves(output, _is_array)
+        if not outputs:
+            raise ValueError("the model's output holds no floating-point array to differentiate")
+        return sum(value.sum() for value in outputs)
 
     if _is_linen(model):
         module, variables = model
         variables = _unfreeze(dict(variables))
 
         def linen(params, arrays):
-            return jax.grad(lambda p: total(module.apply({**variables, "params": p}, *arrays)))(params)
+            call = rebuild(arrays)
+            return jax.grad(lambda p: total(module.apply({**variables, "params": p}, *call.args, **call.kwargs)))(params)
 
         grads = _compiled_or_eager(jax.jit(linen), linen, variables["params"], arrays)
-        return {name: np.array(value) for name, value in _neutral(model, grads).items()}
+        return {name: _numpy(value) for name, value in _neutral(model, grads).items()}
 
     def run(model, arrays):
-        return nnx.grad(lambda m: total(m(*arrays)))(model)
+        call = rebuild(arrays)
+        return nnx.grad(lambda m: total(m(*call.args, **call.kwargs)))(model)
 
     grads = _compiled_or_eager(nnx.jit(run), run, model, arrays)
-    return {name: np.array(value) for name, value in _neutral(model, nnx.to_pure_dict(grads)).items()}
+    return {name: _numpy(value) for name, value in _neutral(model, nnx.to_pure_dict(grads)).items()}
 
 
-def switched(model: Model, switch: str, path: str, value: float | None = None) -> Model | None:
+def switched(model: Model, switch: str, path: str, value: Any = None) -> Model | None:
     """A copy of `model` with one likely cause of a difference switched, for the probes:
-    "transpose" the (square) kernel of the Linear at `path`, or "eps" = value for the norm at
-    `path`. None where the switch does not apply (a Linen module's settings are frozen)."""
+    "transpose" the (square) kernel of the Linear at `path`, "eps" = value for the norm at
+    `path`, or "load" the parameters of `value` ({neutral name: array}; path unused). None where
+    the switch does not apply (a Linen module's settings are frozen)."""
+    if switch == "load":  # value: {neutral name: array}, the reference's values for parameters that differ
+        return load_parameters(model if _is_linen(model) else nnx.clone(model), value)
     kind = _types(model).get(path)
     if switch == "transpose" and kind == "Linear":
         name = f"{path}.weight" if path else "weight"
@@ -482,9 +560,10 @@ def switched(model: Model, switch: str, path: str, value: float | None = None) -
     if switch == "eps" and not _is_linen(model):
         copy = nnx.clone(model)
         module = _modules(copy).get(path)
-        if module is None or not hasattr(module, "epsilon"):
+        eps = next((name for name in EPS_NAMES if isinstance(getattr(module, name, None), float)), None)
+        if eps is None:
             return None
-        module.epsilon = value
+        setattr(module, eps, value)
         return copy
     return None
 

@@ -45,23 +45,32 @@ def map_name(name: str, name_map: dict[str, str] | None) -> str:
     return name
 
 
+class PortCheckError(ValueError):
+    """The check cannot run as asked: a factory, the inputs or the models do not allow it. One
+    line that says what and why; the command prints it and exits 2."""
+
+
 @dataclass
 class Transfer:
-    """What happened to every parameter: filled (or, without transfer, compared), and what did not fit."""
+    """What happened to every parameter: paired (then copied, or compared as the port holds it),
+    and what did not fit."""
 
-    filled: list[tuple[str, str, tuple]] = field(default_factory=list)  # reference name, port name, shape
-    transposed_only: list[tuple[str, str, tuple]] = field(default_factory=list)  # fits only transposed: not filled
+    filled: list[tuple[str, str, tuple, bool]] = field(default_factory=list)  # reference name, port name, shape, taken transposed
+    transposed_only: list[tuple[str, str, tuple]] = field(default_factory=list)  # standard layers that fit only transposed: not filled
     mismatched: list[tuple[str, str, tuple, tuple]] = field(default_factory=list)
     unconsumed_source: list[str] = field(default_factory=list)
     unconsumed_target: list[str] = field(default_factory=list)
-    differing: list[tuple[str, float, str]] = field(default_factory=list)  # without transfer: name, max abs, why
+    differing: list[tuple[str, float, str]] = field(default_factory=list)  # kept as the port holds them: name, max abs, how
+    layouts: list[str] = field(default_factory=list)  # the transposed layouts inferred, one line each
     copied: bool = True
+    decision: str = ""  # why the weights were copied or kept
+    sides: tuple[str, str] = ("torch", "jax")
 
 
 @dataclass
 class Row:
     section: str  # "output" or "gradient"
-    name: str  # the reference's module path (with the call number) or parameter name
+    name: str  # the reference's module path (with the call number and the leaf's place) or parameter name
     target: str  # the port's name for it
     kind: str  # the module type ("" for gradients)
     abs_diff: float
@@ -69,10 +78,17 @@ class Row:
     tol: float
     note: str = ""
     position: int = -1  # index of the output in the reference's calls
+    module: str = ""  # the reference's module path ("" for the model itself; the parameter for a gradient)
+    target_module: str = ""  # the port's
+    status: str = ""  # "" compared; "shape" (cannot broadcast), "nan" (NaN in an output), "unjudged" (below float32)
 
     @property
     def passed(self) -> bool:
-        return self.abs_diff <= self.tol
+        return self.status == "" and self.abs_diff <= self.tol
+
+    @property
+    def failed(self) -> bool:
+        return self.status in ("shape", "nan") or (self.status == "" and not self.abs_diff <= self.tol)
 
 
 @dataclass
@@ -84,13 +100,22 @@ class PortReport:
     rows: list[Row] = field(default_factory=list)
     unmatched_source: list[str] = field(default_factory=list)
     unmatched_target: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what was skipped or changed, and why
+    precision: list[str] = field(default_factory=list)  # modules computing below the dtype asked for
     hints: list[str] = field(default_factory=list)
     probes: list[str] = field(default_factory=list)
+    stopped: str = ""  # why nothing was compared (names that do not correspond); "" when compared
+    proposed_map: dict[str, str] = field(default_factory=dict)  # a name map by structure, when names differ
+    map_lines: list[str] = field(default_factory=list)  # the module pairs behind it, one line each
 
     @property
     def first_failure(self) -> Row | None:
-        return next((row for row in self.rows if not row.passed), None)
+        return next((row for row in self.rows if row.failed), None)
+
+    @property
+    def unjudged(self) -> list[Row]:
+        return [row for row in self.rows if row.status == "unjudged"]
 
     @property
     def passed(self) -> bool:
-        return self.first_failure is None and not self.lint
+        return not self.stopped and bool(self.rows) and self.first_failure is None and not self.unjudged and not self.lint

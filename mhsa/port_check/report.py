@@ -1,46 +1,31 @@
-"""A port report as text: lint, weights, one table row per output and gradient, the verdict."""
+"""A port report as text: lint, weights, precision and notes, one table row per output and
+gradient (the first failing row marked), hints and probes below, one verdict line."""
 
 from __future__ import annotations
 
-from mhsa.port_check.records import PortReport
+import json
+
+from mhsa.port_check.records import PortReport, Row, Transfer
+
+SHOWN = 12  # parameters listed per kind of misfit; the rest are counted
 
 
 def format_report(report: PortReport) -> str:
-    """The report as text: lint, weights, one table row per output (then gradient), verdict."""
-    a, b = report.sides
+    """The report as text (see the module's docstring); a check that stopped (names that do not
+    correspond) shows the proposed name map instead of a table."""
     lines = [report.title, ""]
+    if report.stopped:
+        return "\n".join(lines + _weights(report.transfer, listed=False) + _stopped(report))
     lines.append("configuration lint: " + ("no differences" if not report.lint else f"{len(report.lint)} difference(s)"))
     lines += [f"  {finding}" for finding in report.lint]
-    t = report.transfer
-    if t.copied:
-        lines.append(f"weights: {len(t.filled)} parameters copied {a} -> {b}")
-    else:
-        lines.append(f"weights: {len(t.filled)} parameters compared ({b}'s own weights kept), {len(t.differing)} differ")
-        lines += [f"  differs: {name} by {diff:.2e}" + (f": {why}" if why else "") for name, diff, why in t.differing]
-    lines += [f"  fits only transposed (not copied): {s} {shape} -> {m}" for s, m, shape in t.transposed_only]
-    lines += [f"  shape mismatch (not copied): {s} {ss} -> {m} {ts}" for s, m, ss, ts in t.mismatched]
-    lines += [f"  unconsumed in {a}: {name}" for name in t.unconsumed_source]
-    lines += [f"  unconsumed in {b}: {name}" for name in t.unconsumed_target]
+    lines += _weights(report.transfer)
+    lines += [f"precision: {line}" for line in report.precision]
+    lines += [f"note: {line}" for line in report.notes]
     lines.append("")
     if report.rows:
-        first = report.first_failure
-        names = [row.name if row.section == "output" else f"grad {row.name}" for row in report.rows]
-        width = max(len("compared"), *(len(name) for name in names))
-        kind_width = max(len("type"), *(len(row.kind) for row in report.rows))
-        lines.append(f"| {'compared':<{width}} | {'type':<{kind_width}} |   max abs |   max rel | tolerance | result |")
-        lines.append(f"|{'-' * (width + 2)}|{'-' * (kind_width + 2)}|----------:|----------:|----------:|--------|")
-        section = report.rows[0].section
-        for name, row in zip(names, report.rows):
-            if row.section != section:
-                lines.append(f"| {'':<{width}} | {'':<{kind_width}} |           |           |           |        |")
-                section = row.section
-            marker = "  <- the models part here" if row is first else ""
-            note = f"  ({row.note})" if row.note else ""
-            lines.append(
-                f"| {name:<{width}} | {row.kind:<{kind_width}} | {row.abs_diff:>9.2e} | {row.rel_diff:>9.2e} | "
-                f"{row.tol:>9.0e} | {'PASS' if row.passed else 'FAIL'}   |{marker}{note}"
-            )
+        lines += _table(report)
         lines.append("")
+    a, b = report.sides
     if report.unmatched_source:
         lines.append(f"no counterpart in {b} (compared only through the next matched output): " + ", ".join(report.unmatched_source))
     if report.unmatched_target:
@@ -48,16 +33,111 @@ def format_report(report: PortReport) -> str:
     lines += [f"hint: {hint}" for hint in report.hints]
     lines += report.probes
     lines.append("note: max rel = max |difference| / max |reference output|; a row passes on max abs <= tolerance")
+    lines.append(_verdict(report))
+    return "\n".join(lines)
+
+
+def _listed(items: list[str]) -> list[str]:
+    return items[:SHOWN] + ([f"  ... and {len(items) - SHOWN} more"] if len(items) > SHOWN else [])
+
+
+def _weights(t: Transfer, listed: bool = True) -> list[str]:
+    a, b = t.sides
+    lines = []
+    if listed and t.copied:
+        lines += [f"weights: {len(t.filled)} parameters copied {a} -> {b}", f"  {t.decision}"]
+    elif listed:
+        lines += [f"weights: {len(t.filled)} parameters paired, {len(t.differing)} differ ({b}'s own weights checked)", f"  {t.decision}"]
+        lines += _listed(
+            [f"  differs: {name}: {how}" + ("" if how.startswith("differs by") else f" (max abs {diff:.2e})") for name, diff, how in t.differing]
+        )
+    else:
+        lines.append(
+            f"weights: {len(t.filled)} parameters paired by name, {len(t.unconsumed_source)} of {a} and {len(t.unconsumed_target)} of {b} not"
+        )
+    lines += [f"  layout: {line}" for line in t.layouts]
+    lines += _listed([f"  fits only transposed (not paired): {s} {shape} -> {m}" for s, m, shape in t.transposed_only])
+    lines += _listed([f"  shape mismatch (not paired): {s} {ss} -> {m} {ts}" for s, m, ss, ts in t.mismatched])
+    if listed:
+        lines += _listed([f"  unconsumed in {a}: {name}" for name in t.unconsumed_source])
+        lines += _listed([f"  unconsumed in {b}: {name}" + (" (keeps its own values)" if t.copied else "") for name in t.unconsumed_target])
+    return lines
+
+
+def _stopped(report: PortReport) -> list[str]:
+    lines = ["", report.stopped]
+    if report.map_lines:
+        lines.append("proposed name map, by call order, layer types and parameter shapes (check it before you use it):")
+        lines += [f"  {line}" for line in report.map_lines]
+        lines.append(f"  as JSON: {json.dumps(report.proposed_map)}")
+        lines.append("run again with --map FILE holding that JSON (--write-map FILE writes it)")
+    t = report.transfer
+    leftover_s = [name for name in t.unconsumed_source if not _mapped(name, report.proposed_map)]
+    if leftover_s:
+        lines.append(
+            f"still without a counterpart in {report.sides[1]}: " + ", ".join(leftover_s[:SHOWN]) + (" ..." if len(leftover_s) > SHOWN else "")
+        )
+    lines.append("NOT CHECKED: the two models' names do not correspond (see above); nothing was compared")
+    return lines
+
+
+def _mapped(name: str, name_map: dict[str, str]) -> bool:
+    return any(name == key or name.startswith(key + ".") for key in name_map)
+
+
+def _cells(row: Row) -> tuple[str, str, str]:
+    """(max abs, max rel, result) as the table shows them."""
+    result = "PASS" if row.passed else "skip" if row.status == "unjudged" else "FAIL"
+    if row.status in ("shape", "nan", "dtype"):
+        shown = {"shape": "shape", "nan": "NaN", "dtype": "dtype"}[row.status]
+        return f"{shown:>9}", f"{'':>9}", result
+    return f"{row.abs_diff:>9.2e}", f"{row.rel_diff:>9.2e}", result
+
+
+def _table(report: PortReport) -> list[str]:
+    first = report.first_failure
+    names = [row.name if row.section == "output" else f"grad {row.name}" for row in report.rows]
+    width = max(len("compared"), *(len(name) for name in names))
+    kind_width = max(len("type"), *(len(row.kind) for row in report.rows))
+    lines = [
+        f"| {'compared':<{width}} | {'type':<{kind_width}} |   max abs |   max rel | tolerance | result |",
+        f"|{'-' * (width + 2)}|{'-' * (kind_width + 2)}|----------:|----------:|----------:|--------|",
+    ]
+    section = report.rows[0].section
+    for name, row in zip(names, report.rows):
+        if row.section != section:
+            lines.append(f"| {'':<{width}} | {'':<{kind_width}} |           |           |           |        |")
+            section = row.section
+        marker = "  <- the models part here" if row is first else ""
+        note = f"  ({row.note})" if row.note else ""
+        abs_cell, rel_cell, result = _cells(row)
+        tol = f"{row.tol:>9.0e}" if row.status != "dtype" else f"{'':>9}"
+        lines.append(f"| {name:<{width}} | {row.kind:<{kind_width}} | {abs_cell} | {rel_cell} | {tol} | {result:<6} |{marker}{note}")
+    return lines
+
+
+def _verdict(report: PortReport) -> str:
     first = report.first_failure
     outputs = sum(row.section == "output" for row in report.rows)
-    if first is None and not report.lint:
-        lines.append(f"PASS: all {len(report.rows)} comparisons ({outputs} outputs) within the tolerances of docs/DESIGN.md")
-    elif first is None:
-        lines.append(f"FAIL: every output agrees on this batch, but {len(report.lint)} setting(s) differ (lint above)")
-    else:
-        failures = sum(not row.passed for row in report.rows)
-        lines.append(
+    failures = sum(row.failed for row in report.rows)
+    if first is not None:
+        if first.status == "":
+            what = f"{first.abs_diff:.2e} > {first.tol:.0e}"
+        else:
+            what = first.note
+        return (
             f"FAIL: the models part at {first.section} '{first.name}' ({first.kind or 'parameter'}): "
-            f"{first.abs_diff:.2e} > {first.tol:.0e} ({failures} of {len(report.rows)} comparisons fail)"
+            f"{what} ({failures} of {len(report.rows)} comparisons fail)"
         )
-    return "\n".join(lines)
+    if report.unjudged:
+        judged = len(report.rows) - len(report.unjudged)
+        return (
+            f"NO VERDICT: {len(report.unjudged)} of {len(report.rows)} comparisons not judged, computed below float32 "
+            f"(see precision above); the {judged} judged agree"
+        )
+    if report.lint:
+        return f"FAIL: every output agrees on this batch, but {len(report.lint)} setting(s) differ (lint above)"
+    if not report.rows:
+        return "FAIL: no output of the reference has a counterpart in the port: nothing was compared"
+    lowered = " (some at a lower precision's tolerance: see precision above)" if report.precision else ""
+    return f"PASS: all {len(report.rows)} comparisons ({outputs} outputs) within the tolerances of docs/DESIGN.md{lowered}"

@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from mhsa.port_check.structure import Inputs, Output, as_inputs, dtype_name, float_leaves, is_float_dtype, leaves, map_inputs
+
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 # module class -> the neutral type name the other side's port module uses too
@@ -44,14 +46,27 @@ def module_type(module: nn.Module) -> str:
     return next((name for cls, name in TYPES if isinstance(module, cls)), type(module).__name__)
 
 
-def describe(model: nn.Module, inputs: tuple) -> dict[str, dict]:
+def describe(model: nn.Module, inputs: Inputs) -> dict[str, dict]:
     """module path ("" for the model itself) -> {"type": neutral name, setting: value, ...}, with
     the settings the lint compares, in torch's conventions. inputs: unused here (Linen needs them)."""
-    return {path: {"type": module_type(module), **_settings(module)} for path, module in model.named_modules()}
+    return {path: {"type": module_type(module), **_settings(module), **_dtypes(module)} for path, module in model.named_modules()}
+
+
+def _dtypes(module) -> dict:
+    """{"dtypes": {attribute: dtype name}} for attributes holding a floating dtype (a compute
+    dtype kept on the module: `.to()` casts parameters, not these); {} when there are none."""
+    found = {name: dtype_name(value) for name, value in vars(module).items() if isinstance(value, torch.dtype) and value.is_floating_point}
+    return {"dtypes": found} if found else {}
+
+
+# where a norm written by hand keeps its epsilon (torch's own, a library's RMSNorm, Flax's spelling)
+EPS_NAMES = ("eps", "variance_epsilon", "epsilon")
 
 
 def _settings(module) -> dict:
-    kind = module_type(module)
+    kind = next((name for cls, name in TYPES if isinstance(module, cls)), None)
+    if kind is None:  # a layer written by hand: only what can be read without knowing it
+        return next(({"eps": value} for value in (getattr(module, name, None) for name in EPS_NAMES) if isinstance(value, float)), {})
     if kind == "Linear":
         return {"bias": module.bias is not None}
     if kind in ("LayerNorm", "RMSNorm", "GroupNorm"):
@@ -68,11 +83,10 @@ def _settings(module) -> dict:
     if kind == "GELU":
         return {"approximate": module.approximate}
     if kind == "Conv":
-        padding = module.padding.upper() if isinstance(module.padding, str) else tuple((p, p) for p in module.padding)
         return {
             "bias": module.bias is not None,
             "stride": tuple(module.stride),
-            "padding": padding,
+            "padding": _padding(module),
             "dilation": tuple(module.dilation),
             "groups": module.groups,
             "kernel_size": tuple(module.kernel_size),
@@ -82,10 +96,37 @@ def _settings(module) -> dict:
     return {}
 
 
+def _padding(conv) -> tuple | str:
+    """Explicit ((low, high), ...) per spatial axis, also for 'same' and 'valid' (torch allows
+    'same' only with stride 1, where it pads dilation * (kernel - 1) split low-first)."""
+    if conv.padding == "valid":
+        return ((0, 0),) * len(conv.kernel_size)
+    if conv.padding == "same":
+        totals = [d * (k - 1) for d, k in zip(conv.dilation, conv.kernel_size)]
+        return tuple((total // 2, total - total // 2) for total in totals)
+    return tuple((p, p) for p in conv.padding)
+
+
+def tied(model: nn.Module) -> dict[str, str]:
+    """{parameter name: the earlier name it shares its storage with}: tied weights (a language
+    model's output layer that reuses the embedding), which state_dict lists under both names."""
+    first: dict[tuple, str] = {}
+    found = {}
+    for name, value in model.state_dict().items():
+        if not value.is_floating_point() or value.numel() == 0:
+            continue
+        key = (value.data_ptr(), tuple(value.shape), tuple(value.stride()), value.dtype)
+        if key in first:
+            found[name] = first[key]
+        else:
+            first[key] = name
+    return found
+
+
 def parameters(model: nn.Module) -> dict[str, np.ndarray]:
     """Every floating-point parameter and persistent buffer (BatchNorm's running statistics), named
     and laid out as in state_dict: the neutral form itself."""
-    return {name: value.detach().cpu().numpy().copy() for name, value in model.state_dict().items() if value.is_floating_point()}
+    return {name: _numpy(value) for name, value in model.state_dict().items() if value.is_floating_point()}
 
 
 def load_parameters(model: nn.Module, arrays: dict[str, np.ndarray]) -> nn.Module:
@@ -98,69 +139,94 @@ def load_parameters(model: nn.Module, arrays: dict[str, np.ndarray]) -> nn.Modul
     return model
 
 
-def cast(model: nn.Module, dtype: str) -> nn.Module:
-    """A copy of `model` with every floating-point parameter and buffer in `dtype`."""
-    return copy.deepcopy(model).to(DTYPES[dtype])
+def cast(model: nn.Module, dtype: str) -> tuple[nn.Module, list[str]]:
+    """A copy of `model` with every floating-point parameter and buffer in `dtype`, and what was
+    changed beyond them (nothing here: a torch module holds no compute dtype of its own)."""
+    return copy.deepcopy(model).to(DTYPES[dtype]), []
 
 
-def capture(model: nn.Module, inputs: tuple) -> list[tuple[str, np.ndarray]]:
-    """Call `model(*inputs)` once and return (module path, output) for every submodule call in
-    the order the calls return (a child before its parent; the model itself last, path "").
-    A tuple output gives one entry per array, "path[i]". Hooks are removed even on error."""
-    calls = []
+def capture(model: nn.Module, inputs: Inputs) -> list[Output]:
+    """Call `model(*args, **kwargs)` once and return every leaf of every submodule call's output
+    (structure.py), in the order the calls return (a child before its parent; the model itself
+    last, path ""). Hooks are removed even on error."""
+    calls: list[Output] = []
+    count = [0]
 
     def hook(path):
-        return lambda module, args, output: calls.extend(_flatten(path, output))
+        def record(module, args, output):
+            calls.extend(leaves(count[0], path, output, _is_tensor, _numpy))
+            count[0] += 1
+
+        return record
 
     handles = [module.register_forward_hook(hook(path)) for path, module in model.named_modules()]
     try:
         with torch.no_grad():
-            model(*_tensors(model, inputs))
+            args, kwargs = _tensors(model, inputs)
+            model(*args, **kwargs)
     finally:
         for handle in handles:
             handle.remove()
     return calls
 
 
-def _flatten(path, output) -> list[tuple[str, np.ndarray]]:
-    if isinstance(output, torch.Tensor):
-        return [(path, output.detach().cpu().numpy().copy())]
-    if isinstance(output, (tuple, list)):
-        return [(f"{path}[{i}]", value.detach().cpu().numpy().copy()) for i, value in enumerate(output) if isinstance(value, torch.Tensor)]
-    return []
+def _is_tensor(value) -> bool:
+    return isinstance(value, torch.Tensor)
 
 
-def _tensors(model, inputs) -> list[torch.Tensor]:
-    # floating inputs take the model's dtype, integer ones (token ids) stay as they are
+def _numpy(tensor: torch.Tensor) -> np.ndarray:
+    # NumPy has no bfloat16: it comes as float32, which holds every bfloat16 value exactly
+    tensor = tensor.detach().cpu()
+    return (tensor.float() if tensor.dtype == torch.bfloat16 else tensor).numpy().copy()
+
+
+def _tensors(model, inputs: Inputs) -> tuple[list, dict]:
+    """(args, kwargs) as tensors: floating arrays take the model's dtype, integer ones (token ids)
+    stay as they are, other values pass through."""
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    return [torch.as_tensor(x, dtype=dtype) if np.issubdtype(np.asarray(x).dtype, np.floating) else torch.as_tensor(x) for x in inputs]
+
+    def tensor(x):
+        if isinstance(x, torch.Tensor):
+            return x.to(dtype) if x.is_floating_point() else x
+        x = np.asarray(x)
+        return torch.as_tensor(x, dtype=dtype) if is_float_dtype(x.dtype) else torch.as_tensor(x)
+
+    converted = map_inputs(as_inputs(inputs), tensor)
+    return list(converted.args), converted.kwargs
 
 
-def gradients(model: nn.Module, inputs: tuple) -> dict[str, np.ndarray]:
-    """d (sum of every floating-point output) / d every parameter, neutral names and layout;
-    a parameter the output does not reach gets zeros."""
+def gradients(model: nn.Module, inputs: Inputs) -> dict[str, np.ndarray]:
+    """d (sum of every floating-point leaf of the output) / d every parameter, neutral names and
+    layout; a parameter the output does not reach gets zeros."""
     model.zero_grad(set_to_none=True)
-    output = model(*_tensors(model, inputs))
-    outputs = output if isinstance(output, (tuple, list)) else (output,)
+    args, kwargs = _tensors(model, inputs)
+    outputs = float_leaves(model(*args, **kwargs), _is_tensor)
+    if not outputs:
+        raise ValueError("the model's output holds no floating-point tensor to differentiate")
     # a sum of tensors is a tensor (sum's start 0 makes the stub say int | Tensor)
-    typing.cast(torch.Tensor, sum(value.sum() for value in outputs if isinstance(value, torch.Tensor) and value.is_floating_point())).backward()
-    grads = {name: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().cpu().numpy().copy() for name, p in model.named_parameters()}
+    typing.cast(torch.Tensor, sum(value.sum() for value in outputs)).backward()
+    grads = {name: _numpy(p.grad if p.grad is not None else torch.zeros_like(p)) for name, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
     return grads
 
 
-def switched(model: nn.Module, switch: str, path: str, value: float | None = None) -> nn.Module | None:
+def switched(model: nn.Module, switch: str, path: str, value: float | str | None = None) -> nn.Module | None:
     """A copy of `model` with one likely cause of a difference switched, for the probes:
-    "transpose" the (square) weight of the Linear at `path`, or "eps" = value for the norm
-    at `path`. None where the switch does not apply."""
+    "transpose" the (square) weight of the Linear at `path`, "eps" = value for the norm at
+    `path`, "approximate" = value ('none' or 'tanh') for the GELU at `path`. None where the
+    switch does not apply."""
     model = copy.deepcopy(model)
     module: typing.Any = model.get_submodule(path)  # any layer: its weight or eps is looked up by name
     if switch == "transpose" and module_type(module) == "Linear" and module.weight.shape[0] == module.weight.shape[1]:
         with torch.no_grad():
             module.weight.copy_(module.weight.T.clone())
         return model
-    if switch == "eps" and hasattr(module, "eps"):
-        module.eps = value
+    eps = next((name for name in EPS_NAMES if isinstance(getattr(module, name, None), float)), None)
+    if switch == "eps" and eps is not None:
+        setattr(module, eps, value)
+        return model
+    if switch == "approximate" and module_type(module) == "GELU":
+        module.approximate = value
         return model
     return None
 

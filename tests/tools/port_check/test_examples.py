@@ -82,7 +82,12 @@ def test_gelu_tanh_instead_of_erf_parts_at_the_layer_after_it_and_names_the_gelu
     report = check_port(source, target, x)
     assert first(report) == "mlp.fc2"
     assert [row.name for row in report.rows if row.passed][-1] == "mlp.fc1"
-    assert any("'mlp.act' (GELU: approximate='none')" in hint and "tanh" in hint for hint in report.hints), report.hints
+    # the torch GELU switched to tanh closes the gap: that probe is the evidence, the hints retire
+    assert report.probes == [
+        "probe: 'mlp.act' (GELU, no counterpart in jax) switched to approximate='tanh' in torch: closes the gap at 'mlp.fc2' "
+        f"({report.first_failure.abs_diff:.2e} -> {report.probes[0].split('-> ')[1].split(')')[0]}); every output then agrees"
+    ]
+    assert report.hints == []
 
 
 def test_a_square_kernel_copied_without_transposing_is_named_by_the_weights_and_the_transpose_probe():
@@ -95,8 +100,9 @@ def test_a_square_kernel_copied_without_transposing_is_named_by_the_weights_and_
     )
     # the planted bug: a hand-written copy that forgets the transpose of one (D, D) kernel
     target.attn.out_proj.kernel[...] = jnp.asarray(source.attn.out_proj.weight.detach().numpy())
-    report = check_port(source, target, x, transfer=False)
-    assert [(name, "transpose" in why) for name, _, why in report.transfer.differing] == [("attn.out_proj.weight", True)]
+    report = check_port(source, target, x)  # the port holds converted weights: checked as it is by default
+    assert not report.transfer.copied
+    assert [(name, why) for name, _, why in report.transfer.differing] == [("attn.out_proj.weight", "holds its transpose")]
     assert first(report) == "attn.out_proj"
     assert any("kernel of 'attn.out_proj' transposed" in probe and "every output then agrees" in probe for probe in report.probes), report.probes
 
@@ -181,25 +187,40 @@ def test_names_that_do_not_correspond_are_matched_through_a_name_map():
     target = Renamed(rngs=nnx.Rngs(0))
     unmapped = check_port(source, target, x)
     assert "mlp.fc1.weight" in unmapped.transfer.unconsumed_source and "ffn.fc1.weight" in unmapped.transfer.unconsumed_target
+    assert unmapped.proposed_map == {"mlp": "ffn"} and not unmapped.rows  # proposed by structure, not compared
     report = check_port(source, target, x, name_map={"mlp": "ffn"})
     assert report.passed, format_report(report)
     assert map_name("mlp.fc1[0]", {"mlp": "ffn", "m": "x"}) == "ffn.fc1[0]" and map_name("mlps.a", {"mlp": "ffn"}) == "mlps.a"
 
 
-def test_a_kernel_that_fits_only_transposed_is_named_and_not_copied():
-    class RawMatmul(nnx.Module):  # a hand-rolled layer: weight (in, out) used as x @ weight
-        def __init__(self):
-            self.proj = nnx.Module()
-            self.proj.weight = nnx.Param(jnp.zeros((D, 7)))
+class RawMatmul(nnx.Module):  # a hand-rolled layer: weight (in, out) used as x @ weight
+    def __init__(self, width=7):
+        self.proj = nnx.Module()
+        self.proj.weight = nnx.Param(jnp.zeros((D, width)))
 
-        def __call__(self, x):
-            return x @ self.proj.weight
+    def __call__(self, x):
+        return x @ self.proj.weight
 
+
+def test_a_hand_rolled_layer_whose_weight_fits_only_transposed_is_copied_transposed_and_says_so():
     source = torch.nn.Module()
     source.proj = torch.nn.Linear(D, 7)
-    _, report = transfer_weights(source, RawMatmul())
-    assert report.transposed_only == [("proj.weight", "proj.weight", (7, D))]
-    assert report.unconsumed_source == ["proj.bias"] and not report.filled
+    target, report = transfer_weights(source, RawMatmul())
+    assert report.filled == [("proj.weight", "proj.weight", (7, D), True)] and not report.transposed_only
+    assert report.layouts == [
+        "Linear in torch / Module in jax: 2-d weights taken transposed ('proj.weight' (7, 24) fits 'proj.weight' (24, 7) only so)"
+    ]
+    assert report.unconsumed_source == ["proj.bias"]
+    np.testing.assert_array_equal(np.asarray(target.proj.weight[...]), source.proj.weight.detach().numpy().T)
+
+
+def test_a_standard_layer_that_fits_only_transposed_is_named_and_not_copied():
+    source = torch.nn.Module()
+    source.proj = torch.nn.Linear(D, 7)
+    port = nnx.Module()
+    port.proj = nnx.Linear(7, D, rngs=nnx.Rngs(0))  # built the wrong way round
+    _, report = transfer_weights(source, port, copy=True)
+    assert report.transposed_only == [("proj.weight", "proj.weight", (7, D))] and not report.filled
 
 
 def test_conv_kernels_are_laid_out_and_outputs_compared_channels_last():
@@ -246,7 +267,7 @@ def planted_eps():
 def test_the_command_exits_0_on_the_example_pair_and_1_on_a_planted_bug(capsys, tmp_path):
     assert mhsa(["port-check", "examples.torch_block:block", "examples.flax_block:block", "--dtype", "float64", "--grads"]) == 0
     assert "PASS: all 22 comparisons (10 outputs)" in capsys.readouterr().out
-    assert mhsa(["port-check", "examples.torch_block:block", "tests.tools.test_port_check:planted_eps", "--dtype", "float64"]) == 1
+    assert mhsa(["port-check", "examples.torch_block:block", "tests.tools.port_check.test_examples:planted_eps", "--dtype", "float64"]) == 1
     out = capsys.readouterr().out
     assert "| ln1 " in out and "<- the models part here" in out.split("| ln1 ")[1].splitlines()[0]
     assert "FAIL: the models part at output 'ln1' (LayerNorm)" in out
@@ -326,9 +347,13 @@ def test_a_module_called_twice_is_compared_per_call(bug):
 def test_a_first_port_with_flax_defaults_gets_both_of_its_bugs_named():
     report = check_port(torch_block.block()[0], flax_block.naive_block()[0], torch_block.example_inputs())
     assert [finding.split(":")[0] for finding in report.lint] == ["ln1", "ln2"] and first(report) == "ln1"
-    # the GELU hides behind the first cause: named where the difference grows most
-    assert any("from 'mlp.fc1' to 'mlp.fc2'" in hint for hint in report.hints), report.hints
-    assert any(hint.startswith("'mlp.act' (GELU") for hint in report.hints), report.hints
+    # each cause closed by its own probe, in the order they act; the GELU hides behind the eps
+    assert [probe.split(": closes")[0] for probe in report.probes] == [
+        "probe: the eps of 'ln1' set to torch's 1e-05 (was 1e-06)",
+        "probe: the eps of 'ln2' set to torch's 1e-05 (was 1e-06)",
+        "probe: 'mlp.act' (GELU, no counterpart in jax) switched to approximate='tanh' in torch",
+    ]
+    assert report.probes[-1].endswith("every output then agrees") and report.hints == []
 
 
 def test_a_model_that_reads_values_in_python_is_captured_eagerly():
@@ -341,7 +366,7 @@ def test_a_model_that_reads_values_in_python_is_captured_eagerly():
             return hidden if float(hidden.sum()) > -1e9 else -hidden  # fails under jit
 
     calls = jax_port.capture(ReadsValues(), (torch_block.example_inputs(),))
-    assert [path for path, _ in calls] == ["fc", ""] and calls[0][1].shape == (3, T, D)
+    assert [output.path for output in calls] == ["fc", ""] and calls[0].value.shape == (3, T, D)
 
 
 def test_the_map_and_inputs_files_are_read_like_every_other_file(tmp_path, capsys):

@@ -1,0 +1,213 @@
+"""Where to look, from the evidence: hints read off the rows, and probes that re-run the models
+with one likely cause switched.
+
+Probes only touch what runs at or before the first failing row: the failing module itself (a
+square kernel transposed, a norm's eps set to the reference's, the port's own parameters there
+that differ given the reference's values) and the reference's modules that ran since the last
+agreeing output without a counterpart in the port (a torch GELU whose port computes the other
+approximation inline), plus matmul precision for the whole run. A probe that closes the gap at
+the first failing row is the explanation: the other probes and every hint about that row are
+retired, and the search goes on from the next failure with that switch in place (up to four
+causes). The hints are then read off the rows with every closing switch in place: what is left
+to explain, if anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mhsa.port_check.records import WHY, Row
+from mhsa.port_check.rows import output_rows
+
+
+@dataclass
+class Side:
+    """One model as the probes need it: the model, its reader, its inputs, its description."""
+
+    model: Any
+    reader: Any
+    inputs: Any
+    desc: dict
+    # the port only, when its own weights are checked: reference parameter -> (port parameter,
+    # the reference's values in the port's layout) for every parameter that differs
+    differing: dict | None = None
+
+
+def hints(rows: list[Row], call_paths: list[str], source_desc: dict, sides: tuple[str, str], asked: str, differing=()) -> list[str]:
+    """Where to look: the port's parameters that differ in the failing module, the code between
+    the first failing output and the last agreeing one, the reference modules without a
+    counterpart that ran in between, and the same for the largest growth of the difference after
+    the first failure (a second cause behind the first)."""
+    outputs = [row for row in rows if row.section == "output"]
+    first = next((row for row in outputs if row.failed), None)
+    if first is None:
+        return []
+    at = outputs.index(first)
+    last_good = next((row for row in reversed(outputs[:at]) if row.passed), None)
+    found = [
+        f"'{name}' {how}, and the difference enters at '{first.module or '(the model)'}', which holds it (weights above)"
+        for name, _, how in differing
+        if _inside(name.rpartition(".")[0], first.module)
+    ]
+    if last_good is not None:
+        parent = ".".join(os.path.commonprefix([last_good.module.split("."), first.module.split(".")]))
+        found.append(
+            f"the difference enters between '{last_good.name}' (last agreeing output) and '{first.name}'"
+            + (f": look at the code of '{parent}' that runs between those calls" if parent else "")
+        )
+    found += _unmatched_between(rows, call_paths, source_desc, sides, last_good, first)
+    if asked == "float64" and first.status == "" and 1e-9 <= first.rel_diff <= 2e-6:
+        found.append(
+            f"the difference at '{first.name}' is the size of float32 rounding ({first.rel_diff:.1e} relative, float64 asked for): "
+            "one side may compute in float32 there without saying so (a cast in its code, a float32 constant or buffer)"
+        )
+    calls = _largest_per_call(outputs[at:])  # the leaves of one call are not steps of the computation
+    jumps = [
+        (row.abs_diff / before.abs_diff, before, row)
+        for before, row in zip(calls, calls[1:])
+        if before.abs_diff > 0 and np.isfinite(row.abs_diff) and np.isfinite(before.abs_diff)
+    ]
+    if jumps:
+        ratio, before, row = max(jumps, key=lambda jump: jump[0])
+        if ratio >= 10:
+            found.append(f"the difference grows {ratio:.0f}x from '{before.name}' to '{row.name}': a second cause may sit between them")
+            found += _unmatched_between(rows, call_paths, source_desc, sides, before, row)
+    return found
+
+
+def _largest_per_call(rows: list[Row]) -> list[Row]:
+    """One row per call (position): the one with the largest difference."""
+    largest: dict[int, Row] = {}
+    for row in rows:
+        if row.position not in largest or row.abs_diff > largest[row.position].abs_diff:
+            largest[row.position] = row
+    return list(largest.values())
+
+
+def _inside(module: str, parent: str) -> bool:
+    return parent == "" or module == parent or module.startswith(parent + ".")
+
+
+def _unmatched(rows, call_paths, source_desc, before, row) -> list[str]:
+    """Reference modules (paths) without a counterpart called after row `before` (None: the start) and before `row`."""
+    matched = {other.position for other in rows if other.section == "output"}
+    start = before.position + 1 if before is not None else 0
+    return [call_paths[p] for p in range(start, row.position) if call_paths[p] in source_desc and p not in matched]
+
+
+def _unmatched_between(rows, call_paths, source_desc, sides, before, row) -> list[str]:
+    found = []
+    for path in dict.fromkeys(_unmatched(rows, call_paths, source_desc, before, row)):
+        info = source_desc[path]
+        settings = ", ".join(f"{key}={value!r}" for key, value in info.items() if key not in ("type", "dtypes"))
+        why = next((text for (kind, _), text in WHY.items() if kind == info["type"]), "")
+        found.append(
+            f"'{path}' ({info['type']}{': ' + settings if settings else ''}) ran in {sides[0]} "
+            f"just before '{row.name}' and has no counterpart in {sides[1]}" + (f"; {why}" if why else "")
+        )
+    return found
+
+
+def run_probes(rows, call_paths, source: Side, target: Side, sides, asked, name_map, steps: int = 4) -> tuple[list[str], list[Row] | None]:
+    """(probe lines, the rows once every closing probe is applied, or None when none closes).
+
+    Each probe switches one likely cause at or before the first failing output and re-runs. A
+    probe that closes the gap there is kept (the other probes of that row are retired) and the
+    search goes on from the next failure with that switch in place, up to `steps` causes: a first
+    port with three classic bugs gets all three named, each by its own evidence."""
+    lines: list[str] = []
+    explained = None
+    for step in range(steps):
+        first = next((row for row in rows if row.failed), None)
+        if first is None or first.section != "output":
+            break
+        outputs = [row for row in rows if row.section == "output" and row.position < first.position]
+        last_good = next((row for row in reversed(outputs) if row.passed), None)
+        candidates = list(_switches(first, last_good, rows, call_paths, source, target, sides))
+        if step == 0:
+            candidates.insert(0, ("matmul precision 'highest' (TF32 off) in both", "precision", None))
+        results = [_probe(first, what, kind, make, source, target, sides, asked, name_map) for what, kind, make in candidates]
+        closing = next((result for result in results if result[1] is not None), None)
+        if closing is None:
+            lines += [line for line, *_ in results if line is not None]
+            break
+        line, rows, source, target = closing
+        lines.append(line)
+        explained = rows
+    return lines, explained
+
+
+def _probe(first: Row, what, kind, make, source: Side, target: Side, sides, asked, name_map):
+    """(line or None when the switch does not apply, the probe's rows if it closes the gap at
+    `first` else None, source, target as switched)."""
+    try:
+        switched = make() if make is not None else None
+        if kind != "precision" and switched is None:
+            return None, None, source, target
+        if kind == "source":
+            source = Side(switched, source.reader, source.inputs, source.desc)
+        elif kind == "target":
+            target = Side(switched, target.reader, target.inputs, target.desc, target.differing)
+        with _precision(kind, source, target):
+            runs = source.reader.capture(source.model, source.inputs), target.reader.capture(target.model, target.inputs)
+    except Exception as error:  # a switched model that cannot run answers nothing
+        return f"probe: {what}: could not run ({type(error).__name__})", None, source, target
+    probed, *_ = output_rows(*runs, source.desc, target.desc, asked, sides, name_map)
+    row = next((r for r in probed if r.name == first.name), None)
+    if row is None or not row.passed:
+        diff = "no output" if row is None else f"{row.abs_diff:.2e}"
+        return f"probe: {what}: does not close the gap ('{first.name}' still {diff})", None, source, target
+    rest = next((r for r in probed if r.failed), None)
+    after = "every output then agrees" if rest is None else f"the first failure moves to '{rest.name}'"
+    return f"probe: {what}: closes the gap at '{first.name}' ({first.abs_diff:.2e} -> {row.abs_diff:.2e}); {after}", probed, source, target
+
+
+@contextlib.contextmanager
+def _precision(kind: str, source: Side, target: Side) -> Iterator[None]:
+    """Full float32 matmuls in both frameworks for the precision probe; nothing for the others."""
+    if kind != "precision":
+        yield
+        return
+    with source.reader.highest_precision(), target.reader.highest_precision():
+        yield
+
+
+def _switches(first, last_good, rows, call_paths, source: Side, target: Side, sides):
+    """(what, "source" or "target", make) for each likely cause at or before `first`; make()
+    builds the switched copy (None where the switch does not apply: a kernel that is not square),
+    one at a time, so that a large model is not copied once per candidate up front."""
+    if first.section != "output":
+        return
+    if first.kind == "Linear":  # a square kernel: a transposed one has the right shape and wrong values
+        yield (
+            f"the kernel of '{first.target_module}' transposed in {sides[1]}",
+            "target",
+            lambda: target.reader.switched(target.model, "transpose", first.target_module),
+        )
+    eps = source.desc.get(first.module, {}).get("eps")
+    other = target.desc.get(first.target_module, {}).get("eps")
+    if eps is not None and other is not None and eps != other:  # a norm of the library's or written by hand
+        yield (
+            f"the eps of '{first.target_module}' set to {sides[0]}'s {eps!r} (was {other!r})",
+            "target",
+            lambda: target.reader.switched(target.model, "eps", first.target_module, eps),
+        )
+    fixes = {mapped: value for name, (mapped, value) in (target.differing or {}).items() if _inside(name.rpartition(".")[0], first.module)}
+    if fixes:  # the port's own parameters that differ, in the failing module: all of them at once
+        names = ", ".join(f"'{name}'" for name in fixes)
+        yield f"{names} given the reference's values in {sides[1]}", "target", lambda: target.reader.switched(target.model, "load", "", fixes)
+    for path in dict.fromkeys(_unmatched(rows, call_paths, source.desc, last_good, first)):
+        info = source.desc[path]
+        if info["type"] == "GELU":
+            approximate = "tanh" if info.get("approximate") == "none" else "none"
+            yield (
+                f"'{path}' (GELU, no counterpart in {sides[1]}) switched to approximate={approximate!r} in {sides[0]}",
+                "source",
+                lambda path=path, approximate=approximate: source.reader.switched(source.model, "approximate", path, approximate),
+            )

@@ -1,0 +1,92 @@
+"""Which precision each comparison can be held to: the dtype asked for, unless a module computes
+below it (a Flax layer with dtype=float32 whose parameters are float64, a cast in the code).
+
+Two kinds of evidence, both read after the models were cast to the dtype asked for: every
+captured output's dtype, and every module's attributes that hold a floating dtype below it (the
+readers' "dtypes": a Linen field `dtype=float32`, an NNX attribute `compute_dtype`; the casts
+already raise NNX's `dtype` and a Linen model's own `dtype` field, so what remains is what the
+check cannot raise). From the first output below the asked dtype, or the first call inside a
+module with such an attribute, on either side (in call order: what runs later may depend on it),
+the rows are compared at that precision's tolerance: float32's when float64 was asked for. Below
+float32 (bfloat16, float16) the rows are not judged at all: their rounding (about 4e-3 relative
+for bfloat16) is larger than the differences this check exists to find (a LayerNorm eps, a tanh
+GELU), so a tolerance loose enough to pass it would pass those bugs too. The report names each
+module responsible and the attribute that makes it so, or says that none does (a cast in its
+code). A cast that converts back before its module returns leaves no trace in either; the hints
+point at a float32-sized difference in a float64 run instead.
+"""
+
+from __future__ import annotations
+
+from mhsa.port_check.structure import RANKS, Output
+
+NAMES = {3: "float64", 2: "float32"}  # the ranks with tolerances (shared/tolerances.py)
+SHOWN = 4  # modules named per side; the rest are counted
+
+
+def _inside(path: str, module: str) -> bool:
+    return module == "" or path == module or path.startswith(module + ".")
+
+
+def lowered(desc: dict, asked: str) -> dict[str, dict[str, str]]:
+    """module path -> {attribute: dtype} for the attributes that hold a floating dtype below `asked`."""
+    found = {}
+    for path, info in desc.items():
+        low = {name: value for name, value in info.get("dtypes", {}).items() if RANKS.get(value, 3) < RANKS[asked]}
+        if low:
+            found[path] = low
+    return found
+
+
+def floors(outputs: list[Output], asked: str, desc: dict) -> dict[int, int]:
+    """call index -> the lowest precision rank reached up to and including that call: an output's
+    dtype, or a call inside a module whose attributes hold a lower dtype."""
+    modules = {path: min(RANKS[value] for value in attributes.values()) for path, attributes in lowered(desc, asked).items()}
+    floor, found = RANKS[asked], {}
+    for output in outputs:
+        if output.value is not None:
+            floor = min(floor, RANKS.get(output.dtype, floor))
+        floor = min([floor] + [rank for module, rank in modules.items() if _inside(output.path, module)])
+        found[output.call] = floor
+    return found
+
+
+def dtype_of(rank: int) -> str | None:
+    """The dtype whose tolerances a row of this rank is held to; None: not judged."""
+    return NAMES.get(min(rank, 3))
+
+
+def findings(outputs: list[Output], asked: str, desc: dict, side: str) -> list[str]:
+    """One line per module of one side that computes below `asked`, in call order: every module
+    with an attribute that says so, and the first module whose output is below it without one."""
+    attributes = lowered(desc, asked)
+    named: dict[str, str] = {}  # path -> line, in the order their first calls return
+    cast_seen = False
+    for output in outputs:
+        holder = next((module for module in attributes if _inside(output.path, module) and module not in named), None)
+        if holder is not None:
+            shown = ", ".join(f"{name}={value}" for name, value in attributes[holder].items())
+            named[holder] = f"{_where(holder)} in {side} holds {shown}, below the {asked} asked for"
+        below = output.value is not None and RANKS.get(output.dtype, 3) < RANKS[asked]
+        if below and not cast_seen and not any(_inside(output.path, module) for module in attributes):
+            cast_seen = True
+            named[output.path] = (
+                f"{_where(output.path)} computes in {output.dtype} in {side}, below the {asked} asked for "
+                "(none of its attributes says so: a cast in its code, or in code it calls)"
+            )
+    lines = list(named.values())
+    return lines[:SHOWN] + ([f"and {len(lines) - SHOWN} more module(s) of {side}"] if len(lines) > SHOWN else [])
+
+
+def _where(path: str) -> str:
+    return f"'{path}'" if path else "the model itself"
+
+
+def consequence(rank: int, asked: str) -> str:
+    """What a floor below the asked dtype does to the rows."""
+    if dtype_of(rank) is not None:
+        return f"from its first call on, the rows are compared at {dtype_of(rank)}'s tolerance, not {asked}'s"
+    return (
+        "from its first call on, the rows are not judged: rounding at that precision (about 4e-3 relative for bfloat16) "
+        "is larger than the differences this check looks for; set that dtype to float32 (or leave it unset) to check them"
+    )

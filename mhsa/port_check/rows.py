@@ -1,0 +1,152 @@
+"""The table's rows: every output leaf of every call, paired across the two models, compared; then
+every parameter's gradient.
+
+Calls are paired by module path (through the name map) and call number; within a call, leaves by
+their place in the output ("[0]", "[logits]"), and where the two structures differ but hold the
+same number of floating-point leaves, by position. Shapes that differ are compared channels-last
+where only that makes them agree (Conv: torch NCL, Flax NLC), else after broadcasting where they
+broadcast (position embeddings computed once for the batch, (1, T, D), against per row,
+(B, T, D)); only shapes that cannot broadcast fail, as a shape, never as a number. NaN in either
+output fails its row, also NaN on both sides at the same places.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mhsa.port_check import precision
+from mhsa.port_check.records import Row, map_name
+from mhsa.port_check.structure import Output
+from shared.tolerances import max_abs_diff, tolerance
+
+
+def compare_arrays(a: np.ndarray, b: np.ndarray, sides: tuple[str, str]) -> tuple[float, float, str, str]:
+    """(max abs, max abs / max |reference|, status, note) of reference `a` against port `b`;
+    status "" (a number), "shape" (no broadcast makes them comparable) or "nan"."""
+    note = ""
+    if a.shape != b.shape:
+        if a.ndim >= 3 and np.moveaxis(a, 1, -1).shape == b.shape:
+            a, note = np.moveaxis(a, 1, -1), "compared channels-last"
+        else:
+            try:
+                shape = np.broadcast_shapes(a.shape, b.shape)
+            except ValueError:
+                return float("nan"), float("nan"), "shape", f"shape {a.shape} in {sides[0]}, {b.shape} in {sides[1]}: they do not broadcast"
+            note = f"compared after broadcasting: {a.shape} in {sides[0]}, {b.shape} in {sides[1]}"
+            a, b = np.broadcast_to(a, shape), np.broadcast_to(b, shape)
+    nan_a, nan_b = bool(np.isnan(a).any()), bool(np.isnan(b).any())
+    if nan_a or nan_b:
+        where = "both outputs" if nan_a and nan_b else f"{sides[0] if nan_a else sides[1]}'s output only"
+        return float("nan"), float("nan"), "nan", f"NaN in {where}" + (f"; {note}" if note else "")
+    diff = max_abs_diff(a, b)
+    scale = float(np.max(np.abs(a))) if a.size else 0.0
+    return diff, diff / scale if scale > 0 else (0.0 if diff == 0 else float("inf")), "", note
+
+
+def _calls(outputs: list[Output]) -> list[tuple[str, int, list[Output]]]:
+    """[(path, call number of that path, its leaves)] in call order."""
+    grouped: dict[int, list[Output]] = {}
+    for output in outputs:
+        grouped.setdefault(output.call, []).append(output)
+    seen: dict[str, int] = {}
+    calls = []
+    for leaves in grouped.values():
+        path = leaves[0].path
+        seen[path] = seen.get(path, -1) + 1
+        calls.append((path, seen[path], leaves))
+    return calls
+
+
+def label(path: str, call: int, calls: int, leaf: str = "") -> str:
+    """'attn.out_proj', '(model output)[logits]', 'fc (call 2)': a row's name."""
+    name = (path or "(model output)") + leaf
+    return f"{name} (call {call + 1})" if calls > 1 else name
+
+
+def _pair_leaves(source: list[Output], target: list[Output]) -> tuple[list[tuple[Output, Output]], bool]:
+    """Leaves of one call paired by their place in the output; by position where the structures
+    differ but hold the same number of floating-point leaves. (pairs, paired by position)."""
+    by_label = {output.label: output for output in target}
+    pairs = [(output, by_label[output.label]) for output in source if output.label in by_label]
+    if len(pairs) == len(source) == len(target):
+        return pairs, False
+    floats_s = [output for output in source if output.value is not None]
+    floats_t = [output for output in target if output.value is not None]
+    if len(floats_s) == len(floats_t) and not all(output.label in by_label for output in floats_s):
+        return list(zip(floats_s, floats_t)), True
+    return pairs, False
+
+
+def output_rows(source_outputs, target_outputs, source_desc, target_desc, asked, sides, name_map=None):
+    """(rows in the reference's call order, unmatched reference labels, unmatched port labels,
+    leaves skipped as not floating-point: [(label, kind)]). *_desc: the readers' describe, for the
+    module types and the compute dtypes (precision.py)."""
+    source, target = _calls(source_outputs), _calls(target_outputs)
+    counts_s, counts_t = _counts(source), _counts(target)
+    index = {(path, call): (position, leaves) for position, (path, call, leaves) in enumerate(target)}
+    floor_s, floor_t = precision.floors(source_outputs, asked, source_desc), precision.floors(target_outputs, asked, target_desc)
+    rows, unmatched, used, skipped = [], [], set(), []
+    for position, (path, call, leaves) in enumerate(source):
+        key = (map_name(path, name_map), call)
+        if key not in index:
+            unmatched += [label(path, call, counts_s[path], output.label) for output in leaves if output.value is not None]
+            continue
+        used.add(key)
+        pairs, by_position = _pair_leaves(leaves, index[key][1])
+        kind = source_desc.get(path, {}).get("type", "")
+        for s, t in pairs:
+            name, target_name = label(path, call, counts_s[path], s.label), label(*key, counts_t[key[0]], t.label)
+            if s.value is None or t.value is None:
+                if (s.value is None) != (t.value is None):
+                    note = f"{s.dtype} in {sides[0]}, {t.dtype} in {sides[1]}"
+                    rows.append(Row("output", name, target_name, kind, float("nan"), float("nan"), 0.0, note, position, path, key[0], "dtype"))
+                else:
+                    skipped.append((name, s.dtype))
+                continue
+            rank = min(floor_s[s.call], floor_t[t.call])
+            dtype = precision.dtype_of(rank)
+            abs_diff, rel_diff, status, note = compare_arrays(s.value, t.value, sides)
+            if by_position:
+                note = f"paired by position: '{s.label or '(whole)'}' in {sides[0]}, '{t.label or '(whole)'}' in {sides[1]}" + (
+                    f"; {note}" if note else ""
+                )
+            if dtype is None and status == "":
+                status = "unjudged"
+            tol = tolerance("stage", dtype or "float32")
+            rows.append(Row("output", name, target_name, kind, abs_diff, rel_diff, tol, note, position, path, key[0], status))
+    unmatched_target = [
+        label(path, call, counts_t[path], output.label)
+        for path, call, leaves in target
+        if (path, call) not in used
+        for output in leaves
+        if output.value is not None
+    ]
+    return rows, unmatched, unmatched_target, skipped
+
+
+def call_paths(outputs: list[Output]) -> list[str]:
+    """The module path of every call, in call order: a row's position indexes this list."""
+    return [path for path, _, _ in _calls(outputs)]
+
+
+def _counts(calls) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for path, _, _ in calls:
+        counts[path] = counts.get(path, 0) + 1
+    return counts
+
+
+def gradient_rows(source_grads, target_grads, rank, sides, name_map=None, transposed=frozenset()) -> list[Row]:
+    """One row per reference parameter with a gradient on both sides; rank: the lowest precision
+    any output reached (a gradient runs through every one of them); transposed: the reference
+    parameters whose layout is the port's transposed (weights.py)."""
+    dtype = precision.dtype_of(rank)
+    tol = tolerance("grad", dtype or "float32")
+    rows = []
+    for name, value in source_grads.items():
+        mapped = map_name(name, name_map)
+        if mapped in target_grads:
+            abs_diff, rel_diff, status, note = compare_arrays(value.T if name in transposed else value, target_grads[mapped], sides)
+            status = "unjudged" if dtype is None and status == "" else status
+            rows.append(Row("gradient", name, mapped, "", abs_diff, rel_diff, tol, note, module=name, target_module=mapped, status=status))
+    return rows

@@ -1,0 +1,194 @@
+"""A model's inputs and outputs taken apart the same way on both sides, whatever their structure.
+
+Inputs: a model is called as `model(*args, **kwargs)`. What a factory or a caller gives is
+read as (see `as_inputs`): one array (one positional argument); a tuple or list (positional
+arguments); a dict (keyword arguments); or a pair (tuple, dict) of both. Arrays may sit inside
+nested tuples, lists and dicts; any other value (True, None, a string) is passed as it is.
+
+Outputs: any nesting of tuples, lists, mappings (dicts, a library's ModelOutput, an OrderedDict
+subclass) and dataclasses is flattened into leaves labelled by where they sit: "[0]" for a
+position, "[logits]" for a key or a field, so that a torch ModelOutput and its Flax dataclass
+twin give the same labels. Leaves that are not floating-point arrays (None, ints, integer or
+boolean arrays) are kept as labels with their kind, so that the report can say what it skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import numpy as np
+
+# floating dtypes NumPy does not call floating (ml_dtypes, as JAX and torch use them), by name
+EXTRA_FLOATS = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")
+# the precision of a floating dtype, for "computes in a lower precision than asked"
+RANKS = {"float64": 3, "float32": 2, "bfloat16": 1, "float16": 1, "float8_e4m3fn": 0, "float8_e5m2": 0}
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """What a model is called with: model(*args, **kwargs)."""
+
+    args: tuple = ()
+    kwargs: dict = dataclasses.field(default_factory=dict)
+
+
+def as_inputs(value: Any) -> Inputs:
+    """An array -> one positional argument; a tuple or list -> positional arguments; a dict ->
+    keyword arguments; a pair (tuple or list, dict) -> both; an Inputs stays as it is."""
+    if isinstance(value, Inputs):
+        return value
+    if isinstance(value, (tuple, list)) and len(value) == 2 and isinstance(value[0], (tuple, list)) and isinstance(value[1], dict):
+        return Inputs(tuple(value[0]), dict(value[1]))
+    if isinstance(value, dict):
+        return Inputs((), dict(value))
+    if isinstance(value, (tuple, list)):
+        return Inputs(tuple(value), {})
+    return Inputs((value,), {})
+
+
+def dtype_name(dtype: Any) -> str:
+    """'float32', 'bfloat16', 'int64': one name for a NumPy, JAX or torch dtype."""
+    return str(dtype).removeprefix("torch.")
+
+
+def is_float_dtype(dtype: Any) -> bool:
+    """Whether a NumPy, JAX or torch dtype (or its name) is floating point, bfloat16 included."""
+    return dtype_name(dtype) in RANKS or (isinstance(dtype, np.dtype) and np.issubdtype(dtype, np.floating))
+
+
+def is_array(value: Any) -> bool:
+    """An array of any framework: it has a shape and a dtype (a NumPy scalar counts; a Python number does not)."""
+    return hasattr(value, "shape") and hasattr(value, "dtype") and not isinstance(value, type)
+
+
+def map_inputs(inputs: Inputs, function: Callable[[Any], Any]) -> Inputs:
+    """Inputs with `function` applied to every array inside args and kwargs (nested tuples,
+    lists and dicts followed; every other value kept)."""
+    return Inputs(tuple(_map(value, function) for value in inputs.args), {key: _map(value, function) for key, value in inputs.kwargs.items()})
+
+
+def _map(value, function):
+    if is_array(value):
+        return function(value)
+    if isinstance(value, (tuple, list)):
+        return _sequence(value, [_map(item, function) for item in value])
+    if isinstance(value, dict):
+        return {key: _map(item, function) for key, item in value.items()}
+    return value
+
+
+def _sequence(original, items: list):
+    """A tuple, list or named tuple of the same type as `original` holding `items`."""
+    if hasattr(original, "_fields"):
+        return type(original)(*items)
+    return type(original)(items)
+
+
+def to_numpy(value: Any) -> np.ndarray:
+    """A NumPy copy of any framework's array (a torch tensor that requires grad included; torch's
+    bfloat16, which NumPy cannot hold, as float32, which holds each of its values exactly)."""
+    if hasattr(value, "detach"):  # torch: leave the graph first
+        value = value.detach().cpu()
+        return (value.float() if dtype_name(value.dtype) == "bfloat16" else value).numpy().copy()
+    return np.array(value)
+
+
+def numpy_inputs(inputs: Inputs) -> Inputs:
+    """Inputs with every array as a NumPy array, so that either side can take them."""
+    return map_inputs(inputs, to_numpy)
+
+
+def describe_inputs(inputs: Inputs) -> str:
+    """'(3, 5, 24) float32, mask=(3, 5) bool': what a model was called with, for messages."""
+    parts = [_shape_of(value) for value in inputs.args] + [f"{key}={_shape_of(value)}" for key, value in inputs.kwargs.items()]
+    return ", ".join(parts) or "no arguments"
+
+
+def _shape_of(value) -> str:
+    if is_array(value):
+        return f"{tuple(value.shape)} {value.dtype}"
+    if isinstance(value, (tuple, list)):
+        return "(" + ", ".join(_shape_of(item) for item in value) + ")"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{key}: {_shape_of(item)}" for key, item in value.items()) + "}"
+    return repr(value) if isinstance(value, (bool, int, float, str, type(None))) else type(value).__name__
+
+
+def flatten(output: Any, leaf: Callable[[Any], bool]) -> list[tuple[str, Any]]:
+    """(label, leaf) for every leaf of `output`, depth first: "" for the output itself when it is a
+    leaf, "[i]" per position of a tuple or list, "[key]" per key of a mapping or field of a
+    dataclass. `leaf(value)`: whether a value is an array of the framework at hand."""
+    if leaf(output) or output is None:
+        return [("", output)]
+    if isinstance(output, Mapping):
+        items: list = list(output.items())
+    elif dataclasses.is_dataclass(output) and not isinstance(output, type):
+        items = [(field.name, getattr(output, field.name)) for field in dataclasses.fields(output)]
+    elif isinstance(output, (tuple, list)):
+        items = list(enumerate(output))
+    else:
+        return [("", output)]
+    return [(f"[{key}]{label}", value) for key, item in items for label, value in flatten(item, leaf)]
+
+
+class Output(NamedTuple):
+    """One leaf of one call's output: which call (its index among all the calls recorded), the
+    module path ("" for the model), where the leaf sits in the output ("" or "[0]", "[logits]",
+    ...), its values (None where it is not a floating-point array; bfloat16 comes as float32,
+    which holds it exactly) and its dtype name or, for a value that is no array, its type name."""
+
+    call: int
+    path: str
+    label: str
+    value: np.ndarray | None
+    dtype: str
+
+
+def leaves(call: int, path: str, output: Any, leaf: Callable[[Any], bool], convert: Callable[[Any], np.ndarray]) -> list[Output]:
+    """Every leaf of one call's output as Output records; `convert` turns a floating-point array
+    of the framework into a NumPy array."""
+    records = []
+    for label, value in flatten(output, leaf):
+        if leaf(value) and is_float_dtype(value.dtype):
+            records.append(Output(call, path, label, convert(value), dtype_name(value.dtype)))
+        else:
+            records.append(Output(call, path, label, None, dtype_name(value.dtype) if leaf(value) else type(value).__name__))
+    return records
+
+
+def float_leaves(output: Any, leaf: Callable[[Any], bool]) -> list[Any]:
+    """The floating-point arrays of an output, in flatten's order: what a gradient sums over."""
+    return [value for _, value in flatten(output, leaf) if leaf(value) and is_float_dtype(value.dtype)]
+
+
+class _Slot(NamedTuple):
+    position: int
+
+
+def split_arrays(inputs: Inputs) -> tuple[list[Any], Callable[[list[Any]], Inputs]]:
+    """(the arrays of `inputs` in order, rebuild): rebuild(arrays) puts (new) arrays back where
+    they were, every other value as it was. A compiled call traces the arrays and closes over
+    the rest (a flag like deterministic=True must stay a Python value)."""
+    arrays: list[Any] = []
+
+    def slot(value):
+        arrays.append(value)
+        return _Slot(len(arrays) - 1)
+
+    template = map_inputs(inputs, slot)
+
+    def rebuild(values: list[Any]) -> Inputs:
+        def fill(value):
+            if isinstance(value, _Slot):
+                return values[value.position]
+            if isinstance(value, (tuple, list)):
+                return _sequence(value, [fill(item) for item in value])
+            if isinstance(value, dict):
+                return {key: fill(item) for key, item in value.items()}
+            return value
+
+        return Inputs(tuple(fill(value) for value in template.args), {key: fill(value) for key, value in template.kwargs.items()})
+
+    return arrays, rebuild

@@ -1,0 +1,217 @@
+"""The reference's parameters against the port's: paired by name, shape-checked, compared in one
+layout, and either copied into the port or left as the user's converter wrote them.
+
+By default the port is checked as it is, with the user's own converter (`decide`): when at least
+one parameter whose reference values are not constant holds those values, or a recognisable
+transform of them (its transpose, a scaled copy, its rows in another order, a flipped kernel),
+a converter has run, so nothing is overwritten and every parameter that differs is named with how
+it differs. One such parameter is the threshold: copying over a port that a converter filled
+would hide exactly the bugs it may have (a forgotten transpose passes once overwritten), while a
+fresh port holds none of the reference's values. A parameter whose reference values are constant
+(a fresh norm's ones, a zero bias) is no evidence either way: both frameworks start it alike.
+
+Layouts: the readers give both sides in torch's state_dict layout. A pair where one side's layer
+is not a standard one (a library's Conv1D that stores a linear weight (in, out), a raw matrix
+used as x @ W) may fit only transposed; when a non-square weight of such a pair of layer types
+fits only transposed, every 2-d weight of that pair of types is taken transposed (square ones
+included), and the report says what it inferred and from which parameter.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mhsa.port_check.records import Transfer, map_name
+from shared.tolerances import max_abs_diff
+
+# the layer types whose layouts the readers convert: a pair of these that fits only transposed is a bug of the port
+STANDARD = ("Linear", "Embedding", "Conv", "LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm")
+
+
+def _module(name: str) -> str:
+    return name.rpartition(".")[0]
+
+
+def pair_parameters(source_params, target_params, source_desc, target_desc, name_map=None, sides=("torch", "jax")) -> Transfer:
+    """Pair every reference parameter with the port's by name (through name_map) and shape.
+
+    source_params, target_params: {neutral name: array}; *_desc: {module path: {"type": ...}}
+    from the readers' describe (for the layer types of the layout inference); sides: the two
+    readers' names, for the report."""
+    report = Transfer(sides=sides)
+    candidates = []
+    for name in source_params:
+        mapped = map_name(name, name_map)
+        if mapped not in target_params:
+            report.unconsumed_source.append(name)
+        else:
+            candidates.append((name, mapped))
+    consumed = {mapped for _, mapped in candidates}
+    report.unconsumed_target = [name for name in target_params if name not in consumed]
+    transposed_types = _transposed_types(candidates, source_params, target_params, source_desc, target_desc, report)
+    for name, mapped in candidates:
+        value, expected = source_params[name], target_params[mapped].shape
+        kinds = (_type_of(source_desc, name), _type_of(target_desc, mapped))
+        if value.ndim == 2 and kinds in transposed_types and value.T.shape == expected:
+            report.filled.append((name, mapped, value.shape, True))
+        elif value.ndim == 2 and kinds in transposed_types:
+            report.mismatched.append((name, mapped, value.T.shape, expected))
+        elif value.shape == expected:
+            report.filled.append((name, mapped, value.shape, False))
+        elif value.ndim == 2 and value.T.shape == expected:
+            report.transposed_only.append((name, mapped, value.shape))
+        else:
+            report.mismatched.append((name, mapped, value.shape, expected))
+    return report
+
+
+def _type_of(desc, name) -> str:
+    return desc.get(_module(name), {}).get("type", "")
+
+
+def _transposed_types(candidates, source_params, target_params, source_desc, target_desc, report) -> set[tuple[str, str]]:
+    """The (reference type, port type) pairs whose 2-d weights are laid out transposed: a pair
+    where one side is not a standard layer and a non-square weight fits only transposed."""
+    found = set()
+    for name, mapped in candidates:
+        value, expected = source_params[name], target_params[mapped].shape
+        kinds = (_type_of(source_desc, name), _type_of(target_desc, mapped))
+        standard = kinds[0] in STANDARD and kinds[1] in STANDARD
+        if not standard and kinds not in found and value.ndim == 2 and value.shape != expected and value.T.shape == expected:
+            found.add(kinds)
+            report.layouts.append(
+                f"{kinds[0] or '?'} in {report.sides[0]} / {kinds[1] or '?'} in {report.sides[1]}: 2-d weights taken transposed "
+                f"('{name}' {value.shape} fits '{mapped}' {expected} only so)"
+            )
+    return found
+
+
+def _view(value: np.ndarray, transposed: bool) -> np.ndarray:
+    return value.T if transposed else value
+
+
+SEARCHED = 16  # differing parameters searched for a transform while none has shown a converter ran
+
+
+def compare_values(report: Transfer, source_params, target_params, tol: float) -> int:
+    """Fill report.differing with every paired parameter the port holds other values of (and how),
+    and return the evidence that a converter ran: how many parameters with non-constant reference
+    values hold those values or a recognisable transform of them. While there is no evidence,
+    only the first SEARCHED differing parameters are searched for a transform: a fresh port of a
+    large model is not searched parameter by parameter (the rest are said to differ by so much)."""
+    evidence, searched, differing = 0, 0, []
+    for name, mapped, _, transposed in report.filled:
+        reference, port = _view(source_params[name], transposed), target_params[mapped]
+        diff = max_abs_diff(reference, port)
+        informative = bool(reference.size > 1 and np.ptp(reference) > 0 and np.ptp(port) > 0)
+        if diff <= tol:
+            evidence += informative
+        else:
+            differing.append((name, reference, port, diff, informative))
+    for name, reference, port, diff, informative in differing:
+        how = None
+        if evidence or searched < SEARCHED:
+            searched += 1
+            how = how_it_differs(reference, port, tol)
+            evidence += informative and how is not None
+        report.differing.append((name, diff, how or f"differs by {diff:.2e}"))
+    return evidence
+
+
+def how_it_differs(reference: np.ndarray, port: np.ndarray, tol: float) -> str | None:
+    """The transform of the reference's values the port holds, in words; None when it is none of
+    them. Checked: transpose, a scale, rows (or columns, or values) in another order, a kernel
+    flipped along its spatial axes, spatial axes swapped, in and out channels swapped, rounding."""
+    if not (np.all(np.isfinite(reference)) and np.all(np.isfinite(port))):
+        return None
+    close = lambda a: a.shape == port.shape and max_abs_diff(a, port) <= tol  # noqa: E731
+    if reference.ndim == 2 and close(reference.T):
+        return "holds its transpose"
+    scale = _scale(reference, port)
+    if scale is not None and close(scale * reference):
+        return f"scaled by {scale:.6g}{_as_root(scale)}"
+    for axis, what in ((0, "rows"), (1, "columns")):
+        if reference.ndim > axis:
+            order = _reordering(reference, port, axis, tol)
+            if order is not None:
+                what = "values" if reference.ndim == 1 else what
+                return f"holds the reference's {what} in another order (the port's {what} 0, 1, 2, ... are its {order})"
+    if reference.ndim >= 3:
+        spatial = tuple(range(2, reference.ndim))
+        if close(np.flip(reference, axis=spatial)):
+            return "holds the kernel flipped along its spatial axes"
+        if reference.ndim == 4 and close(reference.swapaxes(2, 3)):
+            return "holds the kernel with its two spatial axes swapped"
+        if close(reference.swapaxes(0, 1)):
+            return "holds the kernel with its in and out channels swapped"
+    scale_of = float(np.max(np.abs(reference))) or 1.0
+    relative = max_abs_diff(reference, port) / scale_of
+    if relative < 1e-2:
+        return f"close to the reference's values but not within tolerance ({relative:.1e} relative): rounded through a lower precision?"
+    return None
+
+
+def _scale(reference, port) -> float | None:
+    norm = float(np.vdot(reference.ravel().astype(np.float64), reference.ravel().astype(np.float64)))
+    if norm == 0:
+        return None
+    scale = float(np.vdot(port.ravel().astype(np.float64), reference.ravel().astype(np.float64))) / norm
+    return None if abs(scale) < 1e-6 or abs(scale - 1) < 1e-6 else scale
+
+
+def _as_root(scale: float) -> str:
+    """' (1/sqrt(16))' when a scale is one over the square root of a small integer (an attention scale)."""
+    if scale <= 0:
+        return ""
+    square = 1 / scale**2
+    return f" (1/sqrt({round(square)}))" if 1 < round(square) <= 4096 and abs(square - round(square)) < 1e-3 else ""
+
+
+def _reordering(reference, port, axis, tol) -> str | None:
+    """'3, 0, 4, ...': which of the reference's slices along `axis` the port's slices are, when the
+    port holds the same slices in another order; None otherwise. Slices are sorted by a random
+    projection (one pass over the values, not a lexicographic sort of every column)."""
+    a, b = np.moveaxis(reference, axis, 0), np.moveaxis(port, axis, 0)
+    if a.shape != b.shape or a.shape[0] < 2:
+        return None
+    flat_a, flat_b = a.reshape(a.shape[0], -1).astype(np.float64), b.reshape(b.shape[0], -1).astype(np.float64)
+    direction = np.random.default_rng(0).standard_normal(flat_a.shape[1])
+    order_a, order_b = np.argsort(flat_a @ direction, kind="stable"), np.argsort(flat_b @ direction, kind="stable")
+    if max_abs_diff(flat_a[order_a], flat_b[order_b]) > tol:
+        return None
+    source_of = np.empty_like(order_b)
+    source_of[order_b] = order_a  # the port's slice i is the reference's slice source_of[i]
+    if np.array_equal(source_of, np.arange(len(source_of))):
+        return None
+    shown = ", ".join(str(int(i)) for i in source_of[:6])
+    return shown + (", ..." if len(source_of) > 6 else "")
+
+
+def decide(report: Transfer, evidence: int, informative: int, transfer: bool | None) -> bool:
+    """Whether to copy the reference's weights into the port (see the module's docstring); sets
+    report.copied and report.decision, the sentence the report prints."""
+    if transfer is not None:
+        report.copied = transfer
+        report.decision = "copied from the reference (--transfer)" if transfer else "the port's own weights checked (--no-transfer)"
+        return transfer
+    report.copied = evidence == 0
+    if report.copied:
+        report.decision = (
+            f"a fresh port: none of the {informative} parameters whose reference values are not constant hold them (--no-transfer checks its own)"
+        )
+    else:
+        report.decision = (
+            f"the port holds converted weights ({evidence} of {informative} parameters hold the reference's values or a transform of them): "
+            "checked as it is, your converter with it (--transfer copies the reference's)"
+        )
+    return report.copied
+
+
+def informative_count(report: Transfer, source_params) -> int:
+    """How many paired parameters have reference values that are not constant."""
+    return sum(source_params[name].size > 1 and np.ptp(source_params[name]) > 0 for name, *_ in report.filled)
+
+
+def arrays_to_copy(report: Transfer, source_params) -> dict[str, np.ndarray]:
+    """{port name: the reference's array in the port's layout} for every paired parameter."""
+    return {mapped: _view(source_params[name], transposed) for name, mapped, _, transposed in report.filled}

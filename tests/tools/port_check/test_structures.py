@@ -1,0 +1,115 @@
+"""Issue 28, points 1 and 2: outputs of any shape and structure, and keyword inputs.
+
+Position embeddings computed once for the batch, (1, T, D), against per row, (B, T, D), are
+compared after broadcasting, and a real bug further on is still named at its own module; shapes
+that cannot broadcast fail as a shape. Outputs that are a ModelOutput-like OrderedDict, a
+dataclass, a dict, tuples mixing tensors with None and ints are flattened alike for capture,
+comparison and gradients; keyword inputs reach both models."""
+
+import jax
+import numpy as np
+import pytest
+import torch
+from flax import nnx
+
+from mhsa.cli import main as mhsa
+from mhsa.port_check import check_port, format_report
+from tests.tools.port_check import models
+
+
+def test_position_embeddings_computed_once_for_the_batch_are_compared_after_broadcasting():
+    torch.manual_seed(0)
+    report = check_port(models.TorchPositions(), models.FlaxPositions(), models.token_ids())
+    assert report.passed, format_report(report)
+    wpe = next(row for row in report.rows if row.name == "wpe")
+    assert wpe.note == "compared after broadcasting: (1, 5, 24) in torch, (3, 5, 24) in jax" and wpe.abs_diff == 0.0
+
+
+def test_a_bug_after_broadcast_position_embeddings_is_named_at_its_own_module():
+    torch.manual_seed(0)
+    report = check_port(models.TorchPositions(), models.FlaxPositions(bug="gelu"), models.token_ids())
+    assert report.first_failure.name == "proj", format_report(report)
+    assert "FAIL: the models part at output 'proj' (Linear)" in format_report(report)
+
+
+def test_shapes_that_cannot_broadcast_fail_as_a_shape_never_as_inf():
+    from mhsa.port_check.rows import compare_arrays
+
+    abs_diff, _, status, note = compare_arrays(np.zeros((3, 5)), np.zeros((3, 7)), ("torch", "jax"))
+    assert status == "shape" and note == "shape (3, 5) in torch, (3, 7) in jax: they do not broadcast" and np.isnan(abs_diff)
+    # a channels-first reference against a channels-last port is still compared channels-last
+    assert compare_arrays(np.ones((3, 4, 9)), np.ones((3, 9, 4)), ("torch", "jax"))[2:] == ("", "compared channels-last")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_model_outputs_and_dataclasses_with_none_and_ints_are_compared_leaf_by_leaf_with_keyword_inputs(dtype):
+    torch.manual_seed(0)
+    report = check_port(models.TorchStructured(), models.FlaxStructured(), models.keyword_inputs(), dtype=dtype, grads=True)
+    assert report.passed, format_report(report)
+    outputs = [row.name for row in report.rows if row.section == "output"]
+    assert outputs == [
+        "layers.0.dense",
+        "layers.0[0]",
+        "layers.1.dense",
+        "layers.1[0]",
+        "head",
+        "(model output)[logits]",
+        "(model output)[hidden_states][0]",
+        "(model output)[hidden_states][1]",
+    ]
+    assert len([row for row in report.rows if row.section == "gradient"]) == 6
+    skipped = next(note for note in report.notes if note.startswith("not compared"))
+    assert "'layers.0[1]' (NoneType), 'layers.0[2]' (int)" in skipped and "and 2 more" in skipped
+
+
+def test_a_planted_bug_in_a_structured_model_is_named_at_its_layer():
+    torch.manual_seed(0)
+    report = check_port(models.TorchStructured(), models.FlaxStructured(bug="mask"), models.keyword_inputs(), grads=True)
+    assert report.first_failure.name == "layers.1[0]", format_report(report)
+    assert any("look at the code of 'layers.1'" in hint for hint in report.hints), report.hints
+    # the leaves of one call are not steps of the computation: no growth is read between them
+    assert not any("[hidden_states][0]' to" in hint for hint in report.hints), report.hints
+
+
+def test_a_linen_port_returning_a_dict_is_compared_and_differentiated_too():
+    torch.manual_seed(0)
+    inputs = models.keyword_inputs()
+    module = models.LinenStructured()
+    variables = module.init(jax.random.key(0), inputs["x"], mask=inputs["mask"])
+    name_map = {"layers.0.dense": "layers_0_dense", "layers.1.dense": "layers_1_dense"}
+    report = check_port(models.TorchStructured(), (module, variables), inputs, name_map=name_map, grads=True)
+    by_name = {row.name: row for row in report.rows}
+    assert by_name["(model output)[logits]"].passed and by_name["(model output)[hidden_states][1]"].passed, format_report(report)
+    assert all(row.passed for row in report.rows if row.section == "gradient"), format_report(report)
+
+
+def test_grads_on_a_dict_like_output_through_the_command(capsys):
+    factories = ["tests.tools.port_check.models:torch_structured", "tests.tools.port_check.models:flax_structured"]
+    assert mhsa(["port-check", *factories, "--grads", "--dtype", "float64"]) == 0
+    out = capsys.readouterr().out
+    assert "| grad head.weight " in out and "PASS: all 14 comparisons (8 outputs)" in out
+
+
+class IdsOnly(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(models.D, models.V)
+
+    def forward(self, x):
+        return {"ids": self.fc(x).argmax(-1), "count": 3}
+
+
+class IdsOnlyFlax(nnx.Module):
+    def __init__(self):
+        self.fc = nnx.Linear(models.D, models.V, rngs=nnx.Rngs(0))
+
+    def __call__(self, x):
+        return {"ids": self.fc(x).argmax(-1), "count": 3}
+
+
+def test_an_output_with_no_floating_point_leaf_cannot_be_differentiated_and_says_so_in_one_line():
+    from mhsa.port_check import PortCheckError
+
+    report_error = "differentiating the reference (torch) failed: ValueError: the model's output holds no floating-point tensor to differentiate"
+    with pytest.raises(PortCheckError, match=report_error.replace("(", r"\(").replace(")", r"\)")):
+        check_port(IdsOnly(), IdsOnlyFlax(), models.activations(), grads=True)
