@@ -52,9 +52,17 @@ def _check(arrays: Mapping[str, np.ndarray], shapes: Mapping[str, tuple], comple
         raise ValueError(f"the converter gives no value for {', '.join(missing)}")
 
 
-def abstract(build: Callable[[], nnx.Module]) -> nnx.Module:
-    """The model `build()` makes, with every variable a shape and dtype only, to be filled by load_nnx."""
-    return nnx.eval_shape(build)
+def abstract(build: Callable[[], nnx.Module], swap: Callable[[nnx.Module], None] | None = None) -> nnx.Module:
+    """The model `build()` makes, then `swap(model)` applied to it (a bug planted, say), with every
+    variable a shape and dtype only, to be filled by load_nnx."""
+
+    def made():
+        model = build()
+        if swap is not None:
+            swap(model)
+        return model
+
+    return nnx.eval_shape(made)
 
 
 def load_nnx(model: nnx.Module, arrays: Mapping[str, np.ndarray], *, complete: bool = True) -> nnx.Module:

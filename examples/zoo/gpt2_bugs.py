@@ -49,14 +49,7 @@ class UntiedGPT2(gpt2_flax.GPT2LMHeadModel):
 
 def _port(dtype: str, config: GPT2Config = TINY, swap=None, cls=gpt2_flax.GPT2LMHeadModel) -> gpt2_flax.GPT2LMHeadModel:
     """The port of class `cls`, built abstractly, with `swap(model)` applied to it first."""
-
-    def build():
-        model = cls(config, dtype=dtype, rngs=nnx.Rngs(0))
-        if swap is not None:
-            swap(model)
-        return model
-
-    return abstract(build)
+    return abstract(lambda: cls(config, dtype=dtype, rngs=nnx.Rngs(0)), swap)
 
 
 def _ported(model, convert=gpt2_convert.to_flax):

@@ -58,14 +58,7 @@ class UntiedLlama(llama_flax.Llama):
 
 def _port(dtype: str, config: LlamaConfig = TINY, swap=None) -> llama_flax.Llama:
     """The faithful port, built abstractly, with `swap(model)` applied to it first."""
-
-    def build():
-        model = llama_flax.Llama(config, dtype=dtype, rngs=nnx.Rngs(0))
-        if swap is not None:
-            swap(model)
-        return model
-
-    return abstract(build)
+    return abstract(lambda: llama_flax.Llama(config, dtype=dtype, rngs=nnx.Rngs(0)), swap)
 
 
 def rope_interleaved(dtype: str = "float32"):

@@ -55,16 +55,17 @@ def survey(full: bool = False) -> None:
     for name, bug in catalog.BUGS.items():
         result, where, report = verdict(bug.reference, bug.port, dtype=bug.dtype, grads=bug.section == "gradient")
         expected = f"{bug.section} '{bug.parts_at or '(model output)'}'"
-        found = not isinstance(report, str) and result == "FAIL" and _names(report, bug)
+        found = result == "FAIL" and names(report, bug)
         print(f"bug {name:<28} {bug.dtype}  expect {expected:<40} got {result:<5} {'right place' if found else 'WRONG':<11} {where}", flush=True)
         if full or result == "CRASH":
             print(report if result == "CRASH" else format_report(report))
 
 
-def _names(report, bug: catalog.Bug) -> bool:
-    """Whether the report names the bug where the table says."""
+def names(report, bug: catalog.Bug) -> bool:
+    """Whether the report names the bug where the table says: its first failing row, in the bug's
+    section and at the bug's module; for a lint-only bug, a lint finding about that module."""
     if bug.section == "lint":
-        return any(finding.startswith(f"{bug.parts_at}:") for finding in report.lint)
+        return any(finding.startswith(f"{bug.parts_at}: ") for finding in report.lint)
     first = report.first_failure
     return first is not None and first.section == bug.section and row_module(first.name) == bug.parts_at
 

@@ -23,14 +23,7 @@ class QueryAxisAttention(vit_flax.Attention):
 
 def _port(dtype: str, swap=None) -> vit_flax.ConvViT:
     """The faithful port, built abstractly, with `swap(model)` applied to it first."""
-
-    def build():
-        model = vit_flax.ConvViT(TINY, dtype=dtype, rngs=nnx.Rngs(0))
-        if swap is not None:
-            swap(model)
-        return model
-
-    return abstract(build)
+    return abstract(lambda: vit_flax.ConvViT(TINY, dtype=dtype, rngs=nnx.Rngs(0)), swap)
 
 
 def _images():
