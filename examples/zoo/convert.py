@@ -11,11 +11,14 @@ small CPU, for values that are overwritten at once."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from typing import TypeVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+
+M = TypeVar("M", bound=nnx.Module)
 
 
 class StateDict:
@@ -52,7 +55,7 @@ def _check(arrays: Mapping[str, np.ndarray], shapes: Mapping[str, tuple], comple
         raise ValueError(f"the converter gives no value for {', '.join(missing)}")
 
 
-def abstract(build: Callable[[], nnx.Module], swap: Callable[[nnx.Module], None] | None = None) -> nnx.Module:
+def abstract(build: Callable[[], M], swap: Callable[[M], None] | None = None) -> M:
     """The model `build()` makes, then `swap(model)` applied to it (a bug planted, say), with every
     variable a shape and dtype only, to be filled by load_nnx."""
 
@@ -65,7 +68,7 @@ def abstract(build: Callable[[], nnx.Module], swap: Callable[[nnx.Module], None]
     return nnx.eval_shape(made)
 
 
-def load_nnx(model: nnx.Module, arrays: Mapping[str, np.ndarray], *, complete: bool = True) -> nnx.Module:
+def load_nnx(model: M, arrays: Mapping[str, np.ndarray], *, complete: bool = True) -> M:
     """Write {Flax variable path "a.0.kernel": array in Flax layout} into `model`'s parameters and
     batch statistics, each in the dtype of the variable it replaces; every name and shape is checked
     before anything is written. With `complete` every variable must be given; an abstract model's

@@ -106,8 +106,8 @@ class GPT2Model(nn.Module):
         B, T = input_ids.shape
         positions = self.wpe(jnp.broadcast_to(jnp.arange(T), (B, T)))  # (B, T, D): per row
         h = self.drop(self.wte(input_ids) + positions)  # (B, T, D)
-        *hidden_states, last = (h, *self.h(h))
-        return (*hidden_states, self.ln_f(last))
+        hidden_states = [h] + list(self.h(h))
+        return (*hidden_states[:-1], self.ln_f(hidden_states[-1]))
 
 
 class GPT2LMHeadModel(nn.Module):

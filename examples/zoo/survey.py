@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import re
 import traceback
+from typing import Any
 
 import jax
 
@@ -24,7 +25,7 @@ def row_module(name: str) -> str:
     return "" if name.startswith("(model output)") else name
 
 
-def verdict(reference_spec: str, port_spec: str, *, dtype: str, grads: bool, port_kwargs=None) -> tuple[str, str, object]:
+def verdict(reference_spec: str, port_spec: str, *, dtype: str, grads: bool, port_kwargs=None) -> tuple[str, str, Any]:
     """(verdict, first failing row or lint finding, the report or the traceback)."""
     try:
         reference, x = catalog.build(reference_spec)

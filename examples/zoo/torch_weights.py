@@ -5,21 +5,23 @@ which is what the converters read."""
 
 from __future__ import annotations
 
+from typing import Any, TypeVar
+
 import numpy as np
 import torch
 from torch import nn
 
 NORMS = (nn.LayerNorm, nn.RMSNorm, nn.modules.batchnorm._BatchNorm)
+M = TypeVar("M", bound=nn.Module)
 
 
-def trained_look(model: nn.Module, seed: int) -> nn.Module:
+def trained_look(model: M, seed: int) -> M:
     """Every norm's scale 1 + 0.1 N(0, 1) and bias 0.1 N(0, 1), and every BatchNorm's running mean
     0.5 N(0, 1) and variance in [0.5, 1.5), drawn from one seeded generator; returns the model."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for module in model.modules():
-            if not isinstance(module, NORMS):
-                continue
+        norms: list[Any] = [module for module in model.modules() if isinstance(module, NORMS)]  # weight, bias, statistics by name
+        for module in norms:
             for name, center, spread in (("weight", 1.0, 0.1), ("bias", 0.0, 0.1), ("running_mean", 0.0, 0.5)):
                 tensor = getattr(module, name, None)
                 if tensor is not None:

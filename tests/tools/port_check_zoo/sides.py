@@ -83,7 +83,7 @@ def _total(output):
 
 def _calls(named) -> dict[tuple[str, int], np.ndarray]:
     """[(path parts, values of every call of one method)] -> {(module path, call): output of __call__}."""
-    calls = {}
+    calls: dict[tuple[str, int], np.ndarray] = {}
     for path, values in named:
         if path[-1] == "__call__" and len(path) > 1:
             calls |= {(".".join(path[:-1]), k): np.asarray(value) for k, value in enumerate(values) if isinstance(value, jax.Array)}
@@ -94,7 +94,7 @@ def flax_run(model, inputs, dtype: str, grads: bool = False) -> Run:
     """Run the port once, compiled; with `grads` also d sum(output) / d every parameter, {Flax path: gradient}."""
     args, kwargs = call_args(inputs, dtype, jnp.asarray)
     if isinstance(model, tuple):  # Linen: (module, variables)
-        return _linen_run(*model, args, kwargs, grads)
+        return _linen_run(model[0], model[1], args, kwargs, grads)
 
     @nnx.jit
     def run(model, args, kwargs):

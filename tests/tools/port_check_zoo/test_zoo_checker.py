@@ -12,7 +12,7 @@ from mhsa.port_check import check_port, format_report
 WIDTH = "issue 28.1: a (1, T, D) position embedding against (B, T, D) is reported as a shape, inf"
 GRADS = "issue 28.2: --grads on a dataclass output: AttributeError: 'int' object has no attribute 'backward'"
 KEYWORDS = "issue 28.2: keyword inputs (a dict) reach torch as one object array: TypeError"
-SAME = "lint: torch's padding=1 and Flax's 'SAME' (equal at stride 1, 3x3) are reported as a difference"
+SAME = "lint: padding=1 vs 'SAME' (3x3, stride 1) and padding=0 vs 'VALID' are equal, and reported as differences"
 TRANSFER = "issue 28.4: the default transfer overwrites the port's weights, and with them the converter's bug"
 F32_GRAD = "a fixed 1e-5 on the float32 gradient of the tied embedding (~20 here, its own float32 rounding ~2e-5)"
 # where today's checker is wrong: (pair or bug, dtype) -> why
