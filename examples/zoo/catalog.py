@@ -6,7 +6,6 @@ default, "float64" with jax_enable_x64 on); a Linen port is the pair (module, va
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 from dataclasses import dataclass
 
@@ -56,31 +55,31 @@ class Bug:
     dtype: str = "float64"
 
 
-def _bug(family: str, parts_at: str, what: str, section: str = "output") -> Bug:
-    return Bug(f"{ZOO}.{family}_torch:reference", f"{ZOO}.{family}_bugs:", parts_at, section, what)
+def _bug(name: str, family: str, parts_at: str, what: str, section: str = "output") -> Bug:
+    return Bug(f"{ZOO}.{family}_torch:reference", f"{ZOO}.{family}_bugs:{name}", parts_at, section, what)
 
 
-# one line per bug: the port's factory is the function of {family}_bugs.py named like the bug
-_BUGS = {
-    "rope_interleaved": _bug("llama", "layers.0.self_attn.rotary", "RoPE over adjacent pairs; the reference turns the two halves"),
-    "gqa_head_order": _bug("llama", "layers.0.self_attn.o_proj", "kv heads repeated with tile, not repeat_interleave"),
-    "mask_polarity": _bug("llama", "layers.0.self_attn.o_proj", "attention_mask read as True = masked (the padded rows show it)"),
-    "rmsnorm_eps": _bug("llama", "layers.0.input_layernorm", "RMSNorm at Flax's default eps 1e-6, not the config's 1e-5"),
-    "transposed_square_kernel": _bug("llama", "layers.0.self_attn.q_proj", "the converter forgets to transpose the square q_proj"),
-    "untied_embeddings": _bug("llama", "", "an lm_head of its own, at Flax's initialization; the reference ties it"),
-    "layernorm_eps": _bug("gpt2", "transformer.h.0.ln_1", "LayerNorm at Flax's default eps 1e-6, not 1e-5"),
-    "layernorm_eps_linen": _bug("gpt2", "transformer.h.0.ln_1", "the same in the Linen port"),
-    "gelu_erf": _bug("gpt2", "transformer.h.0.mlp.c_proj", "exact GELU for the reference's tanh one (whose act has no Flax module)"),
-    "attention_scale": _bug("gpt2", "transformer.h.0.attn.c_proj", "scores scaled by 1/d_head, not 1/sqrt(d_head)"),
-    "conv1d_transposed": _bug("gpt2", "transformer.h.0.attn.c_proj", "the converter transposes a square Conv1D weight, (in, out) already"),
-    "untied_embeddings_grads": _bug("gpt2", "transformer.wte.weight", "lm_head a copy of the embedding: same logits, other gradients", "gradient"),
-    "softmax_wrong_axis": _bug("vit", "blocks.0.attn.proj", "attention softmax over the queries, not the keys"),
-    "conv_kernel_transposed": _bug("vit", "stem.conv", "the converter reverses all four conv axes: kH, kW swap on a 3x3 kernel"),
-    "batchnorm_stats_not_loaded": _bug("vit", "stem.bn", "running statistics not converted (buffers, not parameters)"),
-    "missing_bias": _bug("vit", "patch_embed", "the patch embedding without its bias"),
-    "batchnorm_momentum": _bug("vit", "stem.bn", "torch's momentum 0.1 taken as Flax's (which means 0.9); eval agrees", "lint"),
+# one line per bug: (family, where the models part, what the bug is[, section]); its port is {family}_bugs:{name}
+_TABLE = {
+    "rope_interleaved": ("llama", "layers.0.self_attn.rotary", "RoPE over adjacent pairs; the reference turns the two halves"),
+    "gqa_head_order": ("llama", "layers.0.self_attn.o_proj", "kv heads repeated with tile, not repeat_interleave"),
+    "mask_polarity": ("llama", "layers.0.self_attn.o_proj", "attention_mask read as True = masked (the padded rows show it)"),
+    "rmsnorm_eps": ("llama", "layers.0.input_layernorm", "RMSNorm at Flax's default eps 1e-6, not the config's 1e-5"),
+    "transposed_square_kernel": ("llama", "layers.0.self_attn.q_proj", "the converter forgets to transpose the square q_proj"),
+    "untied_embeddings": ("llama", "", "an lm_head of its own, at Flax's initialization; the reference ties it"),
+    "layernorm_eps": ("gpt2", "transformer.h.0.ln_1", "LayerNorm at Flax's default eps 1e-6, not 1e-5"),
+    "layernorm_eps_linen": ("gpt2", "transformer.h.0.ln_1", "the same in the Linen port"),
+    "gelu_erf": ("gpt2", "transformer.h.0.mlp.c_proj", "exact GELU for the reference's tanh one (whose act has no Flax module)"),
+    "attention_scale": ("gpt2", "transformer.h.0.attn.c_proj", "scores scaled by 1/d_head, not 1/sqrt(d_head)"),
+    "conv1d_transposed": ("gpt2", "transformer.h.0.attn.c_proj", "the converter transposes a square Conv1D weight, (in, out) already"),
+    "untied_embeddings_grads": ("gpt2", "transformer.wte.weight", "lm_head a copy of the embedding: same logits, other gradients", "gradient"),
+    "softmax_wrong_axis": ("vit", "blocks.0.attn.proj", "attention softmax over the queries, not the keys"),
+    "conv_kernel_transposed": ("vit", "stem.conv", "the converter reverses all four conv axes: kH, kW swap on a 3x3 kernel"),
+    "batchnorm_stats_not_loaded": ("vit", "stem.bn", "running statistics not converted (buffers, not parameters)"),
+    "missing_bias": ("vit", "patch_embed", "the patch embedding without its bias"),
+    "batchnorm_momentum": ("vit", "stem.bn", "torch's momentum 0.1 taken as Flax's (which means 0.9); eval agrees", "lint"),
 }
-BUGS = {name: dataclasses.replace(bug, port=bug.port + name) for name, bug in _BUGS.items()}
+BUGS = {name: _bug(name, *row) for name, row in _TABLE.items()}
 
 
 def resolve(spec: str):
