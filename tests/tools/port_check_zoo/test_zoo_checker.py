@@ -14,15 +14,17 @@ GRADS = "issue 28.2: --grads on a dataclass output: AttributeError: 'int' object
 KEYWORDS = "issue 28.2: keyword inputs (a dict) reach torch as one object array: TypeError"
 SAME = "lint: padding=1 vs 'SAME' (3x3, stride 1) and padding=0 vs 'VALID' are equal, and reported as differences"
 TRANSFER = "issue 28.4: the default transfer overwrites the port's weights, and with them the converter's bug"
-F32_GRAD = "a fixed 1e-5 on the float32 gradient of the tied embedding (~20 here, its own float32 rounding ~2e-5)"
-# where today's checker is wrong: (pair or bug, dtype) -> why
+F32_GRAD = "a fixed 1e-5 on float32 gradients of 20 to 100 (rounding alone: ~2e-7 relative): 1.9e-5 in Llama, 3.8e-5 in GPT-2"
+THEN = "; once that is fixed (main at 26fa9f8): "
+# where the checker of this branch is wrong: (pair or bug, dtype) -> why; the port helper's fixes on main
+# (26fa9f8) turn every case but the four float32 ones with gradients into an XPASS
 TODAY = {
     ("llama", "float32"): F32_GRAD,
-    ("llama_keywords", "float32"): KEYWORDS,
+    ("llama_keywords", "float32"): KEYWORDS + THEN + F32_GRAD,
     ("llama_keywords", "float64"): KEYWORDS,
-    ("gpt2", "float32"): GRADS,
+    ("gpt2", "float32"): GRADS + THEN + F32_GRAD,
     ("gpt2", "float64"): GRADS,
-    ("gpt2_linen", "float32"): GRADS,
+    ("gpt2_linen", "float32"): GRADS + THEN + F32_GRAD,
     ("gpt2_linen", "float64"): GRADS,
     ("vit", "float32"): SAME,
     ("vit", "float64"): SAME,
