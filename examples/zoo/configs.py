@@ -1,0 +1,94 @@
+"""The zoo's three configurations, shared by both frameworks' models: frozen dataclasses checked on
+creation. The tiny defaults use odd, distinct sizes, so that a swapped axis cannot pass;
+`gpt2_small()` is GPT-2 small's shape (124M parameters), built by the same code, for benchmarks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def _positive(config) -> None:
+    for name, value in vars(config).items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
+            raise ValueError(f"{type(config).__name__}.{name} must be positive; got {value!r}")
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """A Llama-style decoder: RMSNorm, rotary embeddings, SwiGLU, grouped-query attention."""
+
+    vocab_size: int = 37
+    d_model: int = 24
+    n_heads: int = 4
+    n_kv_heads: int = 2  # each kv head serves n_heads // n_kv_heads = 2 query heads: the head order matters
+    d_ff: int = 40
+    n_layers: int = 2
+    rms_norm_eps: float = 1e-5  # Llama 2's; torch's RMSNorm default is the dtype's machine epsilon, Flax's 1e-6
+    rope_base: float = 10000.0
+
+    def __post_init__(self):
+        _positive(self)
+        if self.d_model % self.n_heads or self.n_heads % self.n_kv_heads:
+            raise ValueError(f"need n_kv_heads | n_heads | d_model; got {self.n_kv_heads}, {self.n_heads}, {self.d_model}")
+        if self.d_head % 2:
+            raise ValueError(f"rotary embeddings rotate pairs of channels: d_head must be even; got {self.d_head}")
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.n_heads
+
+
+@dataclass(frozen=True)
+class GPT2Config:
+    """A GPT-2-style model: learned positions, pre-LayerNorm blocks, tanh GELU, tied embeddings."""
+
+    vocab_size: int = 41
+    n_positions: int = 11
+    d_model: int = 20
+    n_heads: int = 4  # d_head 5: 1/d and 1/sqrt(d) differ
+    n_layers: int = 2
+    layer_norm_epsilon: float = 1e-5  # torch's LayerNorm default; Flax's is 1e-6
+
+    def __post_init__(self):
+        _positive(self)
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model must be a multiple of n_heads; got {self.d_model}, {self.n_heads}")
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.n_heads
+
+
+def gpt2_small() -> GPT2Config:
+    """GPT-2 small's shape: 124M parameters (the tied output layer counted once)."""
+    return GPT2Config(vocab_size=50257, n_positions=1024, d_model=768, n_heads=12, n_layers=12)
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    """A small convolutional ViT: a conv stem with BatchNorm, a patch embedding, transformer blocks,
+    mean pooling and a classification head."""
+
+    in_channels: int = 3
+    height: int = 9
+    width: int = 15  # not the height: a kernel or image transposed in space cannot pass
+    stem_channels: int = 7
+    patch: int = 3
+    d_model: int = 20
+    n_heads: int = 4
+    d_mlp: int = 44
+    n_layers: int = 2
+    n_classes: int = 11
+    layer_norm_eps: float = 1e-6  # timm's ViT sets 1e-6 (Flax's default); torch's own default is 1e-5
+    batch_norm_eps: float = 1e-5  # the default of both frameworks
+
+    def __post_init__(self):
+        _positive(self)
+        if self.height % self.patch or self.width % self.patch:
+            raise ValueError(f"the image ({self.height}, {self.width}) must divide into patches of {self.patch}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model must be a multiple of n_heads; got {self.d_model}, {self.n_heads}")
+
+    @property
+    def n_patches(self) -> int:
+        return (self.height // self.patch) * (self.width // self.patch)
