@@ -77,6 +77,7 @@ _TABLE = {
     "conv_kernel_transposed": ("vit", "stem.conv", "the converter reverses all four conv axes: kH, kW swap on a 3x3 kernel"),
     "batchnorm_stats_not_loaded": ("vit", "stem.bn", "running statistics not converted (buffers, not parameters)"),
     "missing_bias": ("vit", "patch_embed", "the patch embedding without its bias"),
+    "same_padding_stride2": ("vit", "stem.down", "'SAME' at stride 2 on an even size pads (0, 1); torch's padding=1 pads (1, 1)"),
     "batchnorm_momentum": ("vit", "stem.bn", "torch's momentum 0.1 taken as Flax's (which means 0.9); eval agrees", "lint"),
 }
 BUGS = {name: _bug(name, *row) for name, row in _TABLE.items()}

@@ -66,12 +66,12 @@ def gpt2_small() -> GPT2Config:
 
 @dataclass(frozen=True)
 class ViTConfig:
-    """A small convolutional ViT: a conv stem with BatchNorm, a patch embedding, transformer blocks,
-    mean pooling and a classification head."""
+    """A small convolutional ViT: a conv stem with BatchNorm and a stride-2 downsampling conv, a
+    patch embedding, transformer blocks, mean pooling and a classification head."""
 
     in_channels: int = 3
-    height: int = 9
-    width: int = 15  # not the height: a kernel or image transposed in space cannot pass
+    height: int = 18  # even: the stem's stride-2 conv pads like torch's padding=1 only by explicit pads
+    width: int = 30  # not the height: a kernel or image transposed in space cannot pass
     stem_channels: int = 7
     patch: int = 3
     d_model: int = 20
@@ -84,11 +84,23 @@ class ViTConfig:
 
     def __post_init__(self):
         _positive(self)
-        if self.height % self.patch or self.width % self.patch:
-            raise ValueError(f"the image ({self.height}, {self.width}) must divide into patches of {self.patch}")
+        if self.stem_height % self.patch or self.stem_width % self.patch:
+            raise ValueError(
+                f"the stem's output ({self.stem_height}, {self.stem_width}) of an image ({self.height}, {self.width}) "
+                f"must divide into patches of {self.patch}"
+            )
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model must be a multiple of n_heads; got {self.d_model}, {self.n_heads}")
 
     @property
+    def stem_height(self) -> int:
+        """The stem's output height: its stride-2 conv (3x3, padding 1) gives ceil(height / 2)."""
+        return (self.height + 1) // 2
+
+    @property
+    def stem_width(self) -> int:
+        return (self.width + 1) // 2
+
+    @property
     def n_patches(self) -> int:
-        return (self.height // self.patch) * (self.width // self.patch)
+        return (self.stem_height // self.patch) * (self.stem_width // self.patch)

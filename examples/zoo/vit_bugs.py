@@ -94,3 +94,14 @@ def batchnorm_momentum(dtype: str = "float32"):
         model.stem.bn.momentum = 0.1  # as nnx.BatchNorm(..., momentum=0.1) builds it
 
     return vit_convert.port(_port(dtype, swap)), _images()
+
+
+def same_padding_stride2(dtype: str = "float32"):
+    """The stem's stride-2 conv with padding='SAME', read as torch's padding=1: the output shapes
+    agree, but on the even-sized feature map 'SAME' pads (0, 1), torch (1, 1), so every output pixel
+    looks one pixel further down and right."""
+
+    def swap(model):
+        model.stem.down = vit_flax.down_conv(TINY, padding="SAME", dtype=jax_dtype(dtype), rngs=nnx.Rngs(0))
+
+    return vit_convert.port(_port(dtype, swap)), _images()

@@ -33,7 +33,7 @@ def to_flax(state: Mapping[str, np.ndarray], config: ViTConfig = TINY) -> dict[s
     """torch state_dict (NumPy) -> {NNX variable path: array in Flax layout}."""
     take = StateDict(state)
     arrays = {"pos_embed": take("pos_embed")}
-    for conv in ("stem.conv", "patch_embed"):
+    for conv in ("stem.conv", "stem.down", "patch_embed"):
         arrays |= {f"{conv}.kernel": conv_kernel(take(f"{conv}.weight")), f"{conv}.bias": take(f"{conv}.bias")}
     for flax, torch in (("scale", "weight"), ("bias", "bias"), ("mean", "running_mean"), ("var", "running_var")):
         arrays[f"stem.bn.{flax}"] = take(f"stem.bn.{torch}")

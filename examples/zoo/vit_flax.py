@@ -5,8 +5,9 @@ What differs between the two sides, and why it is still the same model:
 - Images are NHWC (B, H, W, C), torch's NCHW; every conv output is channels-last, and the patches
   come out in the same row-major order.
 - Conv kernels are (kH, kW, in, out), torch's (out, in, kH, kW); Linear kernels (in, out).
-- The stem's padding is 'SAME', torch's padding=1: at stride 1 with a 3x3 kernel both pad one pixel
-  on every side. The patch embedding pads nothing ('VALID', torch's default 0).
+- The stem's first conv pads 'SAME', torch's padding=1: at stride 1 with a 3x3 kernel both pad one
+  pixel on every side. Its stride-2 conv pads 1 explicitly: 'SAME' there would pad (0, 1) on an
+  even-sized input, torch (1, 1). The patch embedding pads nothing ('VALID', torch's default 0).
 - BatchNorm reads its running statistics (use_running_average=True, torch's eval mode) and keeps
   momentum 0.9, which is torch's 0.1 read the other way; eps 1e-5 in both. nnx.BatchNorm holds
   its statistics in float32 whatever param_dtype (flax 0.12): exact for statistics converted from a
@@ -30,16 +31,22 @@ TINY = ViTConfig()
 
 
 class Stem(nnx.Module):
-    """(B, H, W, C) -> (B, H, W, S): a 3x3 conv, BatchNorm, ReLU."""
+    """(B, H, W, C) -> (B, ceil(H / 2), ceil(W / 2), S): a 3x3 conv, BatchNorm, ReLU, a 3x3 conv of stride 2."""
 
     def __init__(self, config: ViTConfig, *, dtype, rngs: nnx.Rngs):
         self.conv = nnx.Conv(config.in_channels, config.stem_channels, (3, 3), padding="SAME", dtype=dtype, param_dtype=dtype, rngs=rngs)
         self.bn = nnx.BatchNorm(
             config.stem_channels, use_running_average=True, momentum=0.9, epsilon=config.batch_norm_eps, dtype=dtype, param_dtype=dtype, rngs=rngs
         )
+        self.down = down_conv(config, padding=1, dtype=dtype, rngs=rngs)
 
     def __call__(self, x):
-        return jax.nn.relu(self.bn(self.conv(x)))  # (B, H, W, S)
+        return self.down(jax.nn.relu(self.bn(self.conv(x))))  # (B, ceil(H / 2), ceil(W / 2), S)
+
+
+def down_conv(config: ViTConfig, *, padding, dtype, rngs: nnx.Rngs) -> nnx.Conv:
+    """The stem's 3x3 conv of stride 2: padding 1 is torch's padding=1, on every side."""
+    return nnx.Conv(config.stem_channels, config.stem_channels, (3, 3), strides=(2, 2), padding=padding, dtype=dtype, param_dtype=dtype, rngs=rngs)
 
 
 class Attention(nnx.Module):
@@ -108,7 +115,7 @@ class ConvViT(nnx.Module):
         self.head = nnx.Linear(config.d_model, config.n_classes, dtype=dtype, param_dtype=dtype, rngs=rngs)
 
     def __call__(self, images):
-        x = self.patch_embed(self.stem(images))  # (B, H / patch, W / patch, D)
+        x = self.patch_embed(self.stem(images))  # (B, H / (2 patch), W / (2 patch), D)
         x = x.reshape(x.shape[0], -1, x.shape[-1]) + self.pos_embed[...]  # (B, N, D): patches in row-major order
         for block in self.blocks:
             x = block(x)

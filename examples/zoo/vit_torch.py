@@ -1,7 +1,7 @@
 """A small convolutional ViT in PyTorch: the reference of the zoo's third pair (vit_flax.py is its
 NNX port, vit_convert.py the converter).
 
-    images (B, C, H, W) -> stem: relu(bn(conv(x))) -> patch_embed (conv, stride = patch)
+    images (B, C, H, W) -> stem: down(relu(bn(conv(x)))) -> patch_embed (conv, stride = patch)
       -> tokens (B, N, D) + pos_embed -> blocks.i (pre-LayerNorm, timm's layout) -> norm
       -> mean over the tokens -> head -> logits (B, classes)
 
@@ -10,6 +10,8 @@ What a port has to reproduce, each a classic porting bug (examples/zoo/catalog.p
   four axes also swaps kH and kW, which no shape check sees on a square kernel.
 - Images NCHW here, NHWC in Flax: the factories hand each side its own layout of the same batch.
 - The stem's padding=1 (3x3, stride 1) is 'SAME' in Flax: equal for every image size at stride 1.
+  Its downsampling conv (3x3, stride 2, padding=1) is not: at stride 2 'SAME' pads by the input's
+  size, (0, 1) on an even one (the images are 18 x 30), where padding=1 pads (1, 1) on every size.
 - BatchNorm in eval mode normalizes with its running statistics: they are weights to convert, and
   momentum 0.1 here (the weight of the new batch) is Flax's momentum 0.9 (that of the old average).
 - Every conv and linear layer has a bias; attention over all tokens (no mask), softmax over keys;
@@ -33,15 +35,16 @@ TINY = ViTConfig()
 
 
 class Stem(nn.Module):
-    """(B, C, H, W) -> (B, S, H, W): a 3x3 conv, BatchNorm, ReLU."""
+    """(B, C, H, W) -> (B, S, ceil(H / 2), ceil(W / 2)): a 3x3 conv, BatchNorm, ReLU, a 3x3 conv of stride 2."""
 
     def __init__(self, config: ViTConfig):
         super().__init__()
         self.conv = nn.Conv2d(config.in_channels, config.stem_channels, 3, padding=1)
         self.bn = nn.BatchNorm2d(config.stem_channels, eps=config.batch_norm_eps, momentum=0.1)
+        self.down = nn.Conv2d(config.stem_channels, config.stem_channels, 3, stride=2, padding=1)
 
     def forward(self, x):
-        return F.relu(self.bn(self.conv(x)))  # (B, S, H, W)
+        return self.down(F.relu(self.bn(self.conv(x))))  # (B, S, ceil(H / 2), ceil(W / 2))
 
 
 class Attention(nn.Module):
@@ -107,7 +110,7 @@ class ConvViT(nn.Module):
         self.head = nn.Linear(config.d_model, config.n_classes)
 
     def forward(self, images):
-        x = self.patch_embed(self.stem(images))  # (B, D, H / patch, W / patch)
+        x = self.patch_embed(self.stem(images))  # (B, D, H / (2 patch), W / (2 patch))
         x = x.flatten(2).transpose(1, 2) + self.pos_embed  # (B, N, D): patches in row-major order
         for block in self.blocks:
             x = block(x)

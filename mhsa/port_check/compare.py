@@ -13,6 +13,7 @@ import numpy as np
 
 from mhsa.port_check import names, precision, weights
 from mhsa.port_check.hints import Side, hints, run_probes
+from mhsa.port_check.padding import explain_same
 from mhsa.port_check.records import NORMS, WHY, PortCheckError, PortReport, Transfer, backend_of, map_name
 from mhsa.port_check.rows import call_paths, gradient_rows, output_rows
 from mhsa.port_check.structure import RANKS, Inputs, as_inputs, describe_inputs, dtype_name, is_float_dtype, map_inputs, numpy_inputs
@@ -59,13 +60,22 @@ def lint(source_desc: dict, target_desc: dict, sides: tuple[str, str], name_map=
         for key, value in info.items():
             if key in ("type", "dtypes") or key not in other or value is None or other[key] is None or value == other[key]:
                 continue
-            why = WHY.get((kind, key), "")
+            why = _why(kind, key, info, other)
             if key in ("bias", "active"):
                 side = sides[0] if value else sides[1]
                 findings.append(f"{where}: {kind} {key} in {side} only" + (f" ({why})" if why else ""))
             else:
                 findings.append(f"{where}: {kind} {key} {value!r} in {sides[0]}, {other[key]!r} in {sides[1]}" + (f" ({why})" if why else ""))
     return findings
+
+
+def _why(kind: str, key: str, info: dict, other: dict) -> str:
+    """What the lint says about a setting beyond its two values: WHY's line, or for a 'SAME'
+    padding that depends on the input's size, what it pads on which size (padding.py)."""
+    same = next((side for side in (info, other) if side.get(key) == "SAME"), None)
+    if kind == "Conv" and key == "padding" and same is not None and all(k in same for k in ("kernel_size", "stride", "dilation")):
+        return explain_same(same["kernel_size"], same["stride"], same["dilation"])
+    return WHY.get((kind, key), "")
 
 
 def _untied(tied: dict[str, str], target_params, sides, name_map) -> list[str]:

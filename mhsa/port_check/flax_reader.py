@@ -23,6 +23,7 @@ import numpy as np
 from flax import linen as nn
 from flax import nnx
 
+from mhsa.port_check.padding import resolve_same
 from mhsa.port_check.structure import Inputs, Output, as_inputs, dtype_name, flatten, float_leaves, is_float_dtype, split_arrays
 
 DTYPES = {"float32": jnp.float32, "float64": jnp.float64}
@@ -146,15 +147,13 @@ def _per_dim(value, n) -> tuple:
 
 def _padding(value, n, strides, dilation, kernel):
     """Explicit ((low, high), ...) per spatial axis where it does not depend on the input: 'VALID',
-    and 'SAME' with stride 1 (dilation * (kernel - 1), split low-first, as torch's 'same');
-    otherwise the string."""
+    and 'SAME' where it pads the same on every size (padding.py: at stride 1, split low-first as
+    torch's 'same'); otherwise the string."""
     if isinstance(value, str):
         if value.upper() == "VALID":
             return ((0, 0),) * n
-        if value.upper() == "SAME" and all(s == 1 for s in strides):
-            totals = [d * (k - 1) for d, k in zip(dilation, kernel)]
-            return tuple((total // 2, total - total // 2) for total in totals)
-        return value.upper()
+        resolved = resolve_same(kernel, strides, dilation) if value.upper() == "SAME" else None
+        return value.upper() if resolved is None else resolved
     if isinstance(value, int):
         return ((value, value),) * n
     return tuple((p, p) if isinstance(p, int) else tuple(p) for p in value)
@@ -546,7 +545,8 @@ def gradients(model: Model, inputs: Inputs) -> dict[str, np.ndarray]:
 def switched(model: Model, switch: str, path: str, value: Any = None) -> Model | None:
     """A copy of `model` with one likely cause of a difference switched, for the probes:
     "transpose" the (square) kernel of the Linear at `path`, "eps" = value for the norm at
-    `path`, or "load" the parameters of `value` ({neutral name: array}; path unused). None where
+    `path`, "padding" = value ((low, high) per axis) for the Conv at `path`, or "load" the
+    parameters of `value` ({neutral name: array}; path unused). None where
     the switch does not apply (a Linen module's settings are frozen)."""
     if switch == "load":  # value: {neutral name: array}, the reference's values for parameters that differ
         return load_parameters(model if _is_linen(model) else nnx.clone(model), value)
@@ -557,6 +557,10 @@ def switched(model: Model, switch: str, path: str, value: Any = None) -> Model |
         if kernel.shape[0] != kernel.shape[1]:
             return None
         return load_parameters(model if _is_linen(model) else nnx.clone(model), {name: kernel.T})
+    if switch == "padding" and kind == "Conv" and not _is_linen(model):
+        copy = nnx.clone(model)
+        _modules(copy)[path].padding = value  # ((low, high), ...) per spatial axis, as the reader gives it
+        return copy
     if switch == "eps" and not _is_linen(model):
         copy = nnx.clone(model)
         module = _modules(copy).get(path)

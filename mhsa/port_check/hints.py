@@ -2,7 +2,7 @@
 with one likely cause switched.
 
 Probes only touch what runs at or before the first failing row: the failing module itself (a
-square kernel transposed, a norm's eps set to the reference's, the port's own parameters there
+square kernel transposed, a norm's eps or a conv's padding set to the reference's, the port's own parameters there
 that differ given the reference's values) and the reference's modules that ran since the last
 agreeing output without a counterpart in the port (a torch GELU whose port computes the other
 approximation inline), plus matmul precision for the whole run. A probe that closes the gap at
@@ -197,6 +197,14 @@ def _switches(first, last_good, rows, call_paths, source: Side, target: Side, si
             f"the eps of '{first.target_module}' set to {sides[0]}'s {eps!r} (was {other!r})",
             "target",
             lambda: target.reader.switched(target.model, "eps", first.target_module, eps),
+        )
+    padding = source.desc.get(first.module, {}).get("padding")
+    other = target.desc.get(first.target_module, {}).get("padding")
+    if first.kind == "Conv" and isinstance(padding, tuple) and other is not None and padding != other:  # 'SAME' at stride 2, say
+        yield (
+            f"the padding of '{first.target_module}' set to {sides[0]}'s {padding!r} (was {other!r})",
+            "target",
+            lambda: target.reader.switched(target.model, "padding", first.target_module, padding),
         )
     fixes = {mapped: value for name, (mapped, value) in (target.differing or {}).items() if _inside(name.rpartition(".")[0], first.module)}
     if fixes:  # the port's own parameters that differ, in the failing module: all of them at once

@@ -1,11 +1,18 @@
 """Layers as libraries write them, which the port check was not written around: a Conv1D that
 stores a linear weight (in, out), a head tied to the embedding, an RMSNorm whose epsilon is
-called variance_epsilon, a 'SAME' convolution against explicit padding with BatchNorm in eval."""
+called variance_epsilon, a 'SAME' convolution against explicit padding with BatchNorm in eval, and
+'SAME' at stride 2, which is not torch's symmetric padding."""
+
+import itertools
 
 import numpy as np
+import pytest
 import torch
+from flax import nnx
+from jax import lax
 
 from mhsa.port_check import check_port, format_report
+from mhsa.port_check.padding import resolve_same, same_pads
 from tests.tools.port_check import models
 
 
@@ -60,3 +67,40 @@ def test_same_padding_is_explicit_padding_and_batchnorm_statistics_are_copied():
     assert report.passed and not report.lint, format_report(report)
     assert [row.note for row in report.rows][:2] == ["compared channels-last", "compared channels-last"]
     assert {name for name, *_ in report.transfer.filled} >= {"bn.running_mean", "bn.running_var"}
+
+
+def test_same_pads_by_the_input_size_as_xla_does():
+    for n, k, s, d in itertools.product(range(4, 13), range(1, 5), range(1, 4), range(1, 3)):
+        assert [same_pads(k, s, d, n % s)] == lax.padtype_to_pads((n,), (d * (k - 1) + 1,), (s,), "SAME"), (n, k, s, d)
+    assert resolve_same((3, 1), (1, 2), (1, 1)) == ((1, 1), (0, 0)) and resolve_same((3, 3), (2, 2), (1, 1)) is None
+
+
+def strided(kernel: int, padding, port_padding):
+    """A torch conv of stride 2 and its NNX port, (B, 3, H, W) -> (B, 4, H', W')."""
+    torch.manual_seed(0)
+    port = nnx.Conv(3, 4, (kernel, kernel), strides=2, padding=port_padding, rngs=nnx.Rngs(0))
+    return torch.nn.Conv2d(3, 4, kernel, stride=2, padding=padding), port
+
+
+SAME_AT_2 = (
+    "(the model): Conv padding ((1, 1), (1, 1)) in torch, 'SAME' in jax ('SAME' at stride 2 pads by the input's size: "
+    "(0, 1) where it is even, (1, 1) where it is odd; torch pads the same on every size)"
+)
+
+
+@pytest.mark.parametrize(("height", "width", "parts"), [(8, 10, True), (7, 9, False)])
+def test_same_padding_at_stride_2_fails_by_the_lint_and_where_the_size_is_even_by_the_values(height, width, parts):
+    x = np.random.default_rng(0).standard_normal((3, 3, height, width)).astype(np.float32)
+    report = check_port(*strided(3, 1, "SAME"), x, target_inputs=x.transpose(0, 2, 3, 1), dtype="float64")
+    assert report.lint == [SAME_AT_2] and not report.passed
+    if parts:  # every output pixel looks one pixel further down and right
+        assert report.first_failure.name == "(model output)" and report.first_failure.abs_diff > 0.1
+        assert report.probes[-1].startswith("probe: the padding of '' set to torch's ((1, 1), (1, 1)) (was 'SAME'): closes the gap"), report.probes
+    else:  # an odd size pads alike: this batch agrees, the next even-sized one would not
+        assert report.first_failure is None, format_report(report)
+
+
+def test_same_padding_of_a_kernel_no_wider_than_its_stride_is_torchs_padding_0():
+    x = np.random.default_rng(0).standard_normal((3, 3, 8, 10)).astype(np.float32)
+    report = check_port(*strided(1, 0, "SAME"), x, target_inputs=x.transpose(0, 2, 3, 1), dtype="float64")
+    assert report.passed and not report.lint, format_report(report)

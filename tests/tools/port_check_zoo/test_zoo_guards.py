@@ -19,7 +19,7 @@ from examples.zoo.torch_weights import numpy_state
         (lambda: LlamaConfig(d_model=36, n_heads=4), "d_head must be even; got 9"),
         (lambda: LlamaConfig(d_ff=0), "LlamaConfig.d_ff must be positive; got 0"),
         (lambda: GPT2Config(n_heads=3), "d_model must be a multiple of n_heads; got 20, 3"),
-        (lambda: ViTConfig(height=10), r"the image \(10, 15\) must divide into patches of 3"),
+        (lambda: ViTConfig(height=20), r"the stem's output \(10, 15\) of an image \(20, 30\) must divide into patches of 3"),
         (lambda: ViTConfig(layer_norm_eps=-1e-6), "ViTConfig.layer_norm_eps must be positive"),
     ],
 )

@@ -1,0 +1,46 @@
+"""Flax's 'SAME' padding against torch's explicit padding. 'SAME' pads each spatial axis so that
+its output has ceil(n / stride) positions, splitting the total low-first (more at the end): the
+total, (ceil(n / stride) - 1) * stride + dilation * (kernel - 1) + 1 - n, depends on n modulo the
+stride. At stride 1 it is a constant (3x3: (1, 1), torch's padding=1); at stride 2 a 3x3 kernel
+pads (0, 1) on an even n and (1, 1) on an odd one, where torch's padding=1 pads (1, 1) on every
+size: the output shapes agree, and the values part, on every even-sized input."""
+
+from __future__ import annotations
+
+
+def same_pads(kernel: int, stride: int, dilation: int, residue: int) -> tuple[int, int]:
+    """(low, high): what 'SAME' pads on one axis whose input size is `residue` modulo `stride`."""
+    extent = dilation * (kernel - 1) + 1
+    total = max(extent - (stride if residue == 0 else residue), 0)
+    return total // 2, total - total // 2
+
+
+def resolve_same(kernel: tuple, strides: tuple, dilation: tuple) -> tuple | None:
+    """((low, high), ...) per axis when 'SAME' pads the same on every input size (every stride 1,
+    or a kernel no wider than its stride: a 1x1 conv of stride 2); None when it depends on the size."""
+    pads = []
+    for k, s, d in zip(kernel, strides, dilation):
+        options = {same_pads(k, s, d, residue) for residue in range(s)}
+        if len(options) > 1:
+            return None
+        pads.append(options.pop())
+    return tuple(pads)
+
+
+def explain_same(kernel: tuple, strides: tuple, dilation: tuple) -> str:
+    """Why a 'SAME' that depends on the input size is not a fixed padding: what it pads for each
+    size of one axis (the axes alike: said once), e.g. "'SAME' at stride 2 pads by the input's
+    size: (0, 1) where it is even, (1, 1) where it is odd; torch pads the same on every size"."""
+    axes = []
+    for k, s, d in zip(kernel, strides, dilation):
+        pads = [same_pads(k, s, d, residue) for residue in range(s)]
+        if s == 2:
+            axes.append(f"{pads[0]} where it is even, {pads[1]} where it is odd")
+        else:
+            axes.append(", ".join(f"{pad} where it is {residue} modulo {s}" for residue, pad in enumerate(pads)))
+    strides_shown = strides[0] if len(set(strides)) == 1 else strides
+    if len(set(axes)) == 1:
+        shown = axes[0]
+    else:
+        shown = "; ".join(f"axis {axis}: {text}" for axis, text in enumerate(axes))
+    return f"'SAME' at stride {strides_shown} pads by the input's size: {shown}; torch pads the same on every size"
