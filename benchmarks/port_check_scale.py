@@ -1,0 +1,178 @@
+"""`mhsa port-check` at scale (issue 28 point 9): on the zoo's GPT-2-small-sized pair (124M
+parameters, a full context of 1024 tokens), the check without probes against its floor, and the
+check with --grads against the floor with one backward each, in wall time and peak memory.
+
+The floor is what any check has to do: build both models (the torch reference and the fresh Flax
+port, as the factories build them), transfer the weights (the zoo's converter), and run one
+forward each (with --grads: one forward and one backward each; the Flax side compiled as one
+program, as a user would). Every measurement is a process of its own, started afresh (imports,
+builds and JAX's compilations included: no compilation cache is passed on), timed from the outside
+and its peak resident memory read from the kernel (os.wait4's ru_maxrss, the child's VmHWM). The
+four kinds run interleaved, in a new order each round; the table gives the medians and their
+ratios against the targets: time and memory at most 1.5x the floor without gradients, 2x with.
+
+    python benchmarks/port_check_scale.py                 # GPT-2 small, 5 rounds (about 20 min on 2 cores)
+    python benchmarks/port_check_scale.py --rounds 3 --length 256
+    python benchmarks/port_check_scale.py --size tiny --rounds 1   # the zoo's tiny pair: seconds, a smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+
+import bench_common  # noqa: F401  (puts the repository on sys.path)
+from bench_common import header, median, table
+
+from mhsa.flags import int_in  # noqa: E402  (after bench_common puts the repository on sys.path)
+
+# size -> (reference factory, port factory, config factory): the pair the floor builds and the check reads
+SIZES = {
+    "small": ("examples.zoo.gpt2_torch:small", "examples.zoo.gpt2_flax:small", "examples.zoo.configs:gpt2_small"),
+    "tiny": ("examples.zoo.gpt2_torch:build", "examples.zoo.gpt2_flax:fresh", "examples.zoo.configs:GPT2Config"),
+}
+LIMITS = {False: 1.5, True: 2.0}  # issue 28 point 9: the check's time and peak memory / the floor's
+KINDS = ("floor", "check", "floor --grads", "check --grads")
+
+
+def _resolve(spec: str):
+    import importlib
+
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def pair(size: str, batch: int, length: int):
+    """(reference, port, config, input_ids (batch, length)): the torch model as its factory builds it,
+    the fresh Flax port, and token ids."""
+    from examples.zoo import gpt2_flax, inputs
+
+    reference_spec, _, config_spec = SIZES[size]
+    config = _resolve(config_spec)()
+    reference = _resolve(reference_spec)(config) if size == "tiny" else _resolve(reference_spec)(batch, length)[0]
+    from flax import nnx
+
+    port = gpt2_flax.GPT2LMHeadModel(config, rngs=nnx.Rngs(0))
+    return reference, port, config, inputs.gpt2(config, (batch, length))[0]
+
+
+def floor(size: str, batch: int, length: int, grads: bool) -> None:
+    """Build both models, transfer the weights, one forward each (and one backward each)."""
+    import jax
+    import torch
+    from flax import nnx
+
+    from examples.zoo import convert, gpt2_convert
+    from examples.zoo.torch_weights import numpy_state
+
+    reference, port, config, ids = pair(size, batch, length)
+    convert.load_nnx(port, gpt2_convert.to_flax(numpy_state(reference), config))
+    with torch.set_grad_enabled(grads):
+        logits = reference(torch.as_tensor(ids)).logits
+        if grads:
+            logits.sum().backward()
+
+    def total(model, ids):
+        return model(ids).logits.sum()
+
+    run = nnx.jit(nnx.grad(total) if grads else lambda model, ids: model(ids).logits)
+    jax.block_until_ready(run(port, jax.numpy.asarray(ids)))
+
+
+def check_argv(size: str, batch: int, length: int, grads: bool) -> list[str]:
+    """The port-check command line for the pair: the factories' own inputs for GPT-2 small at 1 x 1024,
+    --input-shape with token ids otherwise."""
+    reference, port, config = SIZES[size]
+    argv = ["port-check", reference, port, "--no-probes"] + (["--grads"] if grads else [])
+    if size == "tiny" or (batch, length) != (1, 1024):
+        argv += ["--input-shape", f"{batch},{length}", "--int-range", str(_resolve(config)().vocab_size)]
+    return argv
+
+
+def measure(argv: list[str]) -> tuple[float, int, int, str]:
+    """(wall seconds, peak resident bytes, exit status, stdout) of one process running python with
+    `argv`, from the repository's root; no JAX compilation cache is handed on."""
+    env = {key: value for key, value in os.environ.items() if key != "JAX_COMPILATION_CACHE_DIR"}
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        process = subprocess.Popen([sys.executable, *argv], cwd=bench_common.ROOT, env=env, stdout=out, stderr=err)
+        _, status, usage = os.wait4(process.pid, 0)  # this child's own rusage: ru_maxrss is its VmHWM
+        seconds = time.perf_counter() - start
+        process.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0), err.seek(0)
+        stdout, stderr = out.read().decode(), err.read().decode()
+    if process.returncode not in (0, 1):
+        raise RuntimeError(f"python {' '.join(argv[:3])} ... exited {process.returncode}:\n{stderr[-3000:]}")
+    return seconds, usage.ru_maxrss * 1024, process.returncode, stdout
+
+
+CHECK = "import sys; from mhsa.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def argv_of(kind: str, args) -> list[str]:
+    grads = kind.endswith("--grads")
+    if kind.startswith("floor"):
+        sizes = ["--size", args.size, "--batch", str(args.batch), "--length", str(args.length)]
+        return [os.path.abspath(__file__), "--child", *sizes] + (["--grads"] if grads else [])
+    return ["-c", CHECK, *check_argv(args.size, args.batch, args.length, grads)]
+
+
+def gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.2f}"
+
+
+def report(results: dict[str, list[tuple[float, int]]], verdicts: dict[str, set[str]], args) -> str:
+    rows = []
+    for grads in (False, True):
+        suffix = " --grads" if grads else ""
+        floor_s, floor_b = (median([r[i] for r in results["floor" + suffix]]) for i in (0, 1))
+        check_s, check_b = (median([r[i] for r in results["check" + suffix]]) for i in (0, 1))
+        limit = LIMITS[grads]
+        what = "build, transfer, forward + backward each" if grads else "build, transfer, one forward each"
+        rows.append([f"floor{suffix}: {what}", "-", f"{floor_s:.1f}", gib(floor_b), "-", "-", "-"])
+        within = "within" if check_s <= limit * floor_s and check_b <= limit * floor_b else "OVER"
+        rows.append(
+            [f"port-check --no-probes{suffix}", "/".join(sorted(verdicts["check" + suffix])), f"{check_s:.1f}", gib(check_b), f"{check_s / floor_s:.2f}x", f"{check_b / floor_b:.2f}x", f"{limit}x: {within}"]
+        )
+    columns = ["process", "verdict", "wall s (median)", "peak RSS GiB (median)", "time / floor", "memory / floor", "limit"]
+    runs = f"{len(results['floor'])} rounds, interleaved"
+    return f"\n\n### GPT-2-{args.size} pair, batch {args.batch} x {args.length} tokens, float32 ({runs})\n\n" + table(columns, rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", choices=SIZES, default="small", help="the zoo's GPT-2 small shape (default) or its tiny test pair")
+    parser.add_argument("--batch", type=int_in(1, 64), default=1)
+    parser.add_argument("--length", type=int_in(1, 1024), default=1024, help="tokens per row (default 1024)")
+    parser.add_argument("--rounds", type=int_in(1, 100), default=5, help="interleaved rounds (default 5)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one floor measurement, in its own process
+    parser.add_argument("--grads", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        floor(args.size, args.batch, args.length, args.grads)
+        return 0
+    if args.size == "tiny" and args.length > 11:
+        parser.error(f"--length: the tiny pair has 11 positions; got {args.length}")
+    results: dict[str, list[tuple[float, int]]] = {kind: [] for kind in KINDS}
+    verdicts: dict[str, set[str]] = {kind: set() for kind in KINDS}
+    order = list(KINDS)
+    for round_ in range(args.rounds):
+        random.Random(round_).shuffle(order)
+        for kind in order:
+            bench_common.progress(f"round {round_ + 1}/{args.rounds}: {kind}")
+            seconds, peak, status, stdout = measure(argv_of(kind, args))
+            results[kind].append((seconds, peak))
+            if kind.startswith("check"):
+                verdicts[kind].add(stdout.rstrip().rpartition("\n")[2].partition(":")[0] or f"exit {status}")
+    bench_common.progress(None)
+    print(header("Port check at scale", sys.argv) + report(results, verdicts, args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
