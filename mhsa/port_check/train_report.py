@@ -1,0 +1,165 @@
+"""A training port report as text, in the forward check's style: the lints, the weights, one table
+row per step (kept short: the steps around the first failure), the first failing step in detail
+(its forward rows at the reference's weights, its gradients, the rows that part) and the verdict."""
+
+from __future__ import annotations
+
+from mhsa.port_check.train_records import TrainReport, TrainRow
+
+AROUND = 2  # steps shown before and after the first failing one
+DETAIL = 12  # rows of the failing step shown beyond its gradients
+
+
+def format_train_report(report: TrainReport) -> str:
+    a, b = report.sides
+    lines = [report.title, ""]
+    lines += _listed("configuration lint", report.config_lint)
+    lines += _listed("optimizer lint", report.lint)
+    lines += [f"  note: {note}" for note in report.lint_notes]
+    lines += ["optimizer settings:"] + [f"  {line}" for line in report.settings]
+    t = report.transfer
+    lines.append(f"weights: {len(t.filled)} parameters copied {a} -> {b} before step 1")
+    lines += [f"  not copied ({why}): {name}" for why, names in _not_copied(report).items() for name in names]
+    lines += [f"  {line}" for line in report.only_one_side]
+    lines.append(report.tolerance_note)
+    lines.append("")
+    if report.rows:
+        lines += _step_table(report)
+        if any(
+            row.port_err is not None and row.ref_err is not None and row.port_err > row.ref_err and row.step in _steps_shown(report)
+            for row in report.rows
+        ):
+            lines.append("* the tolerance of the port's own float32 error (its float32 run against its float64 run), larger than the reference's")
+        lines.append("")
+    first = report.first_failure
+    if first is not None:
+        lines += _detail(report, first)
+        lines.append("")
+    lines.append(_verdict(report))
+    return "\n".join(lines)
+
+
+def _listed(what: str, findings: list[str]) -> list[str]:
+    return [f"{what}: " + ("no differences" if not findings else f"{len(findings)} difference(s)")] + [f"  {finding}" for finding in findings]
+
+
+def _not_copied(report: TrainReport) -> dict[str, list[str]]:
+    t = report.transfer
+    return {
+        "fits only transposed": [f"{s} {shape} -> {m}" for s, m, shape in t.transposed_only],
+        "shape mismatch": [f"{s} {ss} -> {m} {ts}" for s, m, ss, ts in t.mismatched],
+        f"unconsumed in {report.sides[0]}": list(t.unconsumed_source),
+        f"unconsumed in {report.sides[1]}": list(t.unconsumed_target),
+    }
+
+
+def _steps_shown(report: TrainReport) -> list[int]:
+    first = report.first_failure
+    if first is None:
+        return sorted({1, 2, report.steps} & set(range(1, report.steps + 1)))
+    return list(range(max(1, first.step - AROUND), min(report.steps, first.step + AROUND) + 1))
+
+
+def _step_table(report: TrainReport) -> list[str]:
+    """One row per step shown: both losses and the step's first failing row (else its closest to its tolerance)."""
+    a, b = report.sides
+    by_step: dict[int, list[TrainRow]] = {}
+    for row in report.rows:
+        by_step.setdefault(row.step, []).append(row)
+    shown = _steps_shown(report)
+    chosen = {step: next((row for row in by_step[step] if not row.passed), None) or max(by_step[step], key=_closeness) for step in shown}
+    width = max(len("compared"), *(len(row.label) for row in chosen.values()))
+    lines = [
+        f"| step | {'loss ' + a:>13} | {'loss ' + b:>13} | {'compared':<{width}} |   max abs | ref error | tolerance | result |",
+        f"|-----:|{'-' * 14}:|{'-' * 14}:|{'-' * (width + 2)}|----------:|----------:|----------:|--------|",
+    ]
+    previous = 0
+    for step in shown:
+        if step > previous + 1:
+            lines.append(_skipped(by_step, previous + 1, step - 1, width))
+        row, (ours, theirs) = chosen[step], report.losses[step - 1]
+        marker = "  <- the trainings part here" if row is report.first_failure else ""
+        lines.append(
+            f"| {step:>4} | {ours:>13.8g} | {theirs:>13.8g} | {row.label:<{width}} | {_cells(row)} | {'PASS' if row.passed else 'FAIL'}   |{marker}"
+        )
+        previous = step
+    if previous < report.steps:
+        lines.append(_skipped(by_step, previous + 1, report.steps, width))
+    return lines
+
+
+def _closeness(row: TrainRow) -> float:
+    return row.abs_diff / row.tol if row.tol > 0 else float("inf")
+
+
+def _cells(row: TrainRow) -> str:
+    error = "fixed" if row.ref_err is None else f"{row.ref_err:.2e}"
+    mark = "*" if row.port_err is not None and row.ref_err is not None and row.port_err > row.ref_err else " "
+    return f"{row.abs_diff:>9.2e} | {error:>9} | {row.tol:>8.2e}{mark}"
+
+
+def _skipped(by_step, start: int, end: int, width: int) -> str:
+    failing = sum(any(not row.passed for row in by_step[step]) for step in range(start, end + 1))
+    what = f"steps {start}-{end}" if end > start else f"step {start}"
+    summary = f"{what}: {failing} failing" if failing else f"{what}: all pass"
+    return f"|  ... | {'':>13} | {'':>13} | {summary:<{width}} |           |           |           |        |"
+
+
+def _detail(report: TrainReport, first: TrainRow) -> list[str]:
+    """The failing step: the forward rows at the reference's weights, the gradients, the update's
+    failing rows, and which of the three parts first."""
+    lines = [f"step {first.step} in detail:"]
+    forward = report.forward
+    failing_output = None
+    if forward is not None and forward.rows:
+        lines.append(f"  {forward.title}:")
+        failing_output = forward.first_failure
+        width = max(len(row.name) for row in forward.rows)
+        for row in forward.rows:
+            marker = "  <- first failing output" if row is failing_output else ""
+            result = "PASS" if row.passed else "FAIL"
+            lines.append(f"    {row.name:<{width}}  {row.kind:<14} {row.abs_diff:>9.2e}  tolerance {row.tol:>8.2e}  {result}  ({row.note}){marker}")
+        if forward.unmatched_source:
+            lines.append(f"    no counterpart in {report.sides[1]}: " + ", ".join(forward.unmatched_source))
+    rows = [row for row in report.rows if row.step == first.step]
+    lines.append("  the step's rows (gradients at each side's own weights, then the update):")
+    shown = [row for row in rows if row.kind in ("loss", "grad")] + [row for row in rows if row.kind in ("moment", "param") and not row.passed][
+        :DETAIL
+    ]
+    width = max(len(row.label) for row in shown)
+    lines += [f"    {row.label:<{width}}  {_cells(row)}  {'PASS' if row.passed else 'FAIL'}" for row in shown]
+    hidden = sum(row.kind in ("moment", "param") and not row.passed for row in rows) - (
+        len(shown) - sum(row.kind in ("loss", "grad") for row in rows)
+    )
+    if hidden > 0:
+        lines.append(f"    ... and {hidden} more failing moments and parameters")
+    lines.append("  " + _which_part(first, failing_output, rows))
+    return lines
+
+
+def _which_part(first: TrainRow, failing_output, rows: list[TrainRow]) -> str:
+    if failing_output is not None:
+        return (
+            f"the forward pass parts first: at '{failing_output.name}' ({failing_output.kind or 'module'}) with both models "
+            f"holding the reference's weights of step {first.step}; look at that module's code and settings"
+        )
+    grad = next((row for row in rows if row.kind in ("loss", "grad") and not row.passed), None)
+    if grad is not None:
+        return f"the forward pass agrees at every module; the {'loss' if grad.kind == 'loss' else 'backward pass'} parts first, at '{grad.label}'"
+    return f"the forward pass and every gradient agree; the update parts first, at '{first.label}': the optimizer (see the optimizer lint)"
+
+
+def _verdict(report: TrainReport) -> str:
+    first = report.first_failure
+    kinds = {kind: len({row.name + row.moment for row in report.rows if row.kind == kind and row.step == 1}) for kind in ("grad", "moment", "param")}
+    compared = f"the loss, {kinds['grad']} gradients, {kinds['moment']} moments and {kinds['param']} parameters"
+    if first is not None:
+        failures = sum(not row.passed for row in report.rows)
+        return (
+            f"FAIL: the trainings part at step {first.step}, at {first.label}: {first.abs_diff:.2e} > {first.tol:.2e} "
+            f"({failures} of {len(report.rows)} comparisons over {report.steps} steps fail)"
+        )
+    settings = len(report.lint) + len(report.config_lint)
+    if settings:
+        return f"FAIL: all {report.steps} steps agree ({compared} at every step), but {settings} setting(s) differ (lint above)"
+    return f"PASS: all {report.steps} steps agree: {compared} at every step, each within its tolerance"

@@ -1,0 +1,52 @@
+"""`mhsa port-check TORCH_FACTORY FLAX_FACTORY --train N`: exit 0 when every step agrees, 1 when
+the trainings part or a setting differs, 2 with one line on a usage error. The parser is the
+forward check's with add_train_arguments, as mhsa port-check builds it."""
+
+import argparse
+
+import pytest
+
+from mhsa.port_check import command
+from mhsa.port_check.train_command import add_train_arguments, run_train
+
+MODELS = "tests.tools.port_check_train.models"
+
+
+def port_check(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="mhsa port-check")
+    command.add_arguments(parser)
+    add_train_arguments(parser)
+    return run_train(parser.parse_args(argv))
+
+
+def test_a_matched_pair_exits_0_and_a_planted_default_exits_1_naming_it(capsys):
+    assert port_check([f"{MODELS}:torch_adamw", f"{MODELS}:flax_adamw", "--train", "3"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("mhsa port-check --train 3 · TorchMLP (torch, AdamW) vs FlaxMLP (jax, optax) · float32")
+    assert "PASS: all 3 steps agree" in out
+    assert port_check([f"{MODELS}:torch_adamw", f"{MODELS}:flax_adamw_default_decay", "--train", "3"]) == 1
+    out = capsys.readouterr().out
+    assert "optimizer lint: 1 difference(s)\n  weight decay: optax.adamw's default weight_decay is 0.0001, torch AdamW's 0.01" in out
+    assert "<- the trainings part here" in out.split("\n|    1 |")[1].splitlines()[0]
+    assert "FAIL: the trainings part at step 1, at ln.weight" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["examples.torch_block:block", f"{MODELS}:flax_adamw", "--train", "2"],
+            "the reference factory returned tuple; with --train it must return a mapping",
+        ),
+        ([f"{MODELS}:torch_adamw", f"{MODELS}:flax_adamw", "--train", "2", "--input-shape", "3,7"], "--input-shape: not with --train"),
+        ([f"{MODELS}:torch_adamw", f"{MODELS}:flax_adamw", "--train", "2", "--no-transfer", "--grads"], "--no-transfer, --grads: not with --train"),
+        ([f"{MODELS}:torch_adamw", f"{MODELS}:nothing", "--train", "2"], f"cannot load factory '{MODELS}:nothing'"),
+        ([f"{MODELS}:torch_adamw", f"{MODELS}:flax_adamw", "--train", "0"], "argument --train: expected an integer in [1, 100000], got 0"),
+    ],
+)
+def test_a_usage_error_exits_2_with_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as exited:
+        port_check(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and err.strip().splitlines()[-1].startswith("mhsa port-check: error: ")
