@@ -15,7 +15,6 @@ import os
 import sys
 
 from mhsa.flags import int_in
-from mhsa.port_check.command import read_map
 from mhsa.port_check.train_check import check_setup, check_training
 from mhsa.port_check.train_report import format_train_report
 
@@ -54,17 +53,18 @@ def call_factory(spec: str):
         raise ValueError(f"cannot load factory {spec!r}: {error}") from None
 
 
-def run_train(args) -> int:
-    """The command with --train N: the report on stdout; 0 when everything agrees, 1 when not."""
+def run_train(args, name_map: dict[str, str] | None = None) -> int:
+    """The command with --train N (args as the forward check's parser and add_train_arguments
+    give them; name_map: the --map file, already read by the command): the report on stdout;
+    0 when everything agrees, 1 when not; a usage error exits 2 through args.parser."""
     refused = [flag for attribute, flag in REFUSED.items() if getattr(args, attribute, None)]
     if refused:
         args.parser.error(f"{', '.join(refused)}: not with --train (its batches and weights come from the factories)")
-    try:  # the map first, before the factories import and build anything
-        name_map = read_map(args.map) if args.map else None
+    try:
         reference = check_setup(call_factory(args.torch_factory), "reference")
         port = check_setup(call_factory(args.flax_factory), "port")
         report = check_training(reference, port, args.train, dtype=args.dtype, name_map=name_map, probes=not args.no_probes)
-    except (ValueError, OSError) as error:
+    except ValueError as error:
         args.parser.error(str(error))
     print(format_train_report(report))
     return 0 if report.passed else 1

@@ -141,7 +141,7 @@ class Trainer:
         self.names = neutral_names(model)
         self.graphdef, self.params, self.stats, self.rest = nnx.split(model, nnx.Param, nnx.BatchStat, ...)
         self.tx = setup["optimizer"]
-        self.opt_state = self.tx.init(self.params)
+        self.opt_state = jax.jit(self.tx.init)(self.params)  # one program, not one per leaf shape
         self.dtype = next(
             (np.dtype(leaf.dtype) for leaf in jax.tree.leaves(self.params) if jnp.issubdtype(leaf.dtype, jnp.floating)), np.dtype(np.float32)
         )
@@ -155,8 +155,6 @@ class Trainer:
         # NumPy in: the compiled step takes the arrays as they are, without an eager conversion each
         arrays = tuple(np.asarray(x, dtype=self.dtype) if np.issubdtype(np.asarray(x).dtype, np.floating) else np.asarray(x) for x in batch)
         loss, grads, self.params, self.stats, self.rest, self.opt_state = self._step(self.params, self.stats, self.rest, self.opt_state, arrays)
-        if np.ndim(loss) != 0:
-            raise ValueError(f"the Flax factory's 'loss' must return a scalar; got an array of shape {np.shape(loss)}")
         params = neutral(self.names, self.params) | neutral(self.names, self.stats)
         return StepRecord(float(loss), neutral(self.names, grads), params, moments(self.names, self.opt_state))
 
@@ -186,10 +184,11 @@ def probe(setup: dict, model: nnx.Module, scenarios: list[tuple[float, list[floa
     template = nnx.state(model, nnx.Param)
     tx = setup["optimizer"]
     update = jax.jit(lambda grads, state, params: _apply(tx, grads, state, params))
+    init = jax.jit(tx.init)
     runs = []
     for p0, gradients in scenarios:
         params = _filled(template, p0)
-        state = tx.init(params)
+        state = init(params)
         steps = []
         for g in gradients:
             updates, params, state = update(_filled(template, g), state, params)

@@ -75,5 +75,12 @@ class TrainReport:
         return next((row for row in self.rows if not row.passed), None)
 
     @property
+    def uncompared(self) -> int:
+        """Parameters on either side that were not copied, so not compared: two trainings that
+        agree without them prove nothing about them."""
+        t = self.transfer
+        return len(t.unconsumed_source) + len(t.unconsumed_target) + len(t.mismatched) + len(t.transposed_only)
+
+    @property
     def passed(self) -> bool:
-        return self.first_failure is None and not self.lint and not self.config_lint
+        return self.first_failure is None and not self.lint and not self.config_lint and not self.uncompared

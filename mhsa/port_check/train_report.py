@@ -159,6 +159,11 @@ def _verdict(report: TrainReport) -> str:
             f"FAIL: the trainings part at step {first.step}, at {first.label}: {first.abs_diff:.2e} > {first.tol:.2e} "
             f"({failures} of {len(report.rows)} comparisons over {report.steps} steps fail)"
         )
+    if report.uncompared:
+        return (
+            f"FAIL: all {report.steps} steps agree on what was compared, but {report.uncompared} parameter(s) were not copied "
+            "and so not compared (weights above): name them with --map {reference prefix: port prefix}"
+        )
     settings = len(report.lint) + len(report.config_lint)
     if settings:
         return f"FAIL: all {report.steps} steps agree ({compared} at every step), but {settings} setting(s) differ (lint above)"

@@ -57,6 +57,18 @@ class FlaxMLP(nnx.Module):
         return self.fc2(jax.nn.gelu(self.fc1(self.ln(x)), approximate=False))  # (B, C)
 
 
+class RenamedFlaxMLP(FlaxMLP):
+    """The same port with its norm called `norm`: the names reach it through a name map {"ln": "norm"}."""
+
+    def __init__(self, *, rngs: nnx.Rngs):
+        self.norm = HandLayerNorm(D)
+        self.fc1 = nnx.Linear(D, W, rngs=rngs)
+        self.fc2 = nnx.Linear(W, C, rngs=rngs)
+
+    def __call__(self, x):
+        return self.fc2(jax.nn.gelu(self.fc1(self.norm(x)), approximate=False))  # (B, C)
+
+
 def batches(seed=0) -> list[tuple[np.ndarray, np.ndarray]]:
     """BATCHES batches of (x (B, D) float32 with standard deviation 3, labels (B,) in [0, C))."""
     rng = np.random.default_rng(seed)
@@ -102,3 +114,7 @@ def flax_adamw():
 
 def flax_adamw_default_decay():
     return flax_side(optax.adamw(1e-2))
+
+
+def flax_adamw_renamed():
+    return flax_side(optax.adamw(1e-2, weight_decay=1e-2)) | {"model": RenamedFlaxMLP(rngs=nnx.Rngs(1))}

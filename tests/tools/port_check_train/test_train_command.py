@@ -3,6 +3,7 @@ the trainings part or a setting differs, 2 with one line on a usage error. The p
 forward check's with add_train_arguments, as mhsa port-check builds it."""
 
 import argparse
+import json
 
 import pytest
 
@@ -16,7 +17,8 @@ def port_check(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="mhsa port-check")
     command.add_arguments(parser)
     add_train_arguments(parser)
-    return run_train(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    return run_train(args, command.read_map(args.map) if args.map else None)  # as command.run hands it on
 
 
 def test_a_matched_pair_exits_0_and_a_planted_default_exits_1_naming_it(capsys):
@@ -29,6 +31,18 @@ def test_a_matched_pair_exits_0_and_a_planted_default_exits_1_naming_it(capsys):
     assert "optimizer lint: 1 difference(s)\n  weight decay: optax.adamw's default weight_decay is 0.0001, torch AdamW's 0.01" in out
     assert "<- the trainings part here" in out.split("\n|    1 |")[1].splitlines()[0]
     assert "FAIL: the trainings part at step 1, at ln.weight" in out
+
+
+def test_names_that_do_not_correspond_reach_the_port_through_the_map(tmp_path, capsys):
+    name_map = tmp_path / "map.json"
+    name_map.write_text(json.dumps({"ln": "norm"}))
+    assert port_check([f"{MODELS}:torch_adamw", f"{MODELS}:flax_adamw_renamed", "--train", "2", "--map", str(name_map), "--no-probes"]) == 0
+    assert "weights: 6 parameters copied torch -> jax" in capsys.readouterr().out
+    assert port_check([f"{MODELS}:torch_adamw", f"{MODELS}:flax_adamw_renamed", "--train", "2", "--no-probes"]) == 1
+    out = capsys.readouterr().out
+    assert "not copied (unconsumed in torch): ln.weight" in out and "not copied (unconsumed in jax): norm.weight" in out
+    # both norms start at ones and zeros, so the trainings agree: what was never compared still fails the check
+    assert "FAIL: all 2 steps agree on what was compared, but 4 parameter(s) were not copied and so not compared" in out
 
 
 @pytest.mark.parametrize(
