@@ -161,13 +161,11 @@ class Trainer:
 
 def _step_function(graphdef, tx, loss_fn, model_inputs):
     def step(params, stats, rest, opt_state, batch):
-        def objective(params):
-            model = nnx.merge(graphdef, params, stats, rest)
-            value = loss_fn(model(*batch[:model_inputs]), *batch)
-            _, _, new_stats, new_rest = nnx.split(model, nnx.Param, nnx.BatchStat, ...)
-            return value, (new_stats, new_rest)
-
-        (value, (new_stats, new_rest)), grads = jax.value_and_grad(objective, has_aux=True)(params)
+        # nnx.value_and_grad on the merged model (not jax's on the parameters): a BatchNorm
+        # writes its statistics during the call, which NNX allows only through its own transforms
+        model = nnx.merge(graphdef, params, stats, rest)
+        value, grads = nnx.value_and_grad(lambda model: loss_fn(model(*batch[:model_inputs]), *batch))(model)
+        _, _, new_stats, new_rest = nnx.split(model, nnx.Param, nnx.BatchStat, ...)
         updates, opt_state = tx.update(grads, opt_state, params)
         return value, grads, optax.apply_updates(params, updates), new_stats, new_rest, opt_state
 

@@ -146,6 +146,16 @@ def _which_part(first: TrainRow, failing_output, rows: list[TrainRow]) -> str:
     grad = next((row for row in rows if row.kind in ("loss", "grad") and not row.passed), None)
     if grad is not None:
         return f"the forward pass agrees at every module; the {'loss' if grad.kind == 'loss' else 'backward pass'} parts first, at '{grad.label}'"
+    if first.kind == "param" and not any(row.kind == "grad" and row.name == first.name for row in rows):
+        why = (
+            ": torch's BatchNorm keeps the unbiased batch variance (times N / (N - 1)) in running_var, Flax's the biased one it normalizes with"
+            if first.name.endswith("running_var")
+            else ""
+        )
+        return (
+            f"the forward pass and every gradient agree; a statistic the forward pass keeps in train mode parts first, "
+            f"at '{first.label}', not a parameter the optimizer updates{why}"
+        )
     return f"the forward pass and every gradient agree; the update parts first, at '{first.label}': the optimizer (see the optimizer lint)"
 
 

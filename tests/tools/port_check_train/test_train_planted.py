@@ -6,6 +6,7 @@ read is compared by trajectory only."""
 import optax
 import pytest
 import torch
+from flax import nnx
 
 from mhsa.port_check.train_check import check_training
 from mhsa.port_check.train_report import format_train_report
@@ -94,3 +95,52 @@ def test_a_torch_optimizer_the_lint_does_not_read_is_compared_by_trajectory_only
     assert report.lint_notes == ["torch RMSprop is not one the lint reads (SGD, Adam, AdamW): the optimizers are compared by trajectory only"]
     assert report.rows  # still compared step by step
     assert "note: torch RMSprop is not one the lint reads" in format_train_report(report)
+
+
+class TorchBatchNormMLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(models.D, models.W)
+        self.bn = torch.nn.BatchNorm1d(models.W)  # train mode: it updates its running statistics
+
+    def forward(self, x):
+        return self.bn(self.fc(x))
+
+
+class FlaxBatchNormMLP(nnx.Module):
+    def __init__(self, *, rngs: nnx.Rngs):
+        self.fc = nnx.Linear(models.D, models.W, rngs=rngs)
+        self.bn = nnx.BatchNorm(models.W, momentum=0.9, epsilon=1e-5, use_running_average=False, rngs=rngs)  # torch's momentum 0.1
+
+    def __call__(self, x):
+        return self.bn(self.fc(x))
+
+
+def test_batchnorm_statistics_train_with_the_model_and_the_unbiased_running_variance_is_named():
+    torch.manual_seed(0)
+    model = TorchBatchNormMLP()
+
+    def mean_square(out, x, labels):
+        return (out**2).mean()
+
+    reference = {
+        "model": model,
+        "optimizer": torch.optim.SGD(model.parameters(), lr=0.1),
+        "loss": mean_square,
+        "inputs": models.batches(),
+        "model_inputs": 1,
+    }
+    port = {
+        "model": FlaxBatchNormMLP(rngs=nnx.Rngs(0)),
+        "optimizer": optax.sgd(0.1),
+        "loss": mean_square,
+        "inputs": models.batches(),
+        "model_inputs": 1,
+    }
+    report = check_training(reference, port, 2, probes=False)
+    text = format_train_report(report)
+    first = report.first_failure
+    assert first is not None and (first.step, first.label) == (1, "bn.running_var"), text
+    assert [row.passed for row in report.rows if row.step == 1 and row.name == "bn.running_mean"] == [True]  # the mean agrees
+    assert "a statistic the forward pass keeps in train mode parts first, at 'bn.running_var'" in text
+    assert "torch's BatchNorm keeps the unbiased batch variance" in text
