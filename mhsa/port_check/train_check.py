@@ -29,7 +29,7 @@ import numpy as np
 from mhsa.port_check import torch_reader, train_flax, train_lint, train_torch
 from mhsa.port_check.compare import lint, output_rows, transfer_weights
 from mhsa.port_check.records import PortReport, backend_of, map_name
-from mhsa.port_check.train_records import MOMENTS, StepRecord, TrainReport, TrainRow
+from mhsa.port_check.train_records import MOMENTS, StepRecord, StepSummary, TrainReport, TrainRow
 from mhsa.port_check.train_tolerances import FLOOR_ULPS, K, derived
 from shared.config import DTYPES
 from shared.tolerances import max_abs_diff
@@ -126,12 +126,13 @@ def check_training(reference, port, steps: int, *, dtype: str = "float32", name_
         ref, other = ref32.step(reference["inputs"][index]), port32.step(port["inputs"][index])
         own = (ref64.step(reference["inputs"][index]), port64.step(port["inputs"][index])) if ref64 and port64 else None
         rows = step_rows(step, (ref, other), own, dtype, name_map)
-        report.rows += rows
-        report.losses.append((ref.loss, other.loss))
+        report.summaries.append(StepSummary.of(step, (ref.loss, other.loss), rows))
         if step == 1:
             report.only_one_side = _one_sided(ref, other, sides)
+            report.rows += rows
         if failed_before is None and any(not row.passed for row in rows):
             failed_before = (before, step)
+            report.rows += rows if step > 1 else []
         before = ref.params
     if failed_before is not None:
         weights, step = failed_before

@@ -54,6 +54,25 @@ class TrainRow:
 
 
 @dataclass
+class StepSummary:
+    """One step of the check, kept whatever the number of steps: its losses, its first failing
+    row, and the row closest to (or furthest beyond) its tolerance."""
+
+    step: int
+    losses: tuple[float, float]  # (reference, port)
+    worst: TrainRow
+    first_failure: TrainRow | None
+    compared: int
+    failing: int
+
+    @classmethod
+    def of(cls, step: int, losses: tuple[float, float], rows: list[TrainRow]) -> StepSummary:
+        worst = max(rows, key=lambda row: row.abs_diff / row.tol if row.tol > 0 else float("inf"))
+        first = next((row for row in rows if not row.passed), None)
+        return cls(step, losses, worst, first, len(rows), sum(not row.passed for row in rows))
+
+
+@dataclass
 class TrainReport:
     title: str
     sides: tuple[str, str]  # backend names: reference, port
@@ -65,14 +84,14 @@ class TrainReport:
     lint: list[str] = field(default_factory=list)  # optimizer settings that differ
     lint_notes: list[str] = field(default_factory=list)  # what the optimizer lint read and could not read
     settings: list[str] = field(default_factory=list)  # the optimizer settings of both sides, one line each
-    rows: list[TrainRow] = field(default_factory=list)
-    losses: list[tuple[float, float]] = field(default_factory=list)  # per step: (reference, port)
+    summaries: list[StepSummary] = field(default_factory=list)  # one per step
+    rows: list[TrainRow] = field(default_factory=list)  # every row of step 1 and of the first failing step
     only_one_side: list[str] = field(default_factory=list)  # moments or parameters the other side lacks
     forward: PortReport | None = None  # at the first failing step: the forward and gradient rows
 
     @property
     def first_failure(self) -> TrainRow | None:
-        return next((row for row in self.rows if not row.passed), None)
+        return next((summary.first_failure for summary in self.summaries if summary.first_failure is not None), None)
 
     @property
     def uncompared(self) -> int:

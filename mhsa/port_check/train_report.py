@@ -61,48 +61,52 @@ def _steps_shown(report: TrainReport) -> list[int]:
 
 
 def _step_table(report: TrainReport) -> list[str]:
-    """One row per step shown: both losses and the step's first failing row (else its closest to its tolerance)."""
+    """One row per step shown: both losses and the step's first failing row (else its closest to
+    its tolerance); one line for each run of steps not shown."""
     a, b = report.sides
-    by_step: dict[int, list[TrainRow]] = {}
-    for row in report.rows:
-        by_step.setdefault(row.step, []).append(row)
-    shown = _steps_shown(report)
-    chosen = {step: next((row for row in by_step[step] if not row.passed), None) or max(by_step[step], key=_closeness) for step in shown}
-    width = max(len("compared"), *(len(row.label) for row in chosen.values()))
+    chosen = {step: report.summaries[step - 1].first_failure or report.summaries[step - 1].worst for step in _steps_shown(report)}
+    skipped = {start: _skipped(report, start, end) for start, end in _gaps(list(chosen), report.steps)}
+    width = max(len("compared"), *(len(row.label) for row in chosen.values()), *(len(text) for text in skipped.values()))
     lines = [
         f"| step | {'loss ' + a:>13} | {'loss ' + b:>13} | {'compared':<{width}} |   max abs | ref error | tolerance | result |",
         f"|-----:|{'-' * 14}:|{'-' * 14}:|{'-' * (width + 2)}|----------:|----------:|----------:|--------|",
     ]
-    previous = 0
-    for step in shown:
-        if step > previous + 1:
-            lines.append(_skipped(by_step, previous + 1, step - 1, width))
-        row, (ours, theirs) = chosen[step], report.losses[step - 1]
-        marker = "  <- the trainings part here" if row is report.first_failure else ""
-        lines.append(
-            f"| {step:>4} | {ours:>13.8g} | {theirs:>13.8g} | {row.label:<{width}} | {_cells(row)} | {'PASS' if row.passed else 'FAIL'}   |{marker}"
-        )
-        previous = step
-    if previous < report.steps:
-        lines.append(_skipped(by_step, previous + 1, report.steps, width))
+    for step in range(1, report.steps + 1):
+        if step in skipped:
+            lines.append(f"|  ... | {'':>13} | {'':>13} | {skipped[step]:<{width}} |           |           |           |        |")
+        elif step in chosen:
+            row, (ours, theirs) = chosen[step], report.summaries[step - 1].losses
+            marker = "  <- the trainings part here" if row is report.first_failure else ""
+            result = "PASS" if row.passed else "FAIL"
+            lines.append(f"| {step:>4} | {ours:>13.8g} | {theirs:>13.8g} | {row.label:<{width}} | {_cells(row)} | {result}   |{marker}")
     return lines
 
 
-def _closeness(row: TrainRow) -> float:
-    return row.abs_diff / row.tol if row.tol > 0 else float("inf")
+def _gaps(shown: list[int], steps: int) -> list[tuple[int, int]]:
+    """The runs of steps not shown, as (first, last)."""
+    gaps, previous = [], 0
+    for step in [*shown, steps + 1]:
+        if step > previous + 1:
+            gaps.append((previous + 1, step - 1))
+        previous = step
+    return gaps
+
+
+def _port_set(row: TrainRow | None) -> bool:
+    """Whether the port's own error, larger than the reference's, set the row's tolerance."""
+    return row is not None and row.port_err is not None and row.ref_err is not None and row.port_err > row.ref_err
 
 
 def _cells(row: TrainRow) -> str:
     error = "fixed" if row.ref_err is None else f"{row.ref_err:.2e}"
-    mark = "*" if row.port_err is not None and row.ref_err is not None and row.port_err > row.ref_err else " "
+    mark = "*" if _port_set(row) else " "
     return f"{row.abs_diff:>9.2e} | {error:>9} | {row.tol:>8.2e}{mark}"
 
 
-def _skipped(by_step, start: int, end: int, width: int) -> str:
-    failing = sum(any(not row.passed for row in by_step[step]) for step in range(start, end + 1))
+def _skipped(report: TrainReport, start: int, end: int) -> str:
+    failing = sum(summary.failing > 0 for summary in report.summaries[start - 1 : end])
     what = f"steps {start}-{end}" if end > start else f"step {start}"
-    summary = f"{what}: {failing} failing" if failing else f"{what}: all pass"
-    return f"|  ... | {'':>13} | {'':>13} | {summary:<{width}} |           |           |           |        |"
+    return f"{what}: {failing} failing" if failing else f"{what}: all pass"
 
 
 def _detail(report: TrainReport, first: TrainRow) -> list[str]:
@@ -161,13 +165,13 @@ def _which_part(first: TrainRow, failing_output, rows: list[TrainRow]) -> str:
 
 def _verdict(report: TrainReport) -> str:
     first = report.first_failure
-    kinds = {kind: len({row.name + row.moment for row in report.rows if row.kind == kind and row.step == 1}) for kind in ("grad", "moment", "param")}
+    kinds = {kind: sum(row.kind == kind and row.step == 1 for row in report.rows) for kind in ("grad", "moment", "param")}
     compared = f"the loss, {kinds['grad']} gradients, {kinds['moment']} moments and {kinds['param']} parameters"
     if first is not None:
-        failures = sum(not row.passed for row in report.rows)
+        failures, compared = (sum(getattr(summary, key) for summary in report.summaries) for key in ("failing", "compared"))
         return (
             f"FAIL: the trainings part at step {first.step}, at {first.label}: {first.abs_diff:.2e} > {first.tol:.2e} "
-            f"({failures} of {len(report.rows)} comparisons over {report.steps} steps fail)"
+            f"({failures} of {compared} comparisons over {report.steps} steps fail)"
         )
     if report.uncompared:
         return (
