@@ -196,8 +196,14 @@ def differences(t: Inferred, o: Inferred, cls: str) -> list[str]:
     if t.family != o.family:
         return [f"update rule: torch {cls} {FAMILIES[t.family]}; the optax transformation {FAMILIES[o.family]}"]
     found = []
+    rates = _rate_difference(t, o)
     if t.family == "adam":
-        found += _adam_differences(t, o)
+        # without the second moment's correction, eps meets sqrt(v) where torch's meets sqrt(v / (1 - b2)):
+        # the probes read it 1 / sqrt(1 - b2) times larger at step 1, where they read eps
+        uncorrected = rates is not None and rates.startswith(
+            ("bias correction: optax corrects neither", "bias correction: optax does not correct the second")
+        )
+        found += _adam_differences(t, o, math.sqrt(1 - o.b2) if uncorrected else 1.0)
     if t.family == "momentum":
         if _differ(t.momentum, o.momentum):
             found.append(f"momentum: torch momentum={t.momentum:.6g}, optax {o.momentum:.6g} (optax.sgd's momentum, optax.trace's decay)")
@@ -218,11 +224,10 @@ def differences(t: Inferred, o: Inferred, cls: str) -> list[str]:
         )
         optax_side = f"optax clips it to {o.clip:.4g} (optax.clip_by_global_norm in the chain)" if o.clip else "optax does not clip"
         found.append(f"gradient clipping: {torch_side}; {optax_side}")
-    rates = _rate_difference(t, o)
     return found + ([rates] if rates else [])
 
 
-def _adam_differences(t: Inferred, o: Inferred) -> list[str]:
+def _adam_differences(t: Inferred, o: Inferred, eps_scale: float) -> list[str]:
     found = []
     if _differ(t.b1, o.b1):
         found.append(f"b1: torch betas[0]={t.b1:.6g}, optax b1={o.b1:.6g}")
@@ -231,7 +236,7 @@ def _adam_differences(t: Inferred, o: Inferred) -> list[str]:
     if o.eps_root and not t.eps_root:
         outside = f"and eps={o.eps:.3g} outside" if o.eps else "and eps=0 outside"
         found.append(f"eps: torch adds eps={t.eps:.3g} outside the square root; optax adds eps_root={o.eps_root:.3g} inside it, {outside}")
-    elif _differ(t.eps, o.eps, 1e-2, atol=1e-3 * max(t.eps, o.eps, 1e-12)):
+    elif _differ(t.eps, o.eps * eps_scale, 1e-2, atol=1e-3 * max(t.eps, o.eps * eps_scale, 1e-12)):
         found.append(f"eps: torch eps={t.eps:.3g}, optax eps={o.eps:.3g} (both outside the square root)")
     if t.amsgrad != o.amsgrad:
         side = "torch (amsgrad=True)" if t.amsgrad else "optax (optax.amsgrad)"

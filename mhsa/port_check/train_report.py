@@ -126,17 +126,16 @@ def _detail(report: TrainReport, first: TrainRow) -> list[str]:
         if forward.unmatched_source:
             lines.append(f"    no counterpart in {report.sides[1]}: " + ", ".join(forward.unmatched_source))
     rows = [row for row in report.rows if row.step == first.step]
-    lines.append("  the step's rows (gradients at each side's own weights, then the update):")
-    shown = [row for row in rows if row.kind in ("loss", "grad")] + [row for row in rows if row.kind in ("moment", "param") and not row.passed][
-        :DETAIL
-    ]
+    lines.append("  the step's rows (the loss and gradients at each side's own weights, then the update):")
+    grads = [row for row in rows if row.kind == "grad"]
+    if len(grads) > 2 * DETAIL:  # a large model: the failing gradients only
+        grads = [row for row in grads if not row.passed][:DETAIL]
+    update = [row for row in rows if row.kind in ("moment", "param") and not row.passed]
+    shown = [row for row in rows if row.kind == "loss"] + grads + update[:DETAIL]
     width = max(len(row.label) for row in shown)
     lines += [f"    {row.label:<{width}}  {_cells(row)}  {'PASS' if row.passed else 'FAIL'}" for row in shown]
-    hidden = sum(row.kind in ("moment", "param") and not row.passed for row in rows) - (
-        len(shown) - sum(row.kind in ("loss", "grad") for row in rows)
-    )
-    if hidden > 0:
-        lines.append(f"    ... and {hidden} more failing moments and parameters")
+    hidden = {"gradients": sum(row.kind == "grad" for row in rows) - len(grads), "failing moments and parameters": len(update) - len(update[:DETAIL])}
+    lines += [f"    ... and {count} more {what}" for what, count in hidden.items() if count > 0]
     lines.append("  " + _which_part(first, failing_output, rows))
     return lines
 

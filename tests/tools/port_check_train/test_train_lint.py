@@ -145,8 +145,13 @@ def _lint(torch_side, tx):
             optax.adamw(1e-2, weight_decay=1e-2, mask=lambda params: jax.tree.map(lambda p: p.ndim > 1, params)),
             "decoupled weight decay: torch 0.01, optax 0 (on ln.weight, ln.bias, fc1.bias, fc2.bias)",
         ),
+        (
+            lambda: models.torch_side("adam", amsgrad=True),
+            optax.chain(optax.scale_by_amsgrad(bias_correction_mu=False, bias_correction_nu=False), optax.scale(-1e-2)),
+            "bias correction: optax corrects neither moment (torch divides m by 1 - b1^t and v by 1 - b2^t)",
+        ),
     ],
-    ids=["nadam", "lr", "maximize", "amsgrad", "clip", "eps", "nesterov", "sgd-decay-after", "mask"],
+    ids=["nadam", "lr", "maximize", "amsgrad", "clip", "eps", "nesterov", "sgd-decay-after", "mask", "bias-correction"],
 )
 def test_each_classic_difference_is_named_once_in_the_users_terms(torch_side, tx, words):
     findings, _, _ = _lint(torch_side(), tx)
