@@ -5,6 +5,9 @@ With --train each factory returns a mapping (mhsa.port_check.train_check): "mode
 The batches come from the factories, so --inputs and --input-shape do not apply; the weights are
 always copied from the reference, so --no-transfer does not either. Exit 0 when every step and
 setting agrees, 1 when the trainings part or a setting differs, 2 on a usage error.
+
+Importing this module starts no framework: the command's parser can take add_train_arguments
+without loading torch or JAX.
 """
 
 from __future__ import annotations
@@ -15,8 +18,6 @@ import os
 import sys
 
 from mhsa.flags import int_in
-from mhsa.port_check.train_check import check_setup, check_training
-from mhsa.port_check.train_report import format_train_report
 
 MAX_STEPS = 100_000
 # flags of the forward check that a training check refuses, and why
@@ -57,6 +58,10 @@ def run_train(args, name_map: dict[str, str] | None = None) -> int:
     """The command with --train N (args as the forward check's parser and add_train_arguments
     give them; name_map: the --map file, already read by the command): the report on stdout;
     0 when everything agrees, 1 when not; a usage error exits 2 through args.parser."""
+    # here, not at the top: `mhsa port-check --help` and the forward check do not start torch and JAX for it
+    from mhsa.port_check.train_check import check_setup, check_training
+    from mhsa.port_check.train_report import format_train_report
+
     refused = [flag for attribute, flag in REFUSED.items() if getattr(args, attribute, None)]
     if refused:
         args.parser.error(f"{', '.join(refused)}: not with --train (its batches and weights come from the factories)")

@@ -4,11 +4,14 @@ forward check's with add_train_arguments, as mhsa port-check builds it."""
 
 import argparse
 import json
+import subprocess
+import sys
 
 import pytest
 
 from mhsa.port_check import command
 from mhsa.port_check.train_command import add_train_arguments, run_train
+from tests.paths import ROOT
 
 MODELS = "tests.tools.port_check_train.models"
 
@@ -64,3 +67,9 @@ def test_a_usage_error_exits_2_with_one_line(argv, message, capsys):
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert message in err and err.strip().splitlines()[-1].startswith("mhsa port-check: error: ")
+
+
+def test_the_commands_parser_takes_the_train_flag_without_starting_a_framework():
+    code = "import sys, mhsa.port_check.train_command; print(sorted(m for m in ('torch', 'jax', 'flax', 'optax') if m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr
