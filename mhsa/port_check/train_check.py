@@ -1,7 +1,7 @@
 """The port check through training: train the reference (torch) and its port (Flax NNX + optax)
 from the same weights on the same batches for N steps, and the reference once more in float64,
 and compare every step: the loss, every gradient, every optimizer moment and every parameter
-after the update, each held to a tolerance derived from the reference's own float32 error
+after the update, each held to a tolerance derived from the two sides' own float32 errors
 (train_tolerances.py). The first row beyond its tolerance, in the order a step computes them, is
 where the two trainings part; at that step the per-module forward rows, at the reference's
 weights of that step on that step's batch, say whether the forward pass parted first.
@@ -148,8 +148,8 @@ def _tolerance_note(dtype: str) -> str:
     if dtype == "float64":
         return "tolerance: fixed (a float64 check has no higher precision to derive one from): docs/DESIGN.md's float64 trajectory tolerance"
     return (
-        f"tolerance: {K} x the reference's own float32 error (its float32 run against its float64 run, same weights and batches), "
-        f"at that step and tensor; at least {FLOOR_ULPS} ulps of the tensor's largest value"
+        f"tolerance: {K} x the larger of the two sides' own float32 errors at that step and tensor (each side's float32 run "
+        f"against its float64 run, same weights and batches); at least {FLOOR_ULPS} ulps of the tensor's largest value"
     )
 
 
