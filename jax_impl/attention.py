@@ -59,7 +59,9 @@ class MultiHeadSelfAttention(nnx.Module):
     def check(self, x: Any, mask: Any = None, return_weights: bool = False, cache: KVCache | None = None) -> None:
         """Refuse a bad call in one line (shared.checks), before any work: x must be (B, T, D) in
         the block's dtype with T <= max_len; the cache must fit the chunk; the mask must be boolean
-        and broadcast to (B, H, T, S). Runs once, where a call enters (checks.at_entry)."""
+        and broadcast to (B, H, T, S); and first the block's own weights, so that a weight of the
+        wrong shape is named, not x. Runs once, where a call enters (checks.at_entry)."""
+        checks.check_attention_weights(self._weight_shapes(), self.d_model)
         checks.check_input(tuple(x.shape), str(x.dtype), self.d_model, self.max_len, str(self.qkv_proj.kernel.dtype))
         B, T, _ = x.shape
         if cache is not None:
@@ -120,6 +122,16 @@ class MultiHeadSelfAttention(nnx.Module):
         out = self.out_proj(merged)  # (B, T, D)
         record(weights=weights, context=context, merged=merged, attn_out=out)
         return (out, weights) if return_weights else out
+
+    def _weight_shapes(self):
+        # the block's parameters by exchange name, in the exchange layout: a Flax kernel is (in, out)
+        shapes = {}
+        for name in ("qkv_proj", "out_proj"):
+            layer = getattr(self, name)
+            shapes[f"attn.{name}.weight"] = layer.kernel.shape[::-1]
+            if layer.bias is not None:
+                shapes[f"attn.{name}.bias"] = layer.bias.shape
+        return shapes
 
     def _allowed(self, start, T, S, mask):
         """Where a chunk of T queries at positions start..start+T-1 may attend among S keys: rows

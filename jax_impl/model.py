@@ -1,5 +1,29 @@
 """TinyLM in JAX/Flax NNX (embeddings -> attention -> LM head), its loss, its one exchange-format
-converter, and the NumPy-facing functions of shared.protocol (predict, attend, loss_and_grads)."""
+converter, and the NumPy-facing functions of shared.protocol (predict, attend, loss_and_grads).
+
+Token ids out of range under your own jit. An eager call, predict, loss_and_grads and the
+trainer refuse an id outside [0, V) with a ValueError before any work. Inside a function you
+compile yourself the ids are not known while it is traced, and JAX's embedding lookup then gives
+NaN for such an id, silently. To catch it, turn on the model's checkify check and run the call
+under jax.experimental.checkify:
+
+    from jax.experimental import checkify
+
+    model.checkify_ids = True  # every traced call checks its ids with checkify.check
+
+    @nnx.jit
+    def logits_of(model, tokens):
+        return checkify.checkify(lambda tokens: model(tokens))(tokens)  # -> (error, logits)
+
+    error, logits = logits_of(model, tokens)
+    error.throw()  # ValueError (checkify.JaxRuntimeError): token id 64 is out of range: ids must
+                   # lie in [0, 64) for vocab_size=64 (`check` failed); nothing when every id is in range
+
+In-range ids give the same logits as without the check. With checkify_ids on, a jitted call that
+is not wrapped in checkify.checkify fails while it is traced ("Cannot abstractly evaluate a
+checkify.check which was not functionalized"); eager calls and this module's functions are
+unaffected (they check the ids on the host).
+"""
 
 from __future__ import annotations
 

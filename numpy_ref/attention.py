@@ -65,10 +65,7 @@ def check_attention(
     a call enters (checks.at_entry)."""
     D = params["attn.out_proj.weight"].shape[0]
     checks.check_block(D, n_heads, max_len=None)
-    expected = {"attn.qkv_proj.weight": (3 * D, D), "attn.qkv_proj.bias": (3 * D,), "attn.out_proj.weight": (D, D), "attn.out_proj.bias": (D,)}
-    for name, shape in expected.items():
-        if name in params:  # biases are absent with bias=False
-            checks.check_weight_shape(name, params[name].shape, shape)
+    checks.check_attention_weights({name: value.shape for name, value in params.items() if name.startswith("attn.")}, D)
     checks.check_input(x.shape, x.dtype.name, D, max_len=None, block_dtype=params["attn.qkv_proj.weight"].dtype.name)  # no context limit
     B, T, _ = x.shape
     if cache is not None:

@@ -25,10 +25,10 @@ def check_forward(
     a missing bias or a float16 array is an error, not a guess), then the tokens, cache and mask
     as TinyLM.check checks them. Runs once, where a call enters (checks.at_entry)."""
     validate_weights(params, config)
-    check_call(tokens, params, config, mask, cache)
+    _check_call(tokens, params, config, mask, cache)
 
 
-def check_call(tokens: Any, params: dict[str, np.ndarray], config: ModelConfig, mask: Any = None, cache: KVCache | None = None) -> None:
+def _check_call(tokens: Any, params: dict[str, np.ndarray], config: ModelConfig, mask: Any = None, cache: KVCache | None = None) -> None:
     """A call on weights already checked (a TinyLM's): integer tokens (B, T) with T <= max_len
     and every id in [0, V); the cache must fit the chunk; the mask must be boolean and broadcast
     to (B, H, T, S)."""
@@ -102,9 +102,9 @@ class TinyLM:
         validate_weights(self.params, self.config)
 
     def check(self, tokens: Any, mask: Any = None, return_weights: bool = False, cache: KVCache | None = None) -> None:
-        """Refuse a bad call in one line (shared.checks), before any work (check_call: the weights
+        """Refuse a bad call in one line (shared.checks), before any work (_check_call: the weights
         were checked when the model was built). Runs once, where a call enters (checks.at_entry)."""
-        check_call(tokens, self.params, self.config, mask, cache)
+        _check_call(tokens, self.params, self.config, mask, cache)
 
     @checks.at_entry(check)
     def __call__(self, tokens: Any, mask: Any = None, return_weights: bool = False, cache: KVCache | None = None) -> Any:

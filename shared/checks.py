@@ -203,10 +203,19 @@ def check_mask(mask_shape: tuple, dtype_name: str, target: tuple) -> None:
 
 
 def check_weight_shape(name: str, shape: tuple, expected: tuple) -> None:
-    """One exchange array's shape: the weight is named, with its expected shape, before an input is blamed."""
+    """One exchange array's shape (PyTorch layout): a wrong weight is named, with its expected shape."""
     if tuple(shape) != tuple(expected):
         hint = " (looks transposed: exchange weights are PyTorch (out, in))" if tuple(shape) == tuple(expected)[::-1] else ""
         raise ValueError(f"weights['{name}'] has shape {tuple(shape)}, expected {tuple(expected)}{hint}")
+
+
+def check_attention_weights(shapes: dict[str, tuple], d_model: int) -> None:
+    """The block's weights, {exchange name: shape in PyTorch layout}, against d_model: checked
+    before its input, so that a wrong weight is named instead of the input being blamed for it."""
+    D = d_model
+    expected = {"attn.qkv_proj.weight": (3 * D, D), "attn.qkv_proj.bias": (3 * D,), "attn.out_proj.weight": (D, D), "attn.out_proj.bias": (D,)}
+    for name, shape in shapes.items():
+        check_weight_shape(name, shape, expected[name])
 
 
 def check_seed(seed: int, owner: str = "seed") -> None:

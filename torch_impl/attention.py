@@ -51,7 +51,9 @@ class MultiHeadSelfAttention(nn.Module):
     def check(self, x: Any, mask: Any = None, return_weights: bool = False, cache: KVCache | None = None) -> None:
         """Refuse a bad call in one line (shared.checks), before any work: x must be (B, T, D) in
         the block's dtype with T <= max_len; the cache must fit the chunk; the mask must be boolean
-        and broadcast to (B, H, T, S). Runs once, where a call enters (checks.at_entry)."""
+        and broadcast to (B, H, T, S); and first the block's own weights, so that a weight of the
+        wrong shape is named, not x. Runs once, where a call enters (checks.at_entry)."""
+        checks.check_attention_weights({f"attn.{name}": tuple(value.shape) for name, value in self.named_parameters()}, self.d_model)
         checks.check_input(tuple(x.shape), str(x.dtype), self.d_model, self.max_len, str(self.qkv_proj.weight.dtype))
         B, T, _ = x.shape
         if cache is not None:

@@ -70,7 +70,8 @@ ONE_SIDED = {
     "model": {
         "assign_exchange": (
             "right",
-            "Flax kernels are transposed on the way in; torch's layout is the exchange layout (load_state_dict, and Adam's moments are used as they are)",
+            "Flax kernels are transposed on the way in; torch's layout is the exchange layout "
+            "(load_state_dict, and Adam's moments are used as they are)",
         ),
     },
     "startup": {
