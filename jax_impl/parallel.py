@@ -120,7 +120,8 @@ def train_epoch(
     jax.lax.scan, a smaller last batch as one more scanned step; XLA all-reduces the gradients."""
     size = len(batches[0][0])
     full = [batch for batch in batches if len(batch[0]) == size]
-    xs, ys = np.stack([x for x, _ in full]), np.stack([y for _, y in full])  # steps x B x T, one scan
+    # the full batches stacked, (steps, B, T), for one scan
+    xs, ys = np.stack([x for x, _ in full]), np.stack([y for _, y in full])
     state, losses = scan_steps(train_step, graphdef, state, place(xs, mesh, shard), place(ys, mesh, shard))
     for x, y in batches[len(full) :]:
         state, loss = scan_steps(train_step, graphdef, state, place(x[None], mesh, shard), place(y[None], mesh, shard))

@@ -17,6 +17,7 @@ if __name__ == "__main__":  # the command line belongs to the tools layer: parse
         raise SystemExit(130) from None
     raise SystemExit(main("jax"))
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 
@@ -92,7 +93,8 @@ def train(
 
     # 3. epochs: the same batches as every other backend
     losses: list[float] = []
-    with compiled.read_one_run_late(lambda epoch_losses: training.finish_epoch(losses, epoch_losses, train_config, start_epoch, on_step)) as finish:
+    finish_epoch = functools.partial(training.finish_epoch, losses, train_config=train_config, start_epoch=start_epoch, on_step=on_step)
+    with compiled.read_one_run_late(finish_epoch) as finish:  # a run's losses are read once the next run is queued
         for batches in training.epochs(model_config, train_config, start=start_epoch):
             checks.check_batches(batches, model_config.vocab_size, model_config.max_len)  # once per epoch, on the host: jit sees no ids
             for chunk in training.chunks(batches):  # a few steps at a time: progress as it happens

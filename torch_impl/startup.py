@@ -26,9 +26,10 @@ class FusedAdam:
     as torch.optim.Adam calls it, without the import of torch._dynamo that every torch.optim
     optimizer makes on first use (it takes about as long as `import torch`).
 
-    torch._fused_adam_ is private: tests/implementations/test_torch_adam.py holds this class equal
-    to torch.optim.Adam(fused=True), bit for bit, step by step (checked with torch 2.13.0), and
-    that the default run never imports torch._dynamo."""
+    torch._fused_adam_ and torch._foreach_add_ are private (torch.optim.Adam calls them itself):
+    tests/implementations/test_torch_adam.py holds this class equal to torch.optim.Adam(fused=True),
+    bit for bit, step by step (checked with torch 2.13.0), and checks that the default run never
+    imports torch._dynamo."""
 
     def __init__(self, params: Iterable[torch.nn.Parameter], lr: float, betas: tuple[float, float], eps: float) -> None:
         self.params: list[torch.Tensor] = list(params)

@@ -32,41 +32,6 @@ from torch_impl.train import train, train_step
 SMALL = TrainConfig(epochs=2, n_sequences=96)  # 3 steps per epoch: seconds
 
 
-def _bad_epochs(bad_id, batch=17):
-    """training.epochs with one id of one batch of the first epoch replaced by bad_id (batch 17:
-    in the epoch's second run of training.PROGRESS_STEPS steps, after on_step heard of the first)."""
-    real = training.epochs
-
-    def epochs(model_config, train_config, start=0):
-        for number, batches in enumerate(real(model_config, train_config, start)):
-            if number == 0:
-                x, y = batches[batch]
-                x = x.copy()
-                x[3, 5] = bad_id
-                batches = [*batches[:batch], (x, y), *batches[batch + 1 :]]
-            yield batches
-
-    return epochs
-
-
-@pytest.mark.parametrize("bad_id", [64, -1])
-def test_a_bad_token_id_is_refused_with_the_forwards_message(monkeypatch, bad_id):
-    model_config = ModelConfig()
-    model = from_exchange(training.initial_weights("shared", model_config, SMALL), model_config)
-    tokens = np.zeros((2, model_config.max_len), dtype=np.int64)
-    tokens[1, 2] = bad_id
-    with pytest.raises(ValueError) as from_forward:
-        predict(model, tokens)
-    expected = f"token id {bad_id} is out of range: ids must lie in [0, 64) for vocab_size=64"
-    assert str(from_forward.value) == expected
-    monkeypatch.setattr(training, "epochs", _bad_epochs(bad_id))
-    steps = []
-    with pytest.raises(ValueError) as from_trainer:
-        train(model_config, TrainConfig(epochs=1, n_sequences=640), on_step=lambda step, loss: steps.append(step))
-    assert str(from_trainer.value) == expected
-    assert steps == []  # refused before the epoch's first step, not after the 16 steps before the bad batch
-
-
 def test_the_trained_model_checks_ids_again():
     history = train(ModelConfig(), SMALL)
     with pytest.raises(ValueError, match=r"^token id 64 is out of range"):
