@@ -64,10 +64,8 @@ class MultiHeadSelfAttention(nnx.Module):
         checks.check_attention_weights(self._weight_shapes(), self.d_model)
         checks.check_input(tuple(x.shape), str(x.dtype), self.d_model, self.max_len, str(self.qkv_proj.kernel.dtype))
         B, T, _ = x.shape
-        if cache is not None:
-            checks.check_cache(B, str(x.dtype), cache.k.shape[0], str(cache.k.dtype), _concrete(cache.length[...]), T, self.max_len)
-        if mask is not None:
-            checks.check_mask(*checks.layout(mask), (B, self.n_heads, T, T if cache is None else self.max_len))
+        filled = None if cache is None else _concrete(cache.length[...])
+        checks.check_cache_and_mask(B, T, str(x.dtype), self.n_heads, self.max_len, mask, cache, filled)
 
     @checks.at_entry(check)
     def __call__(self, x: jax.Array, mask: Any = None, return_weights: bool = False, cache: KVCache | None = None) -> Any:

@@ -71,12 +71,8 @@ class TinyLM(nnx.Module):
         if self.checkify_ids and isinstance(tokens, jax.core.Tracer):
             _checkify_ids(tokens, config.vocab_size)
         B, T = tokens.shape
-        if cache is not None:
-            checks.check_cache(
-                B, str(self.tok_emb.embedding.dtype), cache.k.shape[0], str(cache.k.dtype), _concrete(cache.length[...]), T, config.max_len
-            )
-        if mask is not None:
-            checks.check_mask(*checks.layout(mask), (B, config.n_heads, T, T if cache is None else config.max_len))
+        filled = None if cache is None else _concrete(cache.length[...])
+        checks.check_cache_and_mask(B, T, str(self.tok_emb.embedding.dtype), config.n_heads, config.max_len, mask, cache, filled)
 
     @checks.at_entry(check)
     def __call__(self, tokens: jax.Array, mask: Any = None, return_weights: bool = False, cache: KVCache | None = None) -> Any:

@@ -68,10 +68,9 @@ def check_attention(
     checks.check_attention_weights({name: value.shape for name, value in params.items() if name.startswith("attn.")}, D)
     checks.check_input(x.shape, x.dtype.name, D, max_len=None, block_dtype=params["attn.qkv_proj.weight"].dtype.name)  # no context limit
     B, T, _ = x.shape
-    if cache is not None:
-        checks.check_cache(B, x.dtype.name, cache.k.shape[0], cache.k.dtype.name, cache.length, T, cache.k.shape[2])
-    if mask is not None:
-        checks.check_mask(*checks.layout(mask), (B, n_heads, T, T if cache is None else cache.k.shape[2]))
+    max_len = T if cache is None else cache.k.shape[2]  # the pure function's context is its cache's, or unlimited
+    filled = None if cache is None else cache.length
+    checks.check_cache_and_mask(B, T, x.dtype.name, n_heads, max_len, mask, cache, filled)
 
 
 @checks.at_entry(check_attention)

@@ -35,10 +35,8 @@ def _check_call(tokens: Any, params: dict[str, np.ndarray], config: ModelConfig,
     tokens = np.asarray(tokens)
     checks.check_tokens(tokens.shape, tokens.dtype.name, config.vocab_size, config.max_len, *checks.id_range(tokens))
     B, T = tokens.shape
-    if cache is not None:
-        checks.check_cache(B, params["tok_emb.weight"].dtype.name, cache.k.shape[0], cache.k.dtype.name, cache.length, T, config.max_len)
-    if mask is not None:
-        checks.check_mask(*checks.layout(mask), (B, config.n_heads, T, T if cache is None else config.max_len))
+    filled = None if cache is None else cache.length
+    checks.check_cache_and_mask(B, T, params["tok_emb.weight"].dtype.name, config.n_heads, config.max_len, mask, cache, filled)
 
 
 @checks.at_entry(check_forward)

@@ -332,6 +332,17 @@ def check_generate(
         )
 
 
+def check_cache_and_mask(B: int, T: int, dtype_name: str, n_heads: int, max_len: int, mask: Any, cache: Any, filled: int | None) -> None:
+    """The optional mask and KV cache of a call over a chunk of T positions of B rows in dtype_name:
+    the cache (with .k (B, H, max_len, d_head)) must hold B rows of that dtype and room for T more
+    after the `filled` positions (None while jit traces the call); the mask must be boolean and
+    broadcast to (B, H, T, S), S = T without a cache, max_len with one."""
+    if cache is not None:
+        check_cache(B, dtype_name, cache.k.shape[0], str(cache.k.dtype), filled, T, max_len)
+    if mask is not None:
+        check_mask(*layout(mask), (B, n_heads, T, T if cache is None else max_len))
+
+
 def check_cache(batch: int, dtype_name: str, cache_batch: int, cache_dtype_name: str, start: int, T: int, max_len: int) -> None:
     """A KV cache given to a forward pass: the batch and dtype of the chunk (B, T, D) it extends,
     and room for T more positions after the `start` already filled (None while tracing)."""

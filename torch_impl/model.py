@@ -38,10 +38,8 @@ class TinyLM(nn.Module):
         config = self.config
         checks.check_tokens(tuple(tokens.shape), str(tokens.dtype), config.vocab_size, config.max_len, *checks.id_range(tokens))
         B, T = tokens.shape
-        if cache is not None:
-            checks.check_cache(B, str(self.tok_emb.weight.dtype), cache.k.shape[0], str(cache.k.dtype), cache.length, T, config.max_len)
-        if mask is not None:
-            checks.check_mask(*checks.layout(mask), (B, config.n_heads, T, T if cache is None else config.max_len))
+        filled = None if cache is None else cache.length
+        checks.check_cache_and_mask(B, T, str(self.tok_emb.weight.dtype), config.n_heads, config.max_len, mask, cache, filled)
 
     @checks.at_entry(check)
     def forward(self, tokens: torch.Tensor, mask: Any = None, return_weights: bool = False, cache: KVCache | None = None) -> Any:

@@ -206,12 +206,15 @@ def called_directly(name, arrays, config=SMALL):
     return block, whole
 
 
-@pytest.mark.parametrize("case", BAD_INPUTS, ids=str)
-def test_a_layer_called_directly_refuses_bad_input_alike(backend, case):
-    x, error, message = BAD_INPUTS[case]
-    block, _ = called_directly(backend.name, init_weights(SMALL, 0, "float64"))
+DIRECT = [("the layer", case) for case in BAD_INPUTS] + [("the model", case) for case in BAD_TOKENS]
+
+
+@pytest.mark.parametrize("called, case", DIRECT, ids=[f"{called}: {case}" for called, case in DIRECT])
+def test_a_layer_or_a_model_called_directly_refuses_bad_input_alike(backend, called, case):
+    value, error, message = (BAD_INPUTS if called == "the layer" else BAD_TOKENS)[case]
+    block, whole = called_directly(backend.name, init_weights(SMALL, 0, "float64"))
     with pytest.raises(error, match=exactly(message)):
-        block(x)
+        (block if called == "the layer" else whole)(value)
 
 
 @pytest.mark.parametrize("name", names("layers"))
@@ -222,14 +225,6 @@ def test_a_layer_called_directly_refuses_a_longer_input_and_another_dtype(name):
     message = "attention input has dtype float32, expected float64 (the block's dtype); convert it first, nothing is converted silently"
     with pytest.raises(TypeError, match=exactly(message)):
         block(embeddings(dtype="float32"))
-
-
-@pytest.mark.parametrize("case", BAD_TOKENS, ids=str)
-def test_a_model_called_directly_refuses_bad_tokens_alike(backend, case):
-    ids, error, message = BAD_TOKENS[case]
-    _, whole = called_directly(backend.name, init_weights(SMALL, 0, "float64"))
-    with pytest.raises(error, match=exactly(message)):
-        whole(ids)
 
 
 @pytest.mark.parametrize("case", BAD_MASKS, ids=str)
