@@ -343,7 +343,7 @@ def check_cache_and_mask(B: int, T: int, dtype_name: str, n_heads: int, max_len:
         check_mask(*layout(mask), (B, n_heads, T, T if cache is None else max_len))
 
 
-def check_cache(batch: int, dtype_name: str, cache_batch: int, cache_dtype_name: str, start: int, T: int, max_len: int) -> None:
+def check_cache(batch: int, dtype_name: str, cache_batch: int, cache_dtype_name: str, start: int | None, T: int, max_len: int) -> None:
     """A KV cache given to a forward pass: the batch and dtype of the chunk (B, T, D) it extends,
     and room for T more positions after the `start` already filled (None while tracing)."""
     if cache_batch != batch:
