@@ -164,12 +164,15 @@ def id_range(tokens: Any) -> tuple[int | None, int | None]:
 
 def check_batches(batches: list, vocab_size: int, max_len: int) -> None:
     """Every (x, y) of a run's batches of host arrays: the check of each x that a forward makes,
-    in one pass over the run before its first step; shapes and dtypes of every batch first, then
-    the ids of each, so that the first bad batch is named as the forward would name it."""
-    for x, _ in batches:
-        check_tokens(x.shape, x.dtype.name, vocab_size, max_len)
-    for x, _ in batches:
-        check_tokens(x.shape, x.dtype.name, vocab_size, max_len, *id_range(x))
+    once for the whole run, before its first step. Shapes and dtypes of every batch first (each
+    distinct one once), then the ids of all batches at once; only when one is out of range are
+    the batches read one by one, so that the first bad batch is named as its forward names it."""
+    for shape, dtype in dict.fromkeys((x.shape, x.dtype) for x, _ in batches):  # in batch order
+        check_tokens(shape, dtype.name, vocab_size, max_len)
+    ids = np.concatenate([x for x, _ in batches], axis=None) if batches else np.zeros(0, np.int64)  # flat
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+        for x, _ in batches:
+            check_tokens(x.shape, x.dtype.name, vocab_size, max_len, *id_range(x))
 
 
 def check_length(T: int, max_len: int | None) -> None:

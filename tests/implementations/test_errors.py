@@ -322,9 +322,25 @@ def test_each_input_check_runs_once_per_call(backend, counted):
 def test_a_trainer_checks_each_batch_once_and_its_steps_check_nothing(name, counted):
     config = TrainConfig(epochs=2, n_sequences=96)  # 3 steps per epoch
     registry.get(name).train.train(SMALL, config)
-    steps = config.epochs * config.steps_per_epoch
-    # shared.checks.check_batches: each batch's shape, then its ids, before the epoch's first step
-    assert counted == {**dict.fromkeys(counted, 0), "check_tokens": 2 * steps}
+    # shared.checks.check_batches, before each epoch's first step: the one batch shape of the epoch,
+    # then the ids of all its batches at once (read batch by batch only to name a bad one)
+    assert counted == {**dict.fromkeys(counted, 0), "check_tokens": config.epochs}
+
+
+def test_a_run_of_batches_is_checked_as_its_forwards_would_check_it_batch_by_batch():
+    """shared.checks.check_batches, the trainers' one check of an epoch: the first bad batch in
+    order is the one named, with the message its own forward would give."""
+    from shared import checks
+
+    batches = [(tokens(), tokens()) for _ in range(6)]
+    batches[2] = (with_id(V), tokens())
+    batches[4] = (with_id(-1), tokens())
+    with pytest.raises(ValueError, match=exactly(f"token id {V} is out of range: ids must lie in [0, {V}) for vocab_size={V}")):
+        checks.check_batches(batches, V, L)
+    batches[1] = (tokens(dtype="float64"), tokens())  # a dtype is refused before any id is read
+    with pytest.raises(TypeError, match=exactly("tokens must be an integer array (B, T) of int32 or int64, got dtype float64")):
+        checks.check_batches(batches, V, L)
+    checks.check_batches([(tokens(), tokens()), (tokens((2, T), "int32"), tokens())], V, L)  # a shorter last batch, int32: fine
 
 
 # --- weight dicts into a model: everything checked before anything is built ---------------
