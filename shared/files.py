@@ -128,18 +128,16 @@ def write_temporary(path: Path, payload: bytes) -> Path:
     temporary = Path(name)
     try:
         os.chmod(temporary, path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_umask())
-        view = memoryview(payload)
-        while view:
-            view = view[os.write(handle, view) :]
-        os.fsync(handle)
+        with os.fdopen(handle, "wb") as file:
+            file.write(payload)
+            file.flush()
+            os.fsync(file.fileno())
     except OSError as error:
         _unlink_quietly(temporary)
         raise _naming(error, path) from None
     except BaseException:
         _unlink_quietly(temporary)
         raise
-    finally:
-        os.close(handle)
     return temporary
 
 

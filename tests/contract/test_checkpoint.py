@@ -181,24 +181,44 @@ def test_a_save_killed_between_its_renames_is_completed_by_the_next_save_not_cle
 
 
 class FailingOs:
-    """The os module, as shared.files sees it, with its disk operations (write, fsync, replace)
-    failing with ENOSPC from the `fail_at`-th one on (counted from 0)."""
+    """The os module, as shared.files sees it, with its disk operations (a write through fdopen,
+    fsync, replace) failing with ENOSPC from the `fail_at`-th one on (counted from 0)."""
 
     def __init__(self, fail_at: int) -> None:
         self.fail_at, self.calls = fail_at, []
 
-    def __getattr__(self, name):
-        real = getattr(os, name)
-        if name not in ("write", "fsync", "replace"):
-            return real
-
-        def operation(*args):
+    def disk(self, name: str, operation):
+        def counted(*args):
             self.calls.append(name)
             if len(self.calls) > self.fail_at:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-            return real(*args)
+            return operation(*args)
 
-        return operation
+        return counted
+
+    def __getattr__(self, name):
+        if name in ("fsync", "replace"):
+            return self.disk(name, getattr(os, name))
+        if name == "fdopen":
+            return lambda fd, mode: FailingFile(os.fdopen(fd, mode), self.disk("write", lambda file, data: file.write(data)))
+        return getattr(os, name)
+
+
+class FailingFile:
+    def __init__(self, file, write) -> None:
+        self.file, self.counted_write = file, write
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.file.close()
+
+    def write(self, data):
+        return self.counted_write(self.file, data)
+
+    def __getattr__(self, name):
+        return getattr(self.file, name)
 
 
 SAVE_STEPS = ["write", "fsync", "write", "fsync", "replace", "replace"]  # weights, companion, then the two renames
@@ -351,7 +371,7 @@ def test_bind_refuses_a_companion_bound_to_other_weights_unless_forced_and_says_
 
 # --- --resume continues the saved optimizer settings --------------------------------------------
 
-SMALL_FLAGS = ["--quiet", "--n-sequences", "48", "--batch-size", "16"]
+SMALL_FLAGS = ["--n-sequences", "48", "--batch-size", "16"]  # not --quiet: the tests read the banner
 MODEL = ["--seq-len", "5", "--vocab-size", "11", "--d-model", "24"]
 
 
