@@ -20,11 +20,13 @@ import numpy as np
 import pytest
 
 from mhsa import registry
-from mhsa.epoch_keeper import has_on_epoch
+from mhsa.epoch_keeper import EpochKeeper, has_on_epoch
 from shared import checkpoint, files, weights
+from shared.adam_state import AdamState
+from shared.config import TrainConfig
 from shared.history import History
 from shared.training import epoch_means
-from tests.backends import names
+from tests.backends import SMALL, names
 from tests.commands import run_cli
 from tests.paths import ROOT
 
@@ -238,3 +240,47 @@ def test_a_real_ctrl_c_keeps_the_last_complete_epoch_and_a_second_one_leaves_no_
     assert sorted(os.listdir(tmp_path)) == ["run.adam.safetensors", "run.safetensors"]
     _, state = checkpoint.load(path)
     assert state.epochs_done == int(saved.group(2)) and np.isfinite(state.exp_avg["lm_head.bias"]).all()
+
+
+# --- what the keeper keeps ------------------------------------------------------------------------
+
+
+class LiveModel:
+    """A trainer's model and optimizer as a backend hands them over: live arrays, changed in place by the next step."""
+
+    def __init__(self):
+        self.arrays = weights.init_weights(SMALL, 0)
+        self.step = 0
+
+
+class LiveBackend:
+    """The two functions of a backend the keeper calls, returning the live arrays themselves (as torch's views do)."""
+
+    class model:
+        @staticmethod
+        def to_exchange(live):
+            return live.arrays
+
+    class train:
+        @staticmethod
+        def optimizer_to_exchange(live, model, train_config):
+            return AdamState(live.step, train_config.epochs, live.arrays, live.arrays, train_config)
+
+
+def test_the_keeper_copies_what_it_is_handed_and_keeps_an_epoch_only_once_its_steps_are_reported():
+    run = TrainConfig(epochs=10, n_sequences=48, batch_size=16)  # 3 steps per epoch
+    keeper, live = EpochKeeper(LiveBackend, run, steps_before=0), LiveModel()
+    for step in range(3):
+        keeper.on_step(step)
+    live.step = 3
+    keeper.on_epoch(1, live, live)
+    live.step = 6
+    keeper.on_epoch(2, live, live)  # handed over before its last steps are reported, as a pipelined trainer does
+    before = live.arrays["lm_head.bias"].copy()
+    live.arrays["lm_head.bias"] += 1.0  # the next steps change the live arrays in place
+    kept = keeper.last_complete()
+    assert kept.epochs_done == 1 and kept.state.step == 3 and kept.state.epochs_done == 1
+    assert (kept.arrays["lm_head.bias"] == before).all() and (kept.state.exp_avg["lm_head.bias"] == before).all()
+    for step in range(3, 6):
+        keeper.on_step(step)
+    assert keeper.last_complete().epochs_done == 2 and [kept.epochs_done for kept in keeper.copies] == [2]
