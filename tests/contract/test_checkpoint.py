@@ -289,9 +289,10 @@ def test_an_interrupt_during_the_renames_is_held_until_both_are_done_and_says_so
     path = tmp_path / "run.safetensors"
     save(path, seed=0)
     monkeypatch.setattr(files, "commit", rename_then_interrupt)
-    with pytest.raises(checkpoint.SavedThenInterrupted) as interrupt:
+    with pytest.raises(KeyboardInterrupt) as interrupt:
         save(path, seed=1, scale=3.0)
-    assert renamed == ["run.safetensors", "run.adam.safetensors"] and interrupt.value.companion == companion_path(path)
+    assert renamed == ["run.safetensors", "run.adam.safetensors"]
+    assert isinstance(interrupt.value, checkpoint.SavedThenInterrupted) and interrupt.value.companion == companion_path(path)
     monkeypatch.undo()
     assert is_pair(path, seed=1, scale=3.0)
 
