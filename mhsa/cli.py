@@ -8,7 +8,9 @@ import contextlib
 import importlib
 import io
 import os
+import signal
 import sys
+import threading
 from collections.abc import Iterator
 
 # name -> (module with add_arguments(parser) and run(args) -> exit code, one-line help)
@@ -62,24 +64,27 @@ def version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    with stdout_to_a_reader_that_may_leave():
-        parser = build_parser()
-        # parse the subcommand name first, then let its module add its own flags
-        known, _ = parser.parse_known_args(argv[:1] if argv and not argv[0].startswith("-") else argv)
-        if known.command is None:
-            parser.print_help()
-            return 0 if not argv else 2
-        try:  # Ctrl-C while the subcommand's module is imported: one line, as during its run
-            module = importlib.import_module(COMMANDS[known.command][0])
-            subparser = _subparser(parser, known.command)
-            module.add_arguments(subparser)
-            # the subcommand's own parser: an unknown flag is refused with its usage, not mhsa's
-            args = subparser.parse_args(argv[1:], argparse.Namespace(command=known.command))
-        except KeyboardInterrupt:
-            print("interrupted", file=sys.stderr)
-            return 130
-        return run_guarded(module.run, args, prefix=f"mhsa {known.command}: error")
+    """`mhsa ARGV` (sys.argv's when None: this process's own command line)."""
+    with interrupts_restored(own_process=argv is None):
+        argv = sys.argv[1:] if argv is None else argv
+        with stdout_to_a_reader_that_may_leave():
+            parser = build_parser()
+            # parse the subcommand name first, then let its module add its own flags
+            known, _ = parser.parse_known_args(argv[:1] if argv and not argv[0].startswith("-") else argv)
+            if known.command is None:
+                parser.print_help()
+                return 0 if not argv else 2
+            try:  # Ctrl-C while the subcommand's module is imported: one line, as during its run
+                module = importlib.import_module(COMMANDS[known.command][0])
+                subparser = _subparser(parser, known.command)
+                module.add_arguments(subparser)
+                # the subcommand's own parser: an unknown flag is refused with its usage, not mhsa's
+                args = subparser.parse_args(argv[1:], argparse.Namespace(command=known.command))
+            except KeyboardInterrupt:
+                hold_further_interrupts()
+                print("interrupted", file=sys.stderr)
+                return 130
+            return run_guarded(module.run, args, prefix=f"mhsa {known.command}: error")
 
 
 def run_guarded(run, args, prefix: str) -> int:
@@ -98,8 +103,31 @@ def run_guarded(run, args, prefix: str) -> int:
             print(f"{prefix}: {error}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:
+            hold_further_interrupts()
             print("interrupted", file=sys.stderr)
             return 130
+
+
+def hold_further_interrupts() -> None:
+    """After a Ctrl-C a command winds down: it saves what it can and says so in one line, then
+    exits 130. A further Ctrl-C is ignored from here on, so that it cuts short neither the line
+    nor the interpreter's exit with a traceback (interrupts_restored undoes this in a command run
+    inside another program)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def interrupts_restored(own_process: bool) -> Iterator[None]:
+    """The Ctrl-C handler as it was before the block, unless the command is this process's own
+    (it is exiting: hold_further_interrupts stays)."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGINT) if main else None
+    try:
+        yield
+    finally:
+        if main and not own_process:
+            signal.signal(signal.SIGINT, previous)
 
 
 class _ReaderMayLeave(io.TextIOBase):

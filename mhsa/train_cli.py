@@ -20,6 +20,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from mhsa import registry
+from mhsa.cli import hold_further_interrupts
 from mhsa.epoch_keeper import EpochKeeper, has_on_epoch
 from mhsa.flags import MODEL_FLAGS, add_model_arguments, int_flag, model_flags_given, png_path, positive_float
 from mhsa.threads import add_threads_argument
@@ -354,6 +355,7 @@ def train_with_progress(args, plan: Plan, backend: registry.Backend):
         print(f"{args.parser.prog}: error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        hold_further_interrupts()  # the last complete epoch is saved and said whatever Ctrl-C comes next
         bar.close()
         return keep_on_interrupt(args, plan, progress, keeper)
     bar.close()
@@ -361,18 +363,20 @@ def train_with_progress(args, plan: Plan, backend: registry.Backend):
 
 
 def main(backend: str, argv: list[str] | None = None) -> int:
-    from mhsa.cli import run_guarded, stdout_to_a_reader_that_may_leave
+    """`python -m PACKAGE.train ARGV` (sys.argv's when None: this process's own command line)."""
+    from mhsa.cli import interrupts_restored, run_guarded, stdout_to_a_reader_that_may_leave
 
     parser = argparse.ArgumentParser(
         prog=f"python -m {registry.get(backend).package}.train",
         description=f"Train TinyLM on the copy task with the {backend} backend.",
     )
-    with stdout_to_a_reader_that_may_leave():
+    with interrupts_restored(own_process=argv is None), stdout_to_a_reader_that_may_leave():
         try:
             add_arguments(parser, backend)
             args = parser.parse_args(argv)
             args.backend = backend
         except KeyboardInterrupt:
+            hold_further_interrupts()
             print("interrupted", file=sys.stderr)
             return 130
         return run_guarded(run, args, prefix=f"{parser.prog}: error")

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from mhsa import registry
+from mhsa.cli import hold_further_interrupts
 from mhsa.epoch_keeper import EpochKeeper
 from mhsa.heatmap import ascii_heatmap
 from shared import checkpoint, weights
@@ -52,7 +53,8 @@ def with_start(history: History, plan: Plan) -> History:
 
 def keep_on_interrupt(args, plan: Plan, progress: Progress, keeper: EpochKeeper | None) -> int:
     """Ctrl-C during training: with --save, the last complete epoch saved as a bound pair (and its
-    history with --history); one line on stderr saying what is on disk; 130."""
+    history with --history), whatever Ctrl-C comes next; one line on stderr saying what is on
+    disk; 130."""
     train_config = plan.train_config
     where = f"interrupted in epoch {progress.epoch}/{train_config.epochs}"
     kept = keeper.last_complete() if keeper is not None else None
@@ -64,28 +66,25 @@ def keep_on_interrupt(args, plan: Plan, progress: Progress, keeper: EpochKeeper 
         print(f"{where}: nothing was saved{reason}" if saves else "interrupted", file=sys.stderr)
         return 130
     step = kept.epochs_done * train_config.steps_per_epoch
-    what = f"epoch {kept.epochs_done} (step {step})"
-    try:
-        companion = checkpoint.save(args.save, kept.arrays, kept.state, plan.model_config)
-    except checkpoint.SavedThenInterrupted as interrupt:
-        companion = interrupt.companion  # the second Ctrl-C came while the pair was renamed: it is whole
-    except KeyboardInterrupt:
-        print(f"{where}, and again while epoch {kept.epochs_done} was being saved: nothing was saved", file=sys.stderr)
-        return 130
-    saved = [f"{args.save} and {companion}"]
-    if args.history is not None:
-        losses = progress.losses[: step - progress.first_step]
-        seconds = time.perf_counter() - progress.started
-        partial = History(
-            args.backend, plan.model_config, train_config, losses, epoch_means(losses, train_config), seconds, first_step=progress.first_step
-        )
+    pair, saved = f"{args.save} and {companion_path(args.save)}", []
+    try:  # further Ctrl-Cs are ignored now (hold_further_interrupts), or held until a pair is renamed
         try:
-            with checkpoint.deferred_interrupt():
-                with_start(partial, plan).save(args.history)
-        except KeyboardInterrupt:  # a third one, held until the history was whole
+            checkpoint.save(args.save, kept.arrays, kept.state, plan.model_config)
+        except checkpoint.SavedThenInterrupted:  # held until the pair was whole
             pass
-        saved.append(f"its history to {args.history}")
-    print(f"{where}: saved {what} to {', '.join(saved)} (--resume {args.save} continues it)", file=sys.stderr)
+        saved.append(pair)
+        if args.history is not None:
+            losses = progress.losses[: step - progress.first_step]
+            seconds = time.perf_counter() - progress.started
+            part = History(
+                args.backend, plan.model_config, train_config, losses, epoch_means(losses, train_config), seconds, first_step=progress.first_step
+            )
+            with_start(part, plan).save(args.history)
+            saved.append(f"its history to {args.history}")
+    except OSError as error:  # a full disk: said, with what is on disk
+        print(f"{where}: epoch {kept.epochs_done} could not be saved{' whole' if saved else ''}: {error}", file=sys.stderr)
+        return 130
+    print(f"{where}: saved epoch {kept.epochs_done} (step {step}) to {', '.join(saved)} (--resume {args.save} continues it)", file=sys.stderr)
     return 130
 
 
@@ -197,12 +196,14 @@ def finish(args, plan: Plan, backend: registry.Backend, history) -> int:
     try:
         show_result(args, plan, backend, history)
     except KeyboardInterrupt:
+        hold_further_interrupts()
         return interrupted_after_training(args, written, planned)
     for index, (name, line, write) in enumerate(planned):
         try:
             with checkpoint.deferred_interrupt():
                 write()
         except KeyboardInterrupt:  # held until the file was whole
+            hold_further_interrupts()
             return interrupted_after_training(args, [*written, name], planned[index + 1 :])
         except OSError as error:  # a full disk: what is on disk, in one line
             print(f"{args.parser.prog}: error: {error}" + (f"; written before it: {', '.join(written)}" if written else ""), file=sys.stderr)
@@ -238,19 +239,17 @@ def save_checkpoint(args, plan: Plan, backend: registry.Backend, history) -> Pat
 
 
 def interrupted_after_training(args, written: list[str], rest: list[tuple[str, str, Callable[[], object]]]) -> int:
-    """Ctrl-C after the last step: the checkpoint and history among `rest` are written now, each
-    whole (a further Ctrl-C stops after the file it lands in), the figure left out; one line says
-    what is on disk; 130."""
+    """Ctrl-C after the last step: the checkpoint and history among `rest` are written now, the
+    run being complete, whatever Ctrl-C comes next (hold_further_interrupts); the figure is left
+    out. One line says what is on disk; 130."""
     left = [name for name, _, _ in rest]
     for name, _, write in rest:
         if args.plot is not None and name == str(args.plot):
             continue
         try:
-            with checkpoint.deferred_interrupt():
-                write()
-        except KeyboardInterrupt:  # held until the file was whole
-            written.append(name)
-            break
+            write()
+        except checkpoint.SavedThenInterrupted:  # held until the pair was whole
+            pass
         except OSError:  # said below: not written
             break
         written.append(name)
