@@ -21,7 +21,7 @@ from mhsa import train_cli
 from shared import adam_state, checkpoint, files, weights
 from shared.adam_state import AdamState, companion_path
 from shared.config import TrainConfig
-from tests.backends import SMALL, names
+from tests.backends import SMALL, names, package
 from tests.paths import ROOT
 
 RUN = TrainConfig(epochs=2, batch_size=16, n_sequences=48)  # 3 steps per epoch
@@ -410,3 +410,18 @@ def test_resume_reads_each_file_once(capsys, tmp_path, monkeypatch):
     history = json.loads((tmp_path / "h.json").read_text())
     assert history["init"] == "file" and history["source"] == str(path)
     assert history["source_sha256"] == weights.read(path).digest
+
+
+def test_a_full_disk_during_the_commands_save_says_what_is_on_disk(capsys, tmp_path, monkeypatch):
+    path = tmp_path / "run.safetensors"
+    save(path, seed=0)
+    failing = FailingOs(fail_at=3)  # the figure's write, fsync and rename go through; the weights' temporary does not
+    monkeypatch.setattr(files, "os", failing)
+    status, out, err = run_cli(capsys, names("train")[0], *MODEL, "--quiet", "--epochs", "1", "--save", str(path), "--plot", str(tmp_path / "p.png"))
+    monkeypatch.undo()
+    assert status == 1 and failing.calls == ["write", "fsync", "replace", "write"]
+    assert err == (
+        f"python -m {package(names('train')[0])}.train: error: [Errno 28] cannot write {str(path)!r}: No space left on device; "
+        f"nothing was replaced: a checkpoint saved there before is whole; written before it: {tmp_path / 'p.png'}\n"
+    )
+    assert is_pair(path, seed=0, scale=1.0)
