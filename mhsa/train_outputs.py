@@ -82,9 +82,13 @@ def keep_on_interrupt(args, plan: Plan, progress: Progress, keeper: EpochKeeper 
             with_start(part, plan).save(args.history)
             saved.append(f"its history to {args.history}")
     except OSError as error:  # a full disk: said, with what is on disk
-        print(f"{where}: epoch {kept.epochs_done} could not be saved{' whole' if saved else ''}: {error}", file=sys.stderr)
-        return 130
-    print(f"{where}: saved epoch {kept.epochs_done} (step {step}) to {', '.join(saved)} (--resume {args.save} continues it)", file=sys.stderr)
+        if not saved:
+            print(f"{where}: epoch {kept.epochs_done} could not be saved: {error}", file=sys.stderr)
+            return 130
+        failed = f"; its history was not written: {error}"
+    else:
+        failed = ""
+    print(f"{where}: saved epoch {kept.epochs_done} (step {step}) to {', '.join(saved)} (--resume {args.save} continues it){failed}", file=sys.stderr)
     return 130
 
 

@@ -147,6 +147,34 @@ def test_a_trainer_without_on_epoch_keeps_nothing_as_before(tmp_path, monkeypatc
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize(
+    "fail_at, message",
+    [
+        (
+            0,
+            "epoch 2 could not be saved: [Errno 28] cannot write 'run.safetensors': No space left on device; "
+            "nothing was replaced: a checkpoint saved there before is whole",
+        ),
+        (
+            6,
+            "saved epoch 2 (step 6) to run.safetensors and run.adam.safetensors (--resume run.safetensors continues it); "
+            "its history was not written: [Errno 28] cannot write 'run.json': No space left on device",
+        ),
+    ],
+    ids=["the pair", "the history"],
+)
+def test_a_full_disk_while_the_kept_epoch_is_saved_is_said_with_what_is_on_disk(tmp_path, hooked, monkeypatch, fail_at, message):
+    from tests.contract.test_checkpoint import FailingOs
+
+    name = names("train")[0]
+    hooked(name, interrupt_at=2 * STEPS_PER_EPOCH + 1)
+    monkeypatch.setattr(files, "os", FailingOs(fail_at))  # the pair's 6 writes, fsyncs and renames, then the history's
+    result = run_cli(name, *SMALL_RUN, "--epochs", "1000", "--save", "run.safetensors", "--history", "run.json", cwd=tmp_path)
+    monkeypatch.undo()
+    assert result.returncode == 130 and result.stderr == f"interrupted in epoch 3/1000: {message}\n"
+    assert sorted(os.listdir(tmp_path)) == ([] if fail_at == 0 else ["run.adam.safetensors", "run.safetensors"])
+
+
 def ctrl_c_after(real):
     """`real` (files.write_temporary or files.commit), then a Ctrl-C: landing while a pair's
     temporaries are written, or between its two renames."""
