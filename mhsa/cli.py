@@ -178,6 +178,13 @@ class _ReaderMayLeave(io.TextIOBase):
     def encoding(self):
         return self.stream.encoding
 
+    @property
+    def errors(self):
+        return self.stream.errors
+
+    def __getattr__(self, name: str):  # the rest of the stream's own interface (buffer, name, ...)
+        return getattr(self.stream, name)
+
 
 @contextlib.contextmanager
 def stdout_to_a_reader_that_may_leave() -> Iterator[None]:
