@@ -51,14 +51,31 @@ def generate(
     return tokens
 
 
+class NonFiniteLogitsError(ValueError):
+    """The model's logits hold NaN or infinite values (weights large enough to overflow): no
+    token can be chosen from them."""
+
+
 def next_tokens(logits: np.ndarray, greedy: bool, temperature: float, rng: np.random.Generator) -> np.ndarray:
-    """logits (B, V) -> ids (B,): the argmax, or one draw from softmax(logits / temperature)."""
+    """logits (B, V) -> ids (B,): the argmax, or one draw from softmax(logits / temperature), for
+    every positive finite temperature: a tiny one is the argmax (ties drawn among equally), a huge
+    one is uniform. NonFiniteLogitsError where a logit is NaN or infinite."""
     logits = np.asarray(logits, dtype=np.float64)
+    if not np.isfinite(logits).all():
+        rows = sorted({int(row) for row in np.argwhere(~np.isfinite(logits))[:, 0]})
+        raise NonFiniteLogitsError(f"the logits of row(s) {rows} hold NaN or infinite values (the weights overflow): no token can be chosen")
     if greedy:
         return logits.argmax(axis=-1)  # (B,)
-    scaled = logits / temperature  # (B, V)
-    probs = np.exp(scaled - scaled.max(axis=-1, keepdims=True))  # (B, V)
-    probs /= probs.sum(axis=-1, keepdims=True)
-    # one uniform draw per row against the cumulative probabilities (inverse transform sampling)
-    draws = rng.random((logits.shape[0],))  # (B,)
-    return np.minimum((probs.cumsum(axis=-1) < draws[:, None]).sum(axis=-1), logits.shape[-1] - 1)  # (B,)
+    # softmax in log space: each logit's gap to its row's largest, over T, is 0 for the largest and
+    # <= 0 elsewhere, so a tiny T sends the others to -inf (probability 0: the argmax), where
+    # logits / T would overflow to inf and inf - inf give NaN probabilities
+    with np.errstate(over="ignore"):
+        scaled = (logits - logits.max(axis=-1, keepdims=True)) / temperature  # (B, V), <= 0
+    weights = np.exp(scaled)  # (B, V), the largest 1: unnormalized probabilities
+    cumulative = weights.cumsum(axis=-1)  # (B, V)
+    # one uniform draw per row against the cumulative weights (inverse transform sampling): the first
+    # id whose cumulative weight exceeds the draw, never one of weight 0 (rounding at the top end)
+    draws = rng.random((logits.shape[0],)) * cumulative[:, -1]  # (B,)
+    chosen = (cumulative <= draws[:, None]).sum(axis=-1)  # (B,)
+    last_possible = logits.shape[-1] - 1 - np.argmax(weights[:, ::-1] > 0, axis=-1)  # (B,)
+    return np.minimum(chosen, last_possible)

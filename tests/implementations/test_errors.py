@@ -689,7 +689,9 @@ def test_a_run_whose_loss_overflows_stops_in_one_line(capsys, tmp_path, backend_
     # about lr per step and the copy task still learns when saturated)
     status, out, err = run_main(capsys, backend_name, *SMALL_RUN, "--lr", "1e30", "--save", str(tmp_path / "w.safetensors"))
     assert status == 1
-    assert err.splitlines() == ["error: loss became non-finite at step 1 (epoch 1): nan; training stopped (try a smaller --lr)"]
+    assert err.splitlines() == [
+        f"python -m {package(backend_name)}.train: error: loss became non-finite at step 1 (epoch 1): nan; training stopped (try a smaller --lr)"
+    ]
     assert os.listdir(tmp_path) == []  # nothing saved from a diverged run
 
 
@@ -702,9 +704,7 @@ def test_a_weights_file_holding_nan_is_refused_before_the_banner(capsys, tmp_pat
     weights.save(path, arrays, config)
     status, out, err = run_main(capsys, backend_name, "--epochs", "1", "--n-sequences", "64", "--load", str(path))
     assert status == 2 and out == ""
-    assert err.splitlines()[-1].endswith(
-        f"error: weights file {str(path)!r} holds NaN or infinite values in ['pos_emb.weight']; refusing to train from it"
-    )
+    assert err.splitlines()[-1].endswith(f"error: weights file {str(path)!r} holds NaN or infinite values in ['pos_emb.weight']; refusing to use it")
 
 
 def test_as_a_command_the_errors_are_one_line_without_traceback(tmp_path):
@@ -717,7 +717,9 @@ def test_as_a_command_the_errors_are_one_line_without_traceback(tmp_path):
         timeout=120,
     )
     assert diverged.returncode == 1
-    assert diverged.stderr.splitlines() == ["error: loss became non-finite at step 1 (epoch 1): nan; training stopped (try a smaller --lr)"]
+    assert diverged.stderr.splitlines() == [
+        f"python -m {package(names('train')[0])}.train: error: loss became non-finite at step 1 (epoch 1): nan; training stopped (try a smaller --lr)"
+    ]
     bad_flags = subprocess.run(
         [sys.executable, "-m", "mhsa.cli", "train", "--backend", names("train")[0], "--n-heads", "5", "--d-model", "32"],
         cwd=tmp_path,
