@@ -133,9 +133,14 @@ def jax_peers(quick):
         optimizer.update(model, grads)
         return loss
 
-    # the project's pure train_step under jax.jit on nnx.split state, one call per step
+    # the project's train_step under jax.jit on nnx.split state, one call per step
+    def split_step(graphdef, state, x, y):
+        model, optimizer = nnx.merge(graphdef, state)
+        loss = train_step(model, optimizer, x, y)
+        return nnx.state((model, optimizer)), loss
+
     graphdef, state = nnx.split(fresh())
-    jitted_step = jax.jit(train_step, static_argnums=0, donate_argnums=1)
+    jitted_step = jax.jit(split_step, static_argnums=0, donate_argnums=1)
     holder = {"state": state}
     counters = {"graph": 0, "split": 0}
 

@@ -11,7 +11,7 @@ from flax import nnx
 
 from shared import checks
 from shared.config import ATTN_IMPLS
-from shared.trace import record
+from shared.trace import record, recording
 
 if TYPE_CHECKING:  # the cache's module imports this one
     from jax_impl.generate import KVCache
@@ -50,39 +50,37 @@ class MultiHeadSelfAttention(nnx.Module):
         self.n_heads = n_heads
         self.d_head = d_model // n_heads
         self.max_len = max_len
-        self.attn_impl = attn_impl
-        dtype = DTYPES[dtype]
-        self.qkv_proj = nnx.Linear(d_model, 3 * d_model, use_bias=bias, dtype=dtype, param_dtype=dtype, rngs=rngs)
-        self.out_proj = nnx.Linear(d_model, d_model, use_bias=bias, dtype=dtype, param_dtype=dtype, rngs=rngs)
+        self.fused = attn_impl == "fused" and dtype != "float64"  # jax.nn.dot_product_attention takes its softmax in float32
+        self.qkv_proj = nnx.Linear(d_model, 3 * d_model, use_bias=bias, dtype=DTYPES[dtype], param_dtype=DTYPES[dtype], rngs=rngs)
+        self.out_proj = nnx.Linear(d_model, d_model, use_bias=bias, dtype=DTYPES[dtype], param_dtype=DTYPES[dtype], rngs=rngs)
         # True = may attend: on and below the diagonal
         self.causal_mask = CausalMask(jnp.tril(jnp.ones((max_len, max_len), dtype=bool)))
 
-    def __call__(
-        self,
-        x: jax.Array,
-        mask: jax.Array | None = None,
-        return_weights: bool = False,
-        trace: dict[str, Any] | None = None,
-        cache: KVCache | None = None,
-    ) -> Any:
-        """x (B, T, D); mask optional bool, True = may attend, broadcastable to (B, H, T, S);
-        cache optional KVCache of the positions before x. S = T without a cache, max_len with one.
+    def check(self, x: Any, mask: Any = None, return_weights: bool = False, cache: KVCache | None = None) -> None:
+        """Refuse a bad call in one line (shared.checks), before any work: x must be (B, T, D) in
+        the block's dtype with T <= max_len; the cache must fit the chunk; the mask must be boolean
+        and broadcast to (B, H, T, S); and first the block's own weights, so that a weight of the
+        wrong shape is named, not x. Runs once, where a call enters (checks.at_entry)."""
+        checks.check_attention_weights(self._weight_shapes(), self.d_model)
+        checks.check_input(tuple(x.shape), str(x.dtype), self.d_model, self.max_len, str(self.qkv_proj.kernel.dtype))
+        B, T, _ = x.shape
+        filled = None if cache is None else _concrete(cache.length[...])
+        checks.check_cache_and_mask(B, T, str(x.dtype), self.n_heads, self.max_len, mask, cache, filled)
+
+    @checks.at_entry(check)
+    def __call__(self, x: jax.Array, mask: Any = None, return_weights: bool = False, cache: KVCache | None = None) -> Any:
+        """x (B, T, D); mask optional, any array-like of bool, True = may attend, broadcastable to
+        (B, H, T, S); cache optional KVCache of the positions before x. S = T without a cache,
+        max_len with one.
 
         Returns out (B, T, D), or (out, weights (B, H, T, S)) with return_weights=True.
         A query row that no key may attend gets all-zero weights.
         """
-        checks.check_input(tuple(x.shape), str(x.dtype), self.d_model, self.max_len, str(self.qkv_proj.kernel.dtype))
         B, T, D = x.shape
         start = 0 if cache is None else cache.length[...]  # p: the positions already in the cache
-        if cache is not None:
-            checks.check_cache(B, str(x.dtype), cache.k.shape[0], str(cache.k.dtype), _concrete(start), T, self.max_len)
-        S = T if cache is None else self.max_len  # keys: this chunk's, or every slot of the cache
-        if mask is not None:
-            checks.check_mask(tuple(mask.shape), str(mask.dtype), (B, self.n_heads, T, S))
 
         # 1. project: one matmul makes Q, K and V
         qkv = self.qkv_proj(x)  # (B, T, 3D)
-        record(trace, "qkv", qkv)
 
         # 2. split
         q, k, v = jnp.split(qkv, 3, axis=-1)  # 3 x (B, T, D)
@@ -91,24 +89,19 @@ class MultiHeadSelfAttention(nnx.Module):
         q = q.reshape(B, T, self.n_heads, self.d_head).transpose(0, 2, 1, 3)  # (B, H, T, d_head)
         k = k.reshape(B, T, self.n_heads, self.d_head).transpose(0, 2, 1, 3)  # (B, H, T, d_head)
         v = v.reshape(B, T, self.n_heads, self.d_head).transpose(0, 2, 1, 3)  # (B, H, T, d_head)
-        record(trace, "q", q)
-        record(trace, "k", k)
-        record(trace, "v", v)
+        record(qkv=qkv, q=q, k=k, v=v)
         if cache is not None:  # this chunk's K and V join the cached ones in slots p..p+T-1
             k, v = cache.update(k, v)  # (B, H, max_len, d_head)
-        # jax.nn.dot_product_attention always takes its softmax in float32 (3e-8 off in float64)
-        if self.attn_impl == "fused" and not return_weights and trace is None and x.dtype != jnp.float64:
+        if self.fused and not return_weights and not recording():
             return self.out_proj(self._fused_attention(q, k, v, mask, start))  # (B, T, D)
 
         # 4. score and scale: keeps the score variance independent of d_head
         q = q * (1.0 / math.sqrt(self.d_head))  # scaling Q is T / d_head times cheaper than scaling the scores
         scores = q @ k.swapaxes(-2, -1)  # (B, H, T, S)
-        record(trace, "scores", scores)
+        record(scores=scores)
 
         # 5. mask: no query may see a later key
-        allowed = self._causal_rows(start, T, S)  # (T, S)
-        if mask is not None:
-            allowed = allowed & mask  # (B, H, T, S) or broadcastable
+        allowed = self._allowed(start, T, k.shape[2], mask)  # (T, S), or (B, H, T, S) with a mask
         scores = jnp.where(allowed, scores, -jnp.inf)
 
         # 6. softmax over keys
@@ -116,59 +109,60 @@ class MultiHeadSelfAttention(nnx.Module):
         if mask is not None:
             # a row with no allowed key is all -inf, which softmax turns into NaN: make it 0
             weights = jnp.where(allowed.any(axis=-1, keepdims=True), weights, 0.0)
-        record(trace, "weights", weights)
 
         # 7. weight the values
         context = weights @ v  # (B, H, T, d_head)
-        record(trace, "context", context)
 
         # 8. merge heads
         merged = context.transpose(0, 2, 1, 3).reshape(B, T, D)  # (B, T, D)
-        record(trace, "merged", merged)
 
         # 9. project out: mixes the heads
         out = self.out_proj(merged)  # (B, T, D)
-        record(trace, "attn_out", out)
+        record(weights=weights, context=context, merged=merged, attn_out=out)
         return (out, weights) if return_weights else out
 
-    def _causal_rows(self, start, T, S):
-        """The causal mask of a chunk of T queries at positions start..start+T-1 over S keys:
-        rows start..start+T-1 of the full (max_len, max_len) mask, bottom-right aligned. Without
-        a cache (start 0, S = T) the top-left (T, T); with one, never that corner. start may be
-        traced, so the rows are a dynamic slice (a Python slice needs concrete bounds)."""
-        return jax.lax.dynamic_slice_in_dim(self.causal_mask[...], start, T)[:, :S]  # (T, S)
+    def _weight_shapes(self):
+        # the block's parameters by exchange name, in the exchange layout: a Flax kernel is (in, out)
+        shapes = {}
+        for name in ("qkv_proj", "out_proj"):
+            layer = getattr(self, name)
+            shapes[f"attn.{name}.weight"] = layer.kernel.shape[::-1]
+            if layer.bias is not None:
+                shapes[f"attn.{name}.bias"] = layer.bias.shape
+        return shapes
+
+    def _allowed(self, start, T, S, mask):
+        """Where a chunk of T queries at positions start..start+T-1 may attend among S keys: rows
+        start..start+T-1 of the causal mask, bottom-right aligned (without a cache, start 0 and
+        S = T: the top-left (T, T); with one, never that corner), ANDed with `mask`, made a
+        jax array here when it is another array-like of bool. start may be traced, so the rows
+        are a dynamic slice (a Python slice needs concrete bounds)."""
+        allowed = jax.lax.dynamic_slice_in_dim(self.causal_mask[...], start, T)[:, :S]  # (T, S)
+        return allowed if mask is None else allowed & jnp.asarray(mask)  # (B, H, T, S) or broadcastable
 
     def _fused_attention(self, q, k, v, mask, start):
         """Steps 4 to 8 in one call of the framework's kernel: q (B, H, T, d_head) and k, v
         (B, H, S, d_head) -> (B, T, D), for the chunk of queries at positions start..start+T-1.
 
         Only the causal mask and no cache: is_causal (XLA on CPU still builds the (T, T) scores;
-        the cuDNN kernel on a GPU does not). Otherwise the mask is step 5's rows start..start+T-1
-        (is_causal with S != T would align it top-left), an extra mask is ANDed with it, and a
-        query row with no allowed key gets a zero context, as the explicit path's zero weights give.
+        the cuDNN kernel on a GPU does not). Otherwise the mask is step 5's (is_causal with S != T
+        would align it top-left), and a query row with no allowed key gets a zero context, as the
+        explicit path's zero weights give.
         """
         B, H, T, d_head = q.shape
-        S = k.shape[2]
         q, k, v = q.swapaxes(1, 2), k.swapaxes(1, 2), v.swapaxes(1, 2)  # jax's kernel takes positions before heads
-
-        # 1. attend: score, scale, mask, softmax and weight the values in one kernel
-        # (jax.nn.dot_product_attention takes (B, T, H, d_head); its mask is (B, H, T, S))
-        if mask is None and S == T:
+        if mask is None and k.shape[1] == T:
             context = jax.nn.dot_product_attention(q, k, v, is_causal=True)  # (B, T, H, d_head)
             return context.reshape(B, T, H * d_head)  # (B, T, D)
-        allowed = self._causal_rows(start, T, S)  # (T, S)
-        if mask is not None:
-            allowed = allowed & mask  # (B, H, T, S) or broadcastable
+        allowed = self._allowed(start, T, k.shape[1], mask)  # (T, S), or (B, H, T, S) with a mask
         context = jax.nn.dot_product_attention(q, k, v, mask=allowed)  # (B, T, H, d_head)
-
-        # 2. a query with no allowed key gets zero context (SDPA gives 0, jax.nn.dot_product_attention the mean of V)
+        # a query with no allowed key: SDPA gives a zero context, jax.nn.dot_product_attention the mean of V
         has_key = jnp.broadcast_to(allowed.any(axis=-1), (B, H, T)).swapaxes(1, 2)  # (B, T, H)
         context = jnp.where(has_key[..., None], context, 0.0)  # (B, T, H, d_head)
-
-        # 3. merge heads
         return context.reshape(B, T, H * d_head)  # (B, T, D)
 
 
 def _concrete(value):
-    # the value of a count that is known now; None while tracing, when only its shape is
+    """The value of a count known now, or None while jax traces it (then only its shape is known).
+    jax.core.Tracer is public API in jax 0.10.2 (jax/core.py re-exports it)."""
     return None if isinstance(value, jax.core.Tracer) else int(value)

@@ -18,7 +18,7 @@ import numpy as np
 from flax import nnx
 
 from jax_impl.attention import DTYPES
-from jax_impl.model import TinyLM, _id_range, predict
+from jax_impl.model import TinyLM, predict
 from shared import checks, sampling
 
 
@@ -61,21 +61,10 @@ def new_cache(model: TinyLM, batch: int) -> KVCache:
 def step(model: TinyLM, tokens: np.ndarray, cache: KVCache) -> np.ndarray:
     """NumPy in, NumPy out: tokens (B, T) at positions cache.length.. -> logits (B, T, V);
     the cache is extended by them."""
-    # checked here, where the ids and the count are known; the compiled step sees neither
     tokens = np.asarray(tokens)
-    config = model.config
-    checks.check_tokens(tokens.shape, str(tokens.dtype), config.vocab_size, config.max_len, *_id_range(tokens))
-    checks.check_cache(
-        tokens.shape[0],
-        str(model.tok_emb.embedding.dtype),
-        cache.k.shape[0],
-        str(cache.k.dtype),
-        int(cache.length[...]),
-        tokens.shape[1],
-        config.max_len,
-    )
-    cache_graphdef, cache_state = nnx.split(cache)
-    logits, cache_state = _step(*nnx.split(model), cache_graphdef, cache_state, tokens)
+    with checks.entry(model.check, tokens, cache=cache):  # here, where the ids and the count are known; the compiled step sees neither
+        cache_graphdef, cache_state = nnx.split(cache)
+        logits, cache_state = _step(*nnx.split(model), cache_graphdef, cache_state, tokens)
     nnx.update(cache, cache_state)
     return np.asarray(logits)
 

@@ -1,5 +1,29 @@
 """TinyLM in JAX/Flax NNX (embeddings -> attention -> LM head), its loss, its one exchange-format
-converter, and the NumPy-facing functions of shared.protocol (predict, attend, loss_and_grads)."""
+converter, and the NumPy-facing functions of shared.protocol (predict, attend, loss_and_grads).
+
+Token ids out of range under your own jit. An eager call, predict, loss_and_grads and the
+trainer refuse an id outside [0, V) with a ValueError before any work. Inside a function you
+compile yourself the ids are not known while it is traced, and JAX's embedding lookup then gives
+NaN for such an id, silently. To catch it, turn on the model's checkify check and run the call
+under jax.experimental.checkify:
+
+    from jax.experimental import checkify
+
+    model.checkify_ids = True  # every traced call checks its ids with checkify.check
+
+    @nnx.jit
+    def logits_of(model, tokens):
+        return checkify.checkify(lambda tokens: model(tokens))(tokens)  # -> (error, logits)
+
+    error, logits = logits_of(model, tokens)
+    error.throw()  # ValueError (checkify.JaxRuntimeError): token id 64 is out of range: ids must
+                   # lie in [0, 64) for vocab_size=64 (`check` failed); nothing when every id is in range
+
+In-range ids give the same logits as without the check. With checkify_ids on, a jitted call that
+is not wrapped in checkify.checkify fails while it is traced ("Cannot abstractly evaluate a
+checkify.check which was not functionalized"); eager calls and this module's functions are
+unaffected (they check the ids on the host).
+"""
 
 from __future__ import annotations
 
@@ -12,10 +36,11 @@ import numpy as np
 import optax
 from flax import nnx
 
+from jax_impl import startup
 from jax_impl.attention import DTYPES, MultiHeadSelfAttention, _concrete
 from shared import checks, weights
 from shared.config import ModelConfig
-from shared.trace import record
+from shared.trace import record, tracing
 
 if TYPE_CHECKING:  # the cache's module imports this one
     from jax_impl.generate import KVCache
@@ -33,53 +58,59 @@ class TinyLM(nnx.Module):
             config.d_model, config.n_heads, config.max_len, config.bias, dtype=dtype, attn_impl=config.attn_impl, rngs=rngs
         )
         self.lm_head = nnx.Linear(config.d_model, config.vocab_size, use_bias=config.bias, **dtypes, rngs=rngs)
+        self.checkify_ids = False  # True: a call traced by jit checks its ids with checkify (this module's docstring)
 
-    def __call__(
-        self,
-        tokens: jax.Array,
-        mask: jax.Array | None = None,
-        return_weights: bool = False,
-        trace: dict[str, Any] | None = None,
-        cache: KVCache | None = None,
-    ) -> Any:
+    def check(self, tokens: Any, mask: Any = None, return_weights: bool = False, cache: KVCache | None = None) -> None:
+        """Refuse a bad call in one line (shared.checks), before any work: integer tokens (B, T)
+        with T <= max_len and every id in [0, V) (while jit traces the call the ids are not known:
+        see checkify_ids); the cache must fit the chunk; the mask must be boolean and broadcast to
+        (B, H, T, S). Runs once, where a call enters (checks.at_entry): the block inside does not
+        check again."""
+        config = self.config
+        checks.check_tokens(tuple(tokens.shape), str(tokens.dtype), config.vocab_size, config.max_len, *_id_range(tokens))
+        if self.checkify_ids and isinstance(tokens, jax.core.Tracer):
+            _checkify_ids(tokens, config.vocab_size)
+        B, T = tokens.shape
+        filled = None if cache is None else _concrete(cache.length[...])
+        checks.check_cache_and_mask(B, T, str(self.tok_emb.embedding.dtype), config.n_heads, config.max_len, mask, cache, filled)
+
+    @checks.at_entry(check)
+    def __call__(self, tokens: jax.Array, mask: Any = None, return_weights: bool = False, cache: KVCache | None = None) -> Any:
         """tokens int (B, T) -> logits (B, T, V), or (logits, weights (B, H, T, S)).
 
         With a KV cache (jax_impl.generate.KVCache) the tokens sit at positions p..p+T-1,
         p = cache.length, and the cache is extended by them; S = max_len (T without a cache)."""
-        checks.check_tokens(
-            tuple(tokens.shape),
-            str(tokens.dtype),
-            self.config.vocab_size,
-            self.config.max_len,
-            *_id_range(tokens),
-        )
         B, T = tokens.shape
         start = 0 if cache is None else cache.length[...]  # p: positions continue after the cached ones
-        if cache is not None:
-            checks.check_cache(B, str(self.tok_emb.embedding.dtype), cache.k.shape[0], str(cache.k.dtype), _concrete(start), T, self.config.max_len)
 
         # 1. embed: token identity plus learned position
         positions = start + jnp.arange(T)  # (T,)
         x = self.tok_emb(tokens) + self.pos_emb(positions)  # (B, T, D)
-        record(trace, "embed", x)
+        record(embed=x)
 
         # 2. attend
-        attended = self.attn(x, mask=mask, return_weights=return_weights, trace=trace, cache=cache)
+        attended = self.attn(x, mask=mask, return_weights=return_weights, cache=cache)
         x, weights = attended if return_weights else (attended, None)  # (B, T, D)
 
         # 3. read out the next token
         logits = self.lm_head(x)  # (B, T, V)
-        record(trace, "logits", logits)
+        record(logits=logits)
         return (logits, weights) if return_weights else logits
 
 
 def _id_range(tokens):
-    # the smallest and largest id, so that a bad id is named instead of being clamped or
-    # turned into NaN silently; inside jit the ids are not known (predict checks them before
-    # its jit; the trainer's copy-task data is generated in range and not checked per step)
-    if tokens.size == 0 or isinstance(tokens, jax.core.Tracer) or checks.dtype_kind(str(tokens.dtype)) != "int":
-        return None, None
-    return int(tokens.min()), int(tokens.max())
+    # the smallest and largest id, so that a bad id is named instead of being clamped or turned
+    # into NaN silently; None while jit traces the call (predict and step check before their jit)
+    return (None, None) if isinstance(tokens, jax.core.Tracer) else checks.id_range(tokens)
+
+
+def _checkify_ids(tokens: jax.Array, vocab_size: int) -> None:
+    # every id in [0, V) as a checkify.check: under the caller's checkify.checkify the first
+    # bad id becomes an error with the eager call's message; without it, jit refuses to trace
+    from jax.experimental import checkify  # only where asked for
+
+    bad = jnp.where(jnp.any(tokens < 0), jnp.min(tokens), jnp.max(tokens))
+    checkify.check(jnp.all((tokens >= 0) & (tokens < vocab_size)), checks.token_id_error("{bad}", vocab_size), bad=bad)
 
 
 # exchange name -> (path of the nnx variable, whether the array is transposed on the way)
@@ -109,31 +140,9 @@ def from_exchange(arrays: dict[str, np.ndarray], config: ModelConfig) -> TinyLM:
     dtype = weights.validate(arrays, config)
     if dtype == "float64":
         jax.config.update("jax_enable_x64", True)  # off by default: float64 would silently become float32
-    model = _empty(config, dtype)
+    model = startup.zeros_model(TinyLM, MultiHeadSelfAttention, config, dtype)
     assign_exchange(model, arrays)
     return model
-
-
-def _empty(config: ModelConfig, dtype: str) -> TinyLM:
-    """A TinyLM with zero parameters for from_exchange to fill, built without running the random
-    initializers whose draws would only be overwritten (compiling them was a large share of the JAX
-    demo's start-up, see benchmarks/RESULTS.md): nnx.eval_shape gives the structure, and what is not a parameter (the causal mask) comes
-    from the real constructor, compiled with the initializers cut away, once per config."""
-    # two filters give three parts; the stub types split's result as a variadic tuple
-    graphdef, params, rest = nnx.split(nnx.eval_shape(lambda: TinyLM(config, dtype=dtype, rngs=nnx.Rngs(0))), nnx.Param, ...)  # type: ignore[misc]
-    # jax.device_put, not jnp.asarray: on an nnx.State leaf the latter compiles a program per shape
-    params = jax.tree.map(lambda leaf: jax.device_put(np.zeros(leaf.shape, leaf.dtype)), params)
-    # fresh arrays for every model: a trainer donates its state, which deletes the buffers
-    nnx.replace_by_pure_dict(rest, jax.tree.map(lambda buffer: jax.device_put(buffer.copy()), _buffers(config, dtype, MultiHeadSelfAttention)))
-    return nnx.merge(graphdef, params, rest)
-
-
-@functools.lru_cache(maxsize=64)
-def _buffers(config: ModelConfig, dtype: str, block) -> dict:
-    """The state of a fresh TinyLM that is not a parameter, as a pure dict of NumPy arrays. `block`,
-    the attention class TinyLM builds, is part of the key: a block swapped in is built anew."""
-    compiled = jax.jit(lambda: nnx.state(TinyLM(config, dtype=dtype, rngs=nnx.Rngs(0)), nnx.Not(nnx.Param)))
-    return jax.tree.map(np.asarray, nnx.to_pure_dict(compiled()))
 
 
 def assign_exchange(tree: nnx.Module | nnx.State, arrays: dict[str, np.ndarray]) -> None:
@@ -183,16 +192,15 @@ def loss_fn(model: TinyLM, x: jax.Array, y: jax.Array, mask: jax.Array | None = 
 def predict(
     model: TinyLM, tokens: np.ndarray, *, mask: np.ndarray | None = None, return_weights: bool = False, trace: dict[str, np.ndarray] | None = None
 ) -> Any:
-    """NumPy in, NumPy out: tokens (B, T) -> logits (B, T, V), or (logits, weights (B, H, T, T))."""
-    tokens = np.asarray(tokens)
-    if trace is not None:  # eagerly: the trace holds concrete arrays
-        inner: dict[str, jax.Array] = {}
-        result = model(jnp.asarray(tokens), mask=_array(mask), return_weights=return_weights, trace=inner)
-        trace.update({name: np.asarray(value) for name, value in inner.items()})
-    else:
-        # compiled as one program (eagerly, each of its ~40 operations compiles on first use)
-        _check_before_jit(model, tokens, mask)
-        result = _forward(*nnx.split(model), tokens, _array(mask), return_weights)
+    """NumPy in, NumPy out: tokens (B, T) -> logits (B, T, V), or (logits, weights (B, H, T, T)).
+    trace, a dict, receives every stage of shared.trace.STAGES."""
+    tokens, mask = np.asarray(tokens), _array(mask)
+    with checks.entry(model.check, tokens, mask):  # here: under jit the ids are not known
+        if trace is not None:  # eagerly: the trace holds concrete arrays
+            with tracing(trace, np.asarray):
+                result = model(jnp.asarray(tokens), mask=mask, return_weights=return_weights)
+        else:  # compiled as one program (eagerly, each of its ~40 operations compiles on first use)
+            result = _forward(*nnx.split(model), tokens, mask, return_weights)
     return tuple(np.asarray(value) for value in result) if return_weights else np.asarray(result)
 
 
@@ -203,33 +211,25 @@ def _forward(graphdef, state, tokens, mask, return_weights):
 
 def attend(model: TinyLM, x: np.ndarray, *, mask: np.ndarray | None = None, return_weights: bool = False) -> Any:
     """NumPy in, NumPy out: the attention block alone, x (B, T, D) -> (B, T, D), or (out, weights)."""
-    x = np.asarray(x)  # checked before conversion, as in torch_impl
-    checks.check_input(x.shape, x.dtype.name, model.attn.d_model, model.attn.max_len, str(model.attn.qkv_proj.kernel.dtype))
-    result = model.attn(jnp.asarray(x), mask=_array(mask), return_weights=return_weights)
+    x, mask = np.asarray(x), _array(mask)
+    with checks.entry(model.attn.check, x, mask):
+        result = model.attn(jnp.asarray(x), mask=mask, return_weights=return_weights)
     return tuple(np.asarray(value) for value in result) if return_weights else np.asarray(result)
 
 
 def loss_and_grads(model: TinyLM, tokens: np.ndarray, targets: np.ndarray, *, mask: np.ndarray | None = None) -> tuple[float, dict[str, np.ndarray]]:
     """NumPy in, NumPy out: (loss, d loss / d every exchange array) by jax.grad."""
-    # compiled as one function: op by op, each of the ~100 operations of forward and backward
-    # would compile on its own for every new shape; the maths is the same
-    tokens = np.asarray(tokens)
-    _check_before_jit(model, tokens, mask)
-    loss, grads = _value_and_grad(model, jnp.asarray(tokens), jnp.asarray(targets), _array(mask))
+    tokens, mask = np.asarray(tokens), _array(mask)
+    with checks.entry(model.check, tokens, mask):  # here: under jit the ids are not known
+        loss, grads = _value_and_grad(model, jnp.asarray(tokens), jnp.asarray(targets), mask)
     return float(loss), grads_to_exchange(grads)
 
 
+# compiled as one function: op by op, each of the ~100 operations of forward and backward
+# would compile on its own for every new shape; the maths is the same
 _value_and_grad = nnx.jit(nnx.value_and_grad(loss_fn))
 
 
-def _check_before_jit(model, tokens: np.ndarray, mask) -> None:
-    # under jit the model sees only tracers: ids out of range would be clamped or turn into
-    # NaN silently, and an error raised while tracing would carry JAX's traceback note
-    checks.check_tokens(tokens.shape, str(tokens.dtype), model.config.vocab_size, model.config.max_len, *_id_range(tokens))
-    if mask is not None:
-        B, T = tokens.shape
-        checks.check_mask(np.shape(mask), str(np.asarray(mask).dtype), (B, model.config.n_heads, T, T))
-
-
 def _array(mask):
-    return None if mask is None else jnp.asarray(mask)
+    # a mask as NumPy (any array-like of bool): checked, then converted once, as the tokens are
+    return None if mask is None else np.asarray(mask)

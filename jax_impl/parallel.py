@@ -24,8 +24,10 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jax_impl.compiled import scan_steps
 from jax_impl.model import TinyLM, from_exchange
-from jax_impl.train import new_optimizer, optimizer_from_exchange, scan_steps
+from jax_impl.startup import new_optimizer
+from jax_impl.train import optimizer_from_exchange, train_step
 from shared import training
 from shared.adam_state import AdamState
 from shared.config import ModelConfig, TrainConfig
@@ -118,10 +120,11 @@ def train_epoch(
     jax.lax.scan, a smaller last batch as one more scanned step; XLA all-reduces the gradients."""
     size = len(batches[0][0])
     full = [batch for batch in batches if len(batch[0]) == size]
-    xs, ys = np.stack([x for x, _ in full]), np.stack([y for _, y in full])  # steps x B x T, one scan
-    state, losses = scan_steps(graphdef, state, place(xs, mesh, shard), place(ys, mesh, shard))
+    # the full batches stacked, (steps, B, T), for one scan
+    xs, ys = np.stack([x for x, _ in full]), np.stack([y for _, y in full])
+    state, losses = scan_steps(train_step, graphdef, state, place(xs, mesh, shard), place(ys, mesh, shard))
     for x, y in batches[len(full) :]:
-        state, loss = scan_steps(graphdef, state, place(x[None], mesh, shard), place(y[None], mesh, shard))
+        state, loss = scan_steps(train_step, graphdef, state, place(x[None], mesh, shard), place(y[None], mesh, shard))
         losses = jax.numpy.concatenate([losses, loss])
     return state, np.asarray(losses)
 

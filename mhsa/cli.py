@@ -4,8 +4,14 @@ imported only when used, so `mhsa --help` starts fast and never loads a framewor
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import io
+import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 
 # name -> (module with add_arguments(parser) and run(args) -> exit code, one-line help)
 COMMANDS = {
@@ -16,7 +22,10 @@ COMMANDS = {
     "parity": ("mhsa.parity.command", "prove every backend agrees: every stage, gradient, step, decode step and data-parallel run"),
     "generate": ("mhsa.generate", "continue a prompt with a saved model, with the KV cache or without (--no-cache)"),
     "port-check": ("mhsa.port_check", "check your own port: a torch model against its Flax port, module by module"),
-    "compare": ("mhsa.compare", "compare the per-step losses of two --history files"),
+    "compare": (
+        "mhsa.compare",
+        "compare the per-step losses of two or more --history files; exit 1 when they differ beyond the trajectory tolerance",
+    ),
     "bind": ("mhsa.bind", "bind an Adam companion saved before checkpoints were bound to its weights file"),
     "bench": ("mhsa.bench", "run the benchmarks (benchmarks/ of a checkout) and print their markdown tables"),
 }
@@ -55,42 +64,141 @@ def version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser()
-    # parse the subcommand name first, then let its module add its own flags
-    known, _ = parser.parse_known_args(argv[:1] if argv and not argv[0].startswith("-") else argv)
-    if known.command is None:
-        parser.print_help()
-        return 0 if not argv else 2
-    try:  # Ctrl-C while the subcommand's module is imported: one line, as during its run
-        module = importlib.import_module(COMMANDS[known.command][0])
-        subparser = _subparser(parser, known.command)
-        module.add_arguments(subparser)
-        args = parser.parse_args(argv)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    return run_guarded(module.run, args, prefix=f"mhsa {known.command}: error")
+    """`mhsa ARGV` (sys.argv's when None: this process's own command line)."""
+    with interrupts_restored(own_process=argv is None):
+        argv = sys.argv[1:] if argv is None else argv
+        with stdout_to_a_reader_that_may_leave():
+            parser = build_parser()
+            # parse the subcommand name first, then let its module add its own flags
+            known, _ = parser.parse_known_args(argv[:1] if argv and not argv[0].startswith("-") else argv)
+            if known.command is None:
+                parser.print_help()
+                return 0 if not argv else 2
+            try:  # Ctrl-C while the subcommand's module is imported: one line, as during its run
+                module = importlib.import_module(COMMANDS[known.command][0])
+                subparser = _subparser(parser, known.command)
+                module.add_arguments(subparser)
+                # the subcommand's own parser: an unknown flag is refused with its usage, not mhsa's
+                args = subparser.parse_args(argv[1:], argparse.Namespace(command=known.command))
+            except KeyboardInterrupt:
+                hold_further_interrupts()
+                print("interrupted", file=sys.stderr)
+                return 130
+            return run_guarded(module.run, args, prefix=f"mhsa {known.command}: error")
 
 
 def run_guarded(run, args, prefix: str) -> int:
     """run(args), with the endings every command shares turned into exit codes, not tracebacks;
-    --threads, where the command has it, applies before the command starts any framework."""
-    try:
-        if getattr(args, "threads", None) is not None:
-            from mhsa.threads import apply_threads
+    --threads, where the command has it, applies before the command starts any framework.
+    A reader of stdout that leaves early (`| head`) neither stops the command nor changes its
+    exit status: what it prints after is dropped (stdout_to_a_reader_that_may_leave)."""
+    with stdout_to_a_reader_that_may_leave():
+        try:
+            if getattr(args, "threads", None) is not None:
+                from mhsa.threads import apply_threads
 
-            apply_threads(args.threads)
-        return run(args)
-    except BrokenPipeError:  # the reader went away (`| head`): not an error of ours
-        sys.stdout = None
-        return 0
-    except OSError as error:  # a write failed after the checks (disk full, a folder removed): one line
-        print(f"{prefix}: {error}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+                apply_threads(args.threads)
+            return run(args)
+        except OSError as error:  # a write failed after the checks (disk full, a folder removed): one line
+            print(f"{prefix}: {error}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            hold_further_interrupts()
+            print("interrupted", file=sys.stderr)
+            return 130
+
+
+def hold_further_interrupts() -> None:
+    """After a Ctrl-C a command winds down: it saves what it can and says so in one line, then
+    exits 130. A further Ctrl-C is ignored from here on, so that it cuts short neither the line
+    nor the interpreter's exit with a traceback (interrupts_restored undoes this in a command run
+    inside another program)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def interrupts_restored(own_process: bool) -> Iterator[None]:
+    """The Ctrl-C handler as it was before the block, unless the command is this process's own
+    (it is exiting: hold_further_interrupts stays)."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGINT) if main else None
+    try:
+        yield
+    finally:
+        if main and not own_process:
+            signal.signal(signal.SIGINT, previous)
+
+
+class _ReaderMayLeave(io.TextIOBase):
+    """sys.stdout for a command whose reader may close the pipe before the command is done: once
+    a write or flush meets the closed pipe, the stream's descriptor is pointed at /dev/null and
+    everything printed after is dropped, so the command finishes its work (the files it writes)
+    and exits as it would have, and Python's final flush at exit finds nothing to complain about."""
+
+    def __init__(self, stream) -> None:
+        super().__init__()
+        self.stream, self.reader_left = stream, False
+
+    def write(self, text: str) -> int:
+        if not self.reader_left:
+            try:
+                self.stream.write(text)
+            except BrokenPipeError:
+                self._reader_gone()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.reader_left:
+            try:
+                self.stream.flush()
+            except BrokenPipeError:
+                self._reader_gone()
+
+    def _reader_gone(self) -> None:
+        self.reader_left = True
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.stream.fileno())
+            os.close(devnull)
+            self.stream.flush()  # what the stream still buffers goes to /dev/null now, not to Python's flush at exit
+        except (OSError, ValueError, io.UnsupportedOperation):  # a stream without a descriptor: dropping is enough
+            pass
+
+    def isatty(self) -> bool:
+        return not self.reader_left and self.stream.isatty()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    def writable(self) -> bool:
+        return True
+
+    @property
+    def encoding(self):
+        return self.stream.encoding
+
+    @property
+    def errors(self):
+        return self.stream.errors
+
+    def __getattr__(self, name: str):  # the rest of the stream's own interface (buffer, name, ...)
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def stdout_to_a_reader_that_may_leave() -> Iterator[None]:
+    """sys.stdout wrapped in _ReaderMayLeave while the block runs (once: nested calls share it)."""
+    if isinstance(sys.stdout, _ReaderMayLeave) or sys.stdout is None:
+        yield
+        return
+    original = sys.stdout
+    sys.stdout = wrapper = _ReaderMayLeave(original)
+    try:
+        yield
+    finally:
+        wrapper.flush()  # a reader gone is met here, not by Python's own flush at exit
+        sys.stdout = original
 
 
 if __name__ == "__main__":

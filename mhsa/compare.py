@@ -1,4 +1,8 @@
-"""`mhsa compare A.json B.json`: how far apart two training runs' losses are, step by step."""
+"""`mhsa compare A.json B.json [B2.json ...]`: how far apart two training runs' losses are, step
+by step, and whether they agree within the trajectory tolerance of docs/DESIGN.md
+(shared.tolerances): exit 0 when they do, 1 when they do not, naming the first step beyond it.
+Several B files are the parts of one run handed between backends (--save, then --resume),
+joined in step order."""
 
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ import numpy as np
 
 from shared import checks
 from shared.history import History
+from shared.tolerances import tolerance
+from shared.words import plural
 
 
 @dataclass
@@ -22,6 +28,34 @@ class Comparison:
     @property
     def worst_step(self) -> int:
         return int(self.steps[np.argmax(self.gaps)])
+
+    def beyond(self, tol: float) -> np.ndarray:
+        """The indices of the steps whose gap exceeds `tol` (a NaN on one side only counts as inf)."""
+        return np.flatnonzero(~(self.gaps <= tol))
+
+
+def every_step(count: int) -> str:
+    """ "every one of the 5 steps", or "the 1 step"."""
+    return "the 1 step" if count == 1 else f"every one of the {count} steps"
+
+
+def trajectory_tolerance(first: History, second: History) -> tuple[float, str]:
+    """docs/DESIGN.md's trajectory tolerance for two runs, and the dtype it is for: the looser of
+    their dtypes' (a float32 run against a float64 one is held to float32's)."""
+    return max((tolerance("trajectory", run.train_config.dtype), run.train_config.dtype) for run in (first, second))
+
+
+def verdict(result: Comparison, tol: float, dtype: str) -> tuple[bool, str]:
+    """(agree, the line that says so): within `tol` at every step compared, or the first step beyond it."""
+    where = f"the trajectory tolerance {tol:.0e} ({dtype}, docs/DESIGN.md)"
+    beyond = result.beyond(tol)
+    if beyond.size == 0:
+        return True, f"agree: within {where} at {every_step(result.steps.size)} compared"
+    first = beyond[0]
+    return False, (
+        f"differ: beyond {where} first at step {result.steps[first]}: |A - B| = {result.gaps[first]:.3e} "
+        f"(A {result.a[first]:.6g}, B {result.b[first]:.6g}); {beyond.size} of {plural(result.steps.size, 'step')} beyond it"
+    )
 
 
 def compare(first: History, second: History) -> Comparison:
@@ -116,7 +150,7 @@ def comparison_figure(result: Comparison, labels: tuple[str, str]):
         gaps.text(
             0.5,
             0.5,
-            f"A and B are identical at every one of the {result.steps.size} steps compared",
+            f"A and B are identical at {every_step(result.steps.size)} compared",
             transform=gaps.transAxes,
             ha="center",
             va="center",
@@ -131,7 +165,7 @@ def comparison_figure(result: Comparison, labels: tuple[str, str]):
         exact = int((result.gaps == 0).sum())
         gaps.set_title(
             f"max {result.gaps.max():.2e} at step {result.worst_step}, mean {result.gaps.mean():.2e}"
-            + (f"; {exact} steps identical (not drawn)" if exact else ""),
+            + (f"; {plural(exact, 'step')} identical (not drawn)" if exact else ""),
             fontsize=10,
         )
     figure.suptitle(f"loss per step: {labels[0]} vs {labels[1]}")
@@ -141,13 +175,14 @@ def comparison_figure(result: Comparison, labels: tuple[str, str]):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from mhsa.flags import png_path
 
-    parser.add_argument("a", metavar="A.json", type=Path, help="a --history file")
+    parser.add_argument("a", metavar="A.json", type=Path, help="a --history file: the run compared against")
     parser.add_argument(
         "b",
         metavar="B.json",
         type=Path,
         nargs="+",
-        help="another --history file; several are joined in step order (a run handed between backends with --save and --resume)",
+        help="one or more --history files (two or more files in all): several are joined in step order, "
+        "the parts of one run handed between backends with --save and --resume",
     )
     parser.add_argument("--plot", metavar="FILE.png", type=png_path, help="draw both curves and their difference")
 
@@ -166,12 +201,14 @@ def run(args) -> int:
     print(f"B  {describe(second, ' + '.join(str(path) for path in args.b))}")
     for line in differences(first, second):
         print(f"note: {line}")
-    print(f"compared {result.steps.size} common steps ({result.steps[0]}..{result.steps[-1]})")
+    print(f"compared {plural(result.steps.size, 'common step')} ({result.steps[0]}..{result.steps[-1]})")
     print(
         f"max |A - B|  {result.gaps.max():.3e} at step {result.worst_step} "
         f"(A {result.a[np.argmax(result.gaps)]:.6g}, B {result.b[np.argmax(result.gaps)]:.6g})"
     )
     print(f"mean |A - B| {result.gaps.mean():.3e}")
+    agree, line = verdict(result, *trajectory_tolerance(first, second))
+    print(line)
     if args.plot is not None:
         from mhsa.plots import save_figure
 
@@ -179,4 +216,4 @@ def run(args) -> int:
         label_a, label_b = (f"{key} = {name} ({run.backend}, {run.train_config.dtype})" for key, name, run in zip("AB", names, (first, second)))
         save_figure(comparison_figure(result, (label_a, label_b)), args.plot)
         print(f"saved plot to {args.plot}")
-    return 0
+    return 0 if agree else 1

@@ -30,6 +30,7 @@ shared.checks.check_training_fits, with the estimated memory in the message.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from shared.checks import SEED_RANGE
@@ -95,6 +96,15 @@ def positive_float(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text}")
     return value
+
+
+def refuse(parser: argparse.ArgumentParser, error: Exception | str) -> int:
+    """A flag the command can check only once it has read its input (a head the model lacks, a
+    prompt longer than the context): argparse's usage and `PROG: error: MESSAGE` on stderr, as
+    parser.error prints them, returned as exit status 2 instead of raised."""
+    parser.print_usage(sys.stderr)
+    print(f"{parser.prog}: error: {error}", file=sys.stderr)
+    return 2
 
 
 def png_path(text: str) -> Path:

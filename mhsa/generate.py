@@ -12,11 +12,13 @@ from pathlib import Path
 import numpy as np
 
 from mhsa import registry
-from mhsa.flags import int_flag, positive_float
+from mhsa.flags import int_flag, positive_float, refuse
 from mhsa.heads import token_list
 from mhsa.heatmap import NAN
 from mhsa.threads import add_threads_argument
-from shared import weights
+from shared import checks, weights
+from shared.sampling import NonFiniteLogitsError
+from shared.words import plural
 
 BAR = 40  # characters for a weight of 1
 
@@ -38,6 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="also show head N's attention of the last generated token over the whole context",
     )
+    parser.set_defaults(parser=parser)
 
 
 def attention_row(weights_row: np.ndarray, tokens: list[int]) -> str:
@@ -52,28 +55,41 @@ def attention_row(weights_row: np.ndarray, tokens: list[int]) -> str:
 
 def run(args) -> int:
     try:
-        arrays, config = weights.load(args.load)
+        loaded = weights.read(args.load)
+        weights.check_finite(loaded.arrays, f"weights file {str(args.load)!r}")
     except (ValueError, FileNotFoundError) as error:
         print(f"mhsa generate: error: {error}", file=sys.stderr)
         return 1
-    if args.heatmap_head is not None and args.heatmap_head >= config.n_heads:
-        print(
-            f"mhsa generate: error: --heatmap-head {args.heatmap_head} is out of range: the model has "
-            f"{config.n_heads} heads (0..{config.n_heads - 1})",
-            file=sys.stderr,
-        )
-        return 2
-    backend = registry.get(args.backend)
-    model = backend.model.from_exchange(arrays, config)
+    config = loaded.config
     prompt = np.array([args.prompt], dtype=np.int64)
     greedy = args.temperature is None
+    try:  # the flags against the model, before any work
+        if args.heatmap_head is not None and args.heatmap_head >= config.n_heads:
+            raise ValueError(
+                f"--heatmap-head {args.heatmap_head} is out of range: the model has {plural(config.n_heads, 'head')} (0..{config.n_heads - 1})"
+            )
+        checks.check_generate(
+            prompt.shape,
+            prompt.dtype.name,
+            config.vocab_size,
+            config.max_len,
+            args.max_new_tokens,
+            prompt.min(),
+            prompt.max(),
+            greedy,
+            args.temperature or 1.0,
+        )
+    except (ValueError, TypeError) as error:
+        return refuse(args.parser, error)
+    backend = registry.get(args.backend)
+    model = backend.model.from_exchange(loaded.arrays, config)
     try:
         ids = backend.module("generate").generate(
             model, prompt, args.max_new_tokens, greedy=greedy, temperature=args.temperature or 1.0, seed=args.seed, use_cache=not args.no_cache
         )
-    except (ValueError, TypeError) as error:
+    except NonFiniteLogitsError as error:  # finite weights large enough to overflow: no token to choose
         print(f"mhsa generate: error: {error}", file=sys.stderr)
-        return 2
+        return 1
     tokens = ids[0].tolist()
     how = "greedy" if greedy else f"sampled at temperature {args.temperature}, seed {args.seed}"
     print(f"{args.load}: {args.backend}, {'no cache' if args.no_cache else 'KV cache'}, {how}")

@@ -10,12 +10,13 @@ from pathlib import Path
 import numpy as np
 
 from mhsa import registry
-from mhsa.flags import png_path
+from mhsa.flags import png_path, refuse
 from mhsa.heatmap import ascii_heads
 from mhsa.threads import add_threads_argument
-from mhsa.train_cli import heatmap_tokens
+from mhsa.train_outputs import heatmap_tokens
 from shared import checks, weights
 from shared.config import ATTN_IMPLS
+from shared.words import plural
 
 MAX_ID = 2**31 - 1  # ids beyond int32 are refused here; the model refuses those >= vocab_size
 
@@ -44,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--attn-impl", choices=ATTN_IMPLS, default=None, help="explicit or fused kernel (default: the file's); weights are always computed explicitly"
     )
+    parser.set_defaults(parser=parser)
 
 
 def attention_weights(backend: str, arrays: dict, config, tokens: np.ndarray) -> np.ndarray:
@@ -58,28 +60,29 @@ def run(args) -> int:
         checks.check_outputs({"--load": args.load}, {"--plot": args.plot})
         if args.plot is not None:
             checks.check_writable(args.plot, "--plot")
-        arrays, config = weights.load(args.load)
-        if args.attn_impl is not None:
-            config = dataclasses.replace(config, attn_impl=args.attn_impl)
-        if args.tokens and len(args.tokens) > config.max_len:
-            raise ValueError(f"--tokens gives {len(args.tokens)} ids, more than the model's max_len={config.max_len}")
+        loaded = weights.read(args.load)
+        weights.check_finite(loaded.arrays, f"weights file {str(args.load)!r}")
     except (ValueError, FileNotFoundError) as error:
         print(f"mhsa heads: error: {error}", file=sys.stderr)
         return 1
+    arrays, config = loaded.arrays, loaded.config
+    if args.attn_impl is not None:
+        config = dataclasses.replace(config, attn_impl=args.attn_impl)
+    if args.tokens and len(args.tokens) > config.max_len:  # the flags against the model, before any work
+        return refuse(args.parser, f"--tokens gives {plural(len(args.tokens), 'id')}, more than the model's max_len={config.max_len}")
     tokens = np.array([args.tokens], dtype=np.int64) if args.tokens else heatmap_tokens(config)
     try:
         attention = attention_weights(args.backend, arrays, config, tokens)
-    except (ValueError, TypeError) as error:
-        print(f"mhsa heads: error: {error}", file=sys.stderr)
-        return 2
-    print(f"{args.load}: {config.n_heads} heads, d_head={config.d_head}, tokens {tokens[0].tolist()} ({args.backend})\n")
+    except (ValueError, TypeError) as error:  # --tokens the model refuses (an id >= vocab_size), before it computes
+        return refuse(args.parser, error)
+    print(f"{args.load}: {plural(config.n_heads, 'head')}, d_head={config.d_head}, tokens {tokens[0].tolist()} ({args.backend})\n")
     print(ascii_heads(attention, tokens=tokens[0].tolist()))
     if args.plot is not None:
         from mhsa.plots import heads_figure, save_figure
 
         title = (
-            f"{args.load.name} · {args.backend} · {config.n_heads} heads · D={config.d_model} max_len={config.max_len} "
-            f"V={config.vocab_size} · a row of {tokens.shape[1]} tokens"
+            f"{args.load.name} · {args.backend} · {plural(config.n_heads, 'head')} · D={config.d_model} max_len={config.max_len} "
+            f"V={config.vocab_size} · a row of {plural(tokens.shape[1], 'token')}"
         )
         save_figure(heads_figure(attention, tokens=tokens[0].tolist(), title=title), args.plot)
         print(f"saved plot to {args.plot}")

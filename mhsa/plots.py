@@ -17,6 +17,7 @@ from matplotlib.transforms import blended_transform_factory, offset_copy
 
 from mhsa.heatmap import check_tokens, check_weights
 from shared.files import write_atomically
+from shared.words import plural
 
 DPI = 100
 MAX_COLUMNS = 4  # head panels per row: H = 1, 2, 4 -> one row; H = 8 -> 2 x 4
@@ -193,7 +194,7 @@ def _draw_losses(ax, losses: np.ndarray, steps_per_epoch: int, first_step: int) 
         first = int(bad[0])
         ax.axvline(first_step + first, color="tab:red", linestyle=":", linewidth=1)
         ax.set_title(
-            f"loss {float(losses[first])} at step {first_step + first} cannot be shown on a log axis ({bad.size} step(s) in all)",
+            f"loss {float(losses[first])} at step {first_step + first} cannot be shown on a log axis ({plural(bad.size, 'step')} in all)",
             loc="right",
             fontsize=8,
             color="tab:red",

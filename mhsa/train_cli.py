@@ -2,8 +2,10 @@
 and `mhsa train --backend ...`: identical flags, output lines, heatmap and history file.
 The backend is imported only after the flags are parsed, so `--help` loads no framework.
 
-Over 300 lines on purpose: the flags, their checks against each other and against the files,
-and the run they describe are one command, read top to bottom.
+Over 300 lines on purpose: the flags, their checks against each other and against the files
+(every combination refused with exit 2 before the banner), and the run they describe are one
+command, read top to bottom; what the run prints and writes at its end, or on Ctrl-C, is
+mhsa.train_outputs'.
 """
 
 from __future__ import annotations
@@ -12,19 +14,22 @@ import argparse
 import contextlib
 import dataclasses
 import sys
+import time
 from pathlib import Path
 
-import numpy as np
 from tqdm import tqdm
 
 from mhsa import registry
+from mhsa.cli import hold_further_interrupts
+from mhsa.epoch_keeper import EpochKeeper, has_on_epoch
 from mhsa.flags import MODEL_FLAGS, add_model_arguments, int_flag, model_flags_given, png_path, positive_float
-from mhsa.heatmap import ascii_heatmap
 from mhsa.threads import add_threads_argument
+from mhsa.train_outputs import compile_note, finish, keep_on_interrupt, with_start
 from shared import checkpoint, checks, weights
 from shared.adam_state import AdamState, companion_path
 from shared.config import DTYPES, ModelConfig, TrainConfig
-from shared.training import DEVICES, INITS, NonFiniteLossError, RankFailedError, check_device
+from shared.training import DEVICES, INITS, NonFiniteLossError, RankFailedError, check_data_parallel, check_device
+from shared.words import plural
 
 
 def add_arguments(parser: argparse.ArgumentParser, backend: str | None = None) -> None:
@@ -140,6 +145,10 @@ def configs(args) -> Plan:
             loaded, resume = checkpoint.load(source)
         else:
             loaded = weights.read(source)
+        weights.check_finite(loaded.arrays, f"weights file {str(source)!r}")
+        if resume is not None:
+            moments = {f"{moment}/{name}": value for moment in ("exp_avg", "exp_avg_sq") for name, value in getattr(resume, moment).items()}
+            weights.check_finite(moments, f"Adam state file {str(companion_path(source))!r}")
         saved = loaded.config
         disagree = [
             f"{MODEL_FLAGS[field]} {value} (file has {getattr(saved, field)})"
@@ -150,9 +159,6 @@ def configs(args) -> Plan:
             raise ValueError(f"weights file {str(source)!r} disagrees with {', '.join(disagree)}")
         if loaded.dtype != args.dtype:
             raise ValueError(f"weights file {str(source)!r} is {loaded.dtype} and this run trains in {args.dtype}; add --dtype {loaded.dtype}")
-        bad = [name for name, value in loaded.arrays.items() if not np.isfinite(value).all()]
-        if bad:
-            raise ValueError(f"weights file {str(source)!r} holds NaN or infinite values in {bad}; refusing to train from it")
         model_config = dataclasses.replace(saved, attn_impl=given.get("attn_impl", saved.attn_impl))
         init = loaded
     else:
@@ -190,22 +196,9 @@ def describe(model_config: ModelConfig, train_config: TrainConfig, init) -> str:
         f"model  vocab_size={m.vocab_size} d_model={m.d_model} n_heads={m.n_heads} (d_head={m.d_head}) "
         f"max_len={m.max_len} bias={m.bias}{'' if m.attn_impl == 'explicit' else f' attn_impl={m.attn_impl}'}\n"
         f"train  epochs={t.epochs} batch_size={t.batch_size} n_sequences={t.n_sequences} "
-        f"({t.steps_per_epoch} steps/epoch) lr={t.lr:g} betas=({t.betas[0]:g}, {t.betas[1]:g}) eps={t.eps:g} "
+        f"({plural(t.steps_per_epoch, 'step')}/epoch) lr={t.lr:g} betas=({t.betas[0]:g}, {t.betas[1]:g}) eps={t.eps:g} "
         f"seed={t.seed} dtype={t.dtype} init={init}"
     )
-
-
-TEXT_POSITIONS, FIGURE_POSITIONS = 12, 64  # the most positions a terminal heatmap, and a figure, shows
-
-
-def heatmap_tokens(model_config: ModelConfig, limit: int = TEXT_POSITIONS) -> np.ndarray:
-    """A copy-task row to draw the heads on: one id repeated over the context, at most `limit` long."""
-    return np.full((1, min(model_config.max_len, limit)), 7 % model_config.vocab_size, dtype=np.int64)
-
-
-def row_note(shown: int, max_len: int) -> str:
-    """What a title says about the row drawn: the whole context, or where it was cut."""
-    return "a copy-task row" if shown == max_len else f"the first {shown} of {max_len} positions of a copy-task row"
 
 
 def full_precision(backend: registry.Backend, asked: bool) -> contextlib.AbstractContextManager:
@@ -248,6 +241,7 @@ def check_flags(args) -> Plan:
             parser.error(f"--device {args.device}: the {args.backend} backend runs on the CPU only")
         try:
             check_device(args.device, args.dp)
+            backend.module("device").resolve(args.device)  # a GPU the framework does not see: refused now, not after the banner
         except ValueError as error:
             parser.error(str(error))
     if args.compile:
@@ -259,6 +253,11 @@ def check_flags(args) -> Plan:
         parser.error(f"--no-jax-cache: the {args.backend} backend does not compile with JAX")
     if args.dp > 1 and "dp" not in backend.supports:
         parser.error(f"--dp {args.dp}: the {args.backend} backend has no data-parallel trainer")
+    if args.dp > 1:
+        try:  # every batch must split into dp equal shards
+            check_data_parallel(plan.train_config, args.dp)
+        except (ValueError, TypeError) as error:
+            parser.error(str(error))
     return plan
 
 
@@ -276,9 +275,12 @@ def prepare_framework(args, backend: registry.Backend) -> str | None:
 
 
 def print_banner(args, plan: Plan, cache_note: str | None) -> None:
-    print(f"backend {args.backend}")
+    """What will run (not with --quiet); a compilation cache that cannot be used is said on stderr."""
     if cache_note is not None:
-        print(f"note: {cache_note}")
+        print(f"note: {cache_note}", file=sys.stderr)
+    if args.quiet:
+        return
+    print(f"backend {args.backend}")
     print(describe(plan.model_config, plan.train_config, plan.init) + (f" dp={args.dp}" if args.dp > 1 else ""), flush=True)
     if plan.resume is not None:
         print(f"resume after epoch {plan.resume.epochs_done} (step {plan.resume.step}) of a saved run")
@@ -286,150 +288,95 @@ def print_banner(args, plan: Plan, cache_note: str | None) -> None:
             print(f"overridden from the saved run: {', '.join(plan.overridden)}")
 
 
-def epoch_reporter(args, train_config: TrainConfig, bar: tqdm):
-    """on_step(step, loss) for a trainer: the progress bar, and one line per finished epoch."""
-    total = train_config.epochs * train_config.steps_per_epoch
-    epoch_sum = [0.0]
+class Progress:
+    """on_step(step, loss) for a trainer: the progress bar, one line per finished epoch (not with
+    --quiet), the losses so far, and the steps an EpochKeeper may count as complete."""
 
-    def on_step(step: int, loss: float) -> None:
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
-        epoch_sum[0] += loss
-        if (step + 1) % train_config.steps_per_epoch == 0 or step + 1 == total:
-            epoch = step // train_config.steps_per_epoch + 1
-            steps = step % train_config.steps_per_epoch + 1
-            line = f"epoch {epoch}/{train_config.epochs}  mean loss {epoch_sum[0] / steps:.6g}"
-            if bar.disable:  # tqdm.write takes tqdm's locks even then, and a Ctrl-C between them ends in a traceback
+    def __init__(self, args, train_config: TrainConfig, bar: tqdm, first_step: int, keeper: EpochKeeper | None) -> None:
+        self.args, self.train_config, self.bar, self.keeper = args, train_config, bar, keeper
+        self.first_step, self.epoch_sum = first_step, 0.0
+        self.losses: list[float] = []  # this run's, from first_step
+        self.started = time.perf_counter()
+
+    def on_step(self, step: int, loss: float) -> None:
+        t = self.train_config
+        self.losses.append(loss)
+        if self.keeper is not None:
+            self.keeper.on_step(step)
+        self.bar.update(1)
+        self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+        self.epoch_sum += loss
+        if (step + 1) % t.steps_per_epoch == 0 or step + 1 == t.epochs * t.steps_per_epoch:
+            steps = step % t.steps_per_epoch + 1
+            line = f"epoch {step // t.steps_per_epoch + 1}/{t.epochs}  mean loss {self.epoch_sum / steps:.6g}"
+            self.epoch_sum = 0.0
+            if self.args.quiet:
+                return
+            if self.bar.disable:  # tqdm.write takes tqdm's locks even then, and a Ctrl-C between them ends in a traceback
                 print(line, flush=True)
             else:  # above the bar in the terminal
-                bar.write(line, file=sys.stdout)
-            epoch_sum[0] = 0.0
+                self.bar.write(line, file=sys.stdout)
 
-    return on_step
+    @property
+    def epoch(self) -> int:
+        """The epoch under way, counted from 1 over the whole run."""
+        return (self.first_step + len(self.losses)) // self.train_config.steps_per_epoch + 1
 
 
 def train_with_progress(args, plan: Plan, backend: registry.Backend):
     """The History of the run, or the exit code of a run that stopped (1: an error, one line;
-    130: Ctrl-C)."""
+    130: Ctrl-C, after keeping the last complete epoch where --save asks for it: keep_on_interrupt)."""
     model_config, train_config, resume = plan.model_config, plan.train_config, plan.resume
+    first_step = 0 if resume is None else resume.step
     bar = tqdm(
         total=train_config.epochs * train_config.steps_per_epoch,
-        initial=0 if resume is None else resume.step,
+        initial=first_step,
         desc="train",
         unit="step",
         file=sys.stderr,
         leave=False,
         disable=args.quiet or not sys.stderr.isatty(),
     )
-    on_step = epoch_reporter(args, train_config, bar)
+    trainer = backend.module("parallel").train if args.dp > 1 else backend.train.train
+    keeper = EpochKeeper(backend, train_config, first_step) if args.save is not None and has_on_epoch(trainer) else None
+    progress = Progress(args, train_config, bar, first_step, keeper)
     if args.compile:  # the first progress comes only after it
-        print("torch.compile: compiling the whole step before step 0 (seconds; inductor caches it across processes)", flush=True)
+        print(compile_note(), file=sys.stderr, flush=True)
     try:
         options = ({"device": args.device} if args.device != "cpu" else {}) | ({"compile": True} if args.compile else {})
+        options |= {"on_epoch": keeper.on_epoch} if keeper is not None else {}
         with full_precision(backend, args.full_precision):
             if args.dp > 1:  # the same run over dp ranks or devices: the framework's own data-parallel engine
-                history = backend.module("parallel").train(model_config, train_config, args.dp, init=plan.init, on_step=on_step, resume=resume)
+                history = trainer(model_config, train_config, args.dp, init=plan.init, on_step=progress.on_step, resume=resume, **options)
             else:
-                history = backend.train.train(model_config, train_config, init=plan.init, on_step=on_step, resume=resume, **options)
+                history = trainer(model_config, train_config, init=plan.init, on_step=progress.on_step, resume=resume, **options)
     except (NonFiniteLossError, RankFailedError, ValueError, TypeError, FileNotFoundError) as error:
         bar.close()
-        print(f"error: {error}", file=sys.stderr)
+        print(f"{args.parser.prog}: error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        hold_further_interrupts()  # the last complete epoch is saved and said whatever Ctrl-C comes next
         bar.close()
-        # --save writes only a completed run: the trainer holds the model until it returns
-        print(
-            "interrupted: nothing was saved" if args.save is not None or args.history is not None or args.plot is not None else "interrupted",
-            file=sys.stderr,
-        )
-        return 130
+        return keep_on_interrupt(args, plan, progress, keeper)
     bar.close()
-    if isinstance(plan.init, weights.Loaded):
-        history.init, history.source, history.source_sha256 = "file", str(plan.init.path), plan.init.digest
-    else:
-        history.init = plan.init
-    return history
-
-
-def show_result(args, plan: Plan, backend: registry.Backend, history) -> None:
-    """The final line, and one head's attention weights on a copy-task row."""
-    model_config = plan.model_config
-    print(
-        f"final loss {history.final_loss:.6g} (step {history.first_step + len(history.losses) - 1}) · "
-        f"{len(history.losses)} steps in {history.seconds:.2f} s, start-up and compilation included"
-        + (f" (torch.compile before step {history.first_step}: {history.compile_seconds:.2f} s)" if history.compile_seconds is not None else "")
-    )
-    tokens = heatmap_tokens(model_config)
-    _, attention = backend.model.predict(history.model, tokens, return_weights=True)
-    head = args.heatmap_head
-    print()
-    print(
-        ascii_heatmap(
-            attention[0, head],
-            tokens=tokens[0].tolist(),
-            title=f"{args.backend} · head {head} of {model_config.n_heads} · attention weights on {row_note(tokens.shape[1], model_config.max_len)}",
-        )
-    )
-
-
-def finish(args, plan: Plan, backend: registry.Backend, history) -> int:
-    """The result shown, then --plot, --save and --history, in that order; 0, or 130 with one
-    line naming what was written when Ctrl-C comes meanwhile."""
-    model_config, train_config = plan.model_config, plan.train_config
-    written: list[str] = []
-    try:
-        show_result(args, plan, backend, history)
-        if args.plot is not None:
-            from mhsa.plots import save_figure, training_figure
-
-            tokens = heatmap_tokens(model_config, FIGURE_POSITIONS)
-            _, attention = backend.model.predict(history.model, tokens, return_weights=True)
-            title = (
-                f"{args.backend} · {args.history or args.save or 'this run'} · {train_config.dtype} · "
-                f"{model_config.n_heads} heads · D={model_config.d_model} T={model_config.max_len} V={model_config.vocab_size}"
-                + ("" if tokens.shape[1] == model_config.max_len else f" · heads on {row_note(tokens.shape[1], model_config.max_len)}")
-            )
-            figure = training_figure(
-                history.losses, train_config.steps_per_epoch, attention[0], tokens=tokens[0].tolist(), title=title, first_step=history.first_step
-            )
-            save_figure(figure, args.plot)
-            written.append(str(args.plot))
-            print(f"saved plot to {args.plot}")
-        if args.save is not None:
-            companion = checkpoint.save(
-                args.save,
-                backend.model.to_exchange(history.model),
-                backend.train.optimizer_to_exchange(history.optimizer, history.model, train_config),
-                model_config,
-            )
-            written.append(f"{args.save} and {companion}")
-            print(f"saved weights to {args.save} (Adam's state to {companion})")
-        if args.history is not None:
-            history.save(args.history)
-            written.append(str(args.history))
-            print(f"saved history to {args.history}")
-    except KeyboardInterrupt:
-        print(
-            f"interrupted after training: saved {', '.join(written)}; nothing else was written"
-            if written
-            else "interrupted after training: nothing was saved",
-            file=sys.stderr,
-        )
-        return 130
-    return 0
+    return with_start(history, plan)
 
 
 def main(backend: str, argv: list[str] | None = None) -> int:
+    """`python -m PACKAGE.train ARGV` (sys.argv's when None: this process's own command line)."""
+    from mhsa.cli import interrupts_restored, run_guarded, stdout_to_a_reader_that_may_leave
+
     parser = argparse.ArgumentParser(
         prog=f"python -m {registry.get(backend).package}.train",
         description=f"Train TinyLM on the copy task with the {backend} backend.",
     )
-    try:
-        add_arguments(parser, backend)
-        args = parser.parse_args(argv)
-        args.backend = backend
-        from mhsa.cli import run_guarded
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    return run_guarded(run, args, prefix="error")
+    with interrupts_restored(own_process=argv is None), stdout_to_a_reader_that_may_leave():
+        try:
+            add_arguments(parser, backend)
+            args = parser.parse_args(argv)
+            args.backend = backend
+        except KeyboardInterrupt:
+            hold_further_interrupts()
+            print("interrupted", file=sys.stderr)
+            return 130
+        return run_guarded(run, args, prefix=f"{parser.prog}: error")

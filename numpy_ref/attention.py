@@ -25,11 +25,13 @@ def causal_mask(T: int) -> np.ndarray:
     return np.tril(np.ones((T, T), dtype=bool))
 
 
-def causal_rows(start: int, T: int, S: int) -> np.ndarray:
-    """The causal mask of a chunk of T queries at positions start..start+T-1 over S keys:
-    rows start..start+T-1 of the full mask, bottom-right aligned. Without a cache (start 0,
-    S = T) the top-left (T, T); with one, never that corner."""
-    return causal_mask(S)[start : start + T]  # (T, S)
+def allowed_keys(start: int, T: int, S: int, mask: Any = None) -> np.ndarray:
+    """Where a chunk of T queries at positions start..start+T-1 may attend among S keys: rows
+    start..start+T-1 of the causal mask, bottom-right aligned (without a cache, start 0 and
+    S = T: the top-left (T, T); with one, never that corner), ANDed with `mask`, any
+    array-like of bool."""
+    allowed = causal_mask(S)[start : start + T]  # (T, S)
+    return allowed if mask is None else allowed & np.asarray(mask)  # (B, H, T, S) or broadcastable
 
 
 def split_heads(x: np.ndarray, n_heads: int) -> np.ndarray:
@@ -53,40 +55,41 @@ def softmax(scores: np.ndarray) -> np.ndarray:
     return exp / np.where(total == 0, 1, total)
 
 
+def check_attention(
+    x: np.ndarray, params: dict[str, np.ndarray], n_heads: int, mask: Any = None, return_weights: bool = False, cache: KVCache | None = None
+) -> None:
+    """Refuse a bad call of `attention` in one line (shared.checks), before any work: the `attn.*`
+    weights must have the shapes of one d_model, D (out_proj's (D, D) sets it), so that a wrong
+    weight is named rather than blamed on x; x must be (B, T, D) in the weights' dtype; the cache
+    must fit the chunk; the mask must be boolean and broadcast to (B, H, T, S). Runs once, where
+    a call enters (checks.at_entry)."""
+    D = params["attn.out_proj.weight"].shape[0]
+    checks.check_block(D, n_heads, max_len=None)
+    checks.check_attention_weights({name: value.shape for name, value in params.items() if name.startswith("attn.")}, D)
+    checks.check_input(x.shape, x.dtype.name, D, max_len=None, block_dtype=params["attn.qkv_proj.weight"].dtype.name)  # no context limit
+    B, T, _ = x.shape
+    max_len = T if cache is None else cache.k.shape[2]  # the pure function's context is its cache's, or unlimited
+    filled = None if cache is None else cache.length
+    checks.check_cache_and_mask(B, T, x.dtype.name, n_heads, max_len, mask, cache, filled)
+
+
+@checks.at_entry(check_attention)
 def attention(
-    x: np.ndarray,
-    params: dict[str, np.ndarray],
-    n_heads: int,
-    mask: Any = None,
-    return_weights: bool = False,
-    trace: dict[str, np.ndarray] | None = None,
-    cache: KVCache | None = None,
+    x: np.ndarray, params: dict[str, np.ndarray], n_heads: int, mask: Any = None, return_weights: bool = False, cache: KVCache | None = None
 ) -> Any:
     """Causal self-attention of x (B, T, D) with the `attn.*` arrays of the exchange dict.
 
-    mask: optional bool, True = may attend, broadcastable to (B, H, T, S), ANDed with the
-    causal mask. cache: optional KVCache (numpy_ref.generate) of the positions before x; x is
-    then the chunk at positions p..p+T-1, p = cache.length, whose K and V are written into the
-    cache, and S = the cache's max_len (T without a cache). Returns out (B, T, D), or
-    (out, weights (B, H, T, S)).
+    mask: optional, any array-like of bool, True = may attend, broadcastable to (B, H, T, S),
+    ANDed with the causal mask. cache: optional KVCache (numpy_ref.generate) of the positions
+    before x; x is then the chunk at positions p..p+T-1, p = cache.length, whose K and V are
+    written into the cache, and S = the cache's max_len (T without a cache). Returns out
+    (B, T, D), or (out, weights (B, H, T, S)).
     """
-    qkv_weight = params["attn.qkv_proj.weight"]
-    D = qkv_weight.shape[1]
-    checks.check_block(D, n_heads, max_len=None)
-    checks.check_input(x.shape, x.dtype.name, D, max_len=None, block_dtype=qkv_weight.dtype.name)  # pure function: no context limit
-    B, T, _ = x.shape
-    d_head = D // n_heads
+    B, T, D = x.shape
     start = 0 if cache is None else cache.length  # p: the positions already in the cache
-    if cache is not None:
-        checks.check_cache(B, x.dtype.name, cache.k.shape[0], cache.k.dtype.name, start, T, cache.k.shape[2])
-    S = T if cache is None else cache.k.shape[2]  # keys: this chunk's, or every slot of the cache
-    if mask is not None:
-        mask = np.asarray(mask)
-        checks.check_mask(mask.shape, mask.dtype.name, (B, n_heads, T, S))
 
     # 1. project: one matmul makes Q, K and V
-    qkv = linear(x, qkv_weight, params.get("attn.qkv_proj.bias"))  # (B, T, 3D)
-    record(trace, "qkv", qkv)
+    qkv = linear(x, params["attn.qkv_proj.weight"], params.get("attn.qkv_proj.bias"))  # (B, T, 3D)
 
     # 2. split
     q, k, v = np.split(qkv, 3, axis=-1)  # 3 x (B, T, D)
@@ -95,35 +98,28 @@ def attention(
     q = split_heads(q, n_heads)  # (B, H, T, d_head)
     k = split_heads(k, n_heads)  # (B, H, T, d_head)
     v = split_heads(v, n_heads)  # (B, H, T, d_head)
-    record(trace, "q", q)
-    record(trace, "k", k)
-    record(trace, "v", v)
+    record(qkv=qkv, q=q, k=k, v=v)
     if cache is not None:  # this chunk's K and V join the cached ones in slots p..p+T-1
         k, v = cache.update(k, v)  # (B, H, max_len, d_head)
 
     # 4. score and scale: keeps the score variance independent of d_head
-    scores = (q @ k.swapaxes(-2, -1)) * (1.0 / math.sqrt(d_head))  # (B, H, T, S)
-    record(trace, "scores", scores)
+    scores = (q @ k.swapaxes(-2, -1)) * (1.0 / math.sqrt(D // n_heads))  # (B, H, T, S)
+    record(scores=scores)
 
     # 5. mask: no query may see a later key
-    allowed = causal_rows(start, T, S)  # (T, S)
-    if mask is not None:
-        allowed = allowed & mask  # (B, H, T, S) or broadcastable
+    allowed = allowed_keys(start, T, k.shape[2], mask)  # (T, S), or (B, H, T, S) with a mask
     scores = np.where(allowed, scores, -np.inf)
 
     # 6. softmax over keys
     weights = softmax(scores)  # (B, H, T, S)
-    record(trace, "weights", weights)
 
     # 7. weight the values
     context = weights @ v  # (B, H, T, d_head)
-    record(trace, "context", context)
 
     # 8. merge heads
     merged = merge_heads(context)  # (B, T, D)
-    record(trace, "merged", merged)
 
     # 9. project out: mixes the heads
     out = linear(merged, params["attn.out_proj.weight"], params.get("attn.out_proj.bias"))  # (B, T, D)
-    record(trace, "attn_out", out)
+    record(weights=weights, context=context, merged=merged, attn_out=out)
     return (out, weights) if return_weights else out

@@ -16,14 +16,14 @@ from typing import Any
 
 import numpy as np
 
-from numpy_ref.attention import causal_mask, merge_heads, split_heads
+from numpy_ref.attention import allowed_keys, merge_heads, split_heads
 from shared.config import ModelConfig
 
 # --- model.py, step 3 and the loss ----------------------------------------------------------
 
 
 def cross_entropy_backward(logits: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """[B, T, V], int [B, T] -> (loss, a 0-d array; g_logits [B, T, V]).
+    """(B, T, V), int (B, T) -> (loss, a 0-d array; g_logits (B, T, V)).
 
     L = -(1/N) sum_n log p_n[t_n] with p_n = softmax(z_n). Since log p_n[t] = z_n[t] - logsumexp(z_n),
     dL/dz_n[j] = (p_n[j] - [j == t_n]) / N: the predicted probabilities minus the one-hot target,
@@ -43,7 +43,7 @@ def cross_entropy_backward(logits: np.ndarray, targets: np.ndarray) -> tuple[np.
 
 
 def linear_backward(g_out: np.ndarray, x: np.ndarray, weight: np.ndarray, bias: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """g_out [B, T, out], x [B, T, in], weight [out, in] -> (g_x [B, T, in], g_weight [out, in], g_bias [out] or None).
+    """g_out (B, T, out), x (B, T, in), weight (out, in) -> (g_x (B, T, in), g_weight (out, in), g_bias (out,) or None).
 
     y = x W^T + b, so dy_o/dx_i = W[o, i], dy_o/dW[o, i] = x_i, dy_o/db_o = 1. Hence
     g_x = g_out W; g_W = sum over every position of g_out^T x (an outer product per position);
@@ -51,16 +51,15 @@ def linear_backward(g_out: np.ndarray, x: np.ndarray, weight: np.ndarray, bias: 
     gradient adds their contributions.
     """
     g_x = g_out @ weight  # (B, T, out) @ (out, in) -> (B, T, in)
-    # one (out, T) @ (T, in) product per sequence, then summed: the same sum over all B * T
-    # positions as one (out, B * T) @ (B * T, in) product, in matrices small enough that
-    # OpenBLAS does not hand them to a second thread (which waits on a busy machine)
+    # one (out, T) @ (T, in) product per sequence, then summed over the batch: the sum over all
+    # B * T positions that the docstring derives
     g_weight = (g_out.swapaxes(-2, -1) @ x).sum(axis=0)  # (B, out, T) @ (B, T, in) -> (B, out, in) -> (out, in)
     g_bias = g_out.sum(axis=(0, 1)) if bias else None  # (out,)
     return g_x, g_weight, g_bias
 
 
 def read_out_backward(g_logits: np.ndarray, x: np.ndarray, params: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """3. read out: g_logits [B, T, V] -> (g_x [B, T, D], {lm_head.*: gradient}). The LM head is a linear layer."""
+    """3. read out: g_logits (B, T, V) -> (g_x (B, T, D), {lm_head.*: gradient}). The LM head is a linear layer."""
     g_x, g_weight, g_bias = linear_backward(g_logits, x, params["lm_head.weight"], "lm_head.bias" in params)
     return g_x, _named("lm_head", g_weight, g_bias)
 
@@ -69,7 +68,7 @@ def read_out_backward(g_logits: np.ndarray, x: np.ndarray, params: dict[str, np.
 
 
 def merge_heads_backward(g_merged: np.ndarray, n_heads: int) -> np.ndarray:
-    """8. merge heads: g_merged [B, T, D] -> g_context [B, H, T, d_head].
+    """8. merge heads: g_merged (B, T, D) -> g_context (B, H, T, d_head).
 
     Merging only moves numbers (a transpose and a reshape); each output entry is exactly one
     input entry, so the gradient moves back the same way: split_heads, the inverse permutation.
@@ -78,8 +77,8 @@ def merge_heads_backward(g_merged: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def weighted_values_backward(g_context: np.ndarray, weights: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """7. weight the values: g_context [B, H, T, d_head], weights [B, H, T, T], v [B, H, T, d_head]
-    -> (g_weights [B, H, T, T], g_v [B, H, T, d_head]).
+    """7. weight the values: g_context (B, H, T, d_head), weights (B, H, T, T), v (B, H, T, d_head)
+    -> (g_weights (B, H, T, T), g_v (B, H, T, d_head)).
 
     context[i] = sum_j w[i, j] v[j], per batch and head. So dL/dw[i, j] = g_context[i] . v[j],
     i.e. g_w = g_context v^T; and dL/dv[j] = sum_i w[i, j] g_context[i], i.e. g_v = w^T g_context.
@@ -90,7 +89,7 @@ def weighted_values_backward(g_context: np.ndarray, weights: np.ndarray, v: np.n
 
 
 def softmax_backward(g_weights: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """6. softmax over keys: g_weights [B, H, T, T], weights [B, H, T, T] -> g_scores [B, H, T, T].
+    """6. softmax over keys: g_weights (B, H, T, T), weights (B, H, T, T) -> g_scores (B, H, T, T).
 
     For one row w = softmax(s): dw_j/ds_k = w_j ([j == k] - w_k). The vector-Jacobian product is
         g_s[k] = sum_j g_w[j] w_j ([j == k] - w_k) = w_k g_w[k] - w_k sum_j w_j g_w[j]
@@ -105,7 +104,7 @@ def softmax_backward(g_weights: np.ndarray, weights: np.ndarray) -> np.ndarray:
 
 
 def mask_backward(g_scores: np.ndarray, allowed: np.ndarray) -> np.ndarray:
-    """5. mask: g_scores [B, H, T, T], allowed bool broadcastable to it -> g_scores [B, H, T, T].
+    """5. mask: g_scores (B, H, T, T), allowed bool broadcastable to it -> g_scores (B, H, T, T).
 
     The forward replaced masked scores by the constant -inf, which does not depend on the score:
     their gradient is 0. Allowed scores pass through unchanged (the derivative of the identity).
@@ -116,7 +115,7 @@ def mask_backward(g_scores: np.ndarray, allowed: np.ndarray) -> np.ndarray:
 
 
 def scores_backward(g_scores: np.ndarray, q: np.ndarray, k: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:
-    """4. score and scale: g_scores [B, H, T, T], q, k [B, H, T, d_head] -> (g_q, g_k), each [B, H, T, d_head].
+    """4. score and scale: g_scores (B, H, T, T), q, k (B, H, T, d_head) -> (g_q, g_k), each (B, H, T, d_head).
 
     scores[i, j] = scale * q[i] . k[j]. So dL/dq[i] = scale * sum_j g[i, j] k[j], i.e.
     g_q = scale * g k; and dL/dk[j] = scale * sum_i g[i, j] q[i], i.e. g_k = scale * g^T q.
@@ -127,7 +126,7 @@ def scores_backward(g_scores: np.ndarray, q: np.ndarray, k: np.ndarray, scale: f
 
 
 def split_heads_backward(g_heads: np.ndarray) -> np.ndarray:
-    """3. reshape into heads: g [B, H, T, d_head] -> [B, T, D].
+    """3. reshape into heads: g (B, H, T, d_head) -> (B, T, D).
 
     A pure rearrangement: the gradient goes back by the inverse rearrangement, merge_heads.
     """
@@ -135,7 +134,7 @@ def split_heads_backward(g_heads: np.ndarray) -> np.ndarray:
 
 
 def split_backward(g_q: np.ndarray, g_k: np.ndarray, g_v: np.ndarray) -> np.ndarray:
-    """2. split: 3 x [B, T, D] -> g_qkv [B, T, 3D].
+    """2. split: 3 x (B, T, D) -> g_qkv (B, T, 3D).
 
     Q, K and V are three disjoint slices of qkv: the slices' gradients, side by side, are qkv's.
     """
@@ -145,7 +144,7 @@ def split_backward(g_q: np.ndarray, g_k: np.ndarray, g_v: np.ndarray) -> np.ndar
 def attention_backward(
     g_out: np.ndarray, trace: dict[str, np.ndarray], params: dict[str, np.ndarray], n_heads: int, mask: Any = None
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """The block, steps 9 to 1: g_out [B, T, D] -> (g_x [B, T, D], {attn.*: gradient}).
+    """The block, steps 9 to 1: g_out (B, T, D) -> (g_x (B, T, D), {attn.*: gradient}).
 
     trace: the forward's stages (numpy_ref.attention records them): embed (the block's input x),
     q, k, v, weights, merged. mask: the same optional mask the forward was given.
@@ -168,9 +167,7 @@ def attention_backward(
     g_scores = softmax_backward(g_weights, weights)  # (B, H, T, T)
 
     # 5. mask: no gradient reaches a masked score
-    allowed = causal_mask(T)  # (T, T)
-    if mask is not None:
-        allowed = allowed & np.asarray(mask)  # (B, H, T, T) or broadcastable
+    allowed = allowed_keys(0, T, T, mask)  # (T, T), or (B, H, T, T) with a mask
     g_scores = mask_backward(g_scores, allowed)  # (B, H, T, T)
 
     # 4. score and scale
@@ -192,7 +189,7 @@ def attention_backward(
 
 
 def embed_backward(g_x: np.ndarray, tokens: np.ndarray, vocab_size: int, max_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """1. embed: g_x [B, T, D], int tokens [B, T] -> (g_tok_emb [V, D], g_pos_emb [max_len, D]).
+    """1. embed: g_x (B, T, D), int tokens (B, T) -> (g_tok_emb (V, D), g_pos_emb (max_len, D)).
 
     x[b, t] = tok_emb[tokens[b, t]] + pos_emb[t]: a lookup is a selection, so each row of the
     table receives the sum of the gradients of every position that looked it up. A token id
@@ -217,8 +214,9 @@ def embed_backward(g_x: np.ndarray, tokens: np.ndarray, vocab_size: int, max_len
 def backward(
     tokens: Any, targets: Any, params: dict[str, np.ndarray], config: ModelConfig, trace: dict[str, np.ndarray], mask: Any = None
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """(loss, d loss / d every exchange array), from one forward pass's trace (numpy_ref.forward(...,
-    trace=trace) records every stage it needs): the loss, then steps 3, 2 (the block) and 1."""
+    """(loss, d loss / d every exchange array), from one forward pass's trace (numpy_ref.model's
+    forward records every stage it needs under shared.trace.tracing): the loss, then steps 3, 2
+    (the block) and 1."""
     tokens, targets = np.asarray(tokens), np.asarray(targets)
 
     # the loss: mean cross-entropy of the logits

@@ -11,64 +11,56 @@ import numpy as np
 from numpy_ref.attention import attention, linear
 from shared import checks
 from shared.config import ModelConfig
-from shared.trace import record
+from shared.trace import record, tracing
 from shared.weights import validate as validate_weights
 
 if TYPE_CHECKING:  # the cache's module imports this one
     from numpy_ref.generate import KVCache
 
 
+def check_forward(
+    tokens: Any, params: dict[str, np.ndarray], config: ModelConfig, mask: Any = None, return_weights: bool = False, cache: KVCache | None = None
+) -> None:
+    """Refuse a bad call of `forward` in one line, before any work: the weights (shared.weights,
+    a missing bias or a float16 array is an error, not a guess), then the tokens, cache and mask
+    as TinyLM.check checks them. Runs once, where a call enters (checks.at_entry)."""
+    validate_weights(params, config)
+    _check_call(tokens, params, config, mask, cache)
+
+
+def _check_call(tokens: Any, params: dict[str, np.ndarray], config: ModelConfig, mask: Any = None, cache: KVCache | None = None) -> None:
+    """A call on weights already checked (a TinyLM's): integer tokens (B, T) with T <= max_len
+    and every id in [0, V); the cache must fit the chunk; the mask must be boolean and broadcast
+    to (B, H, T, S)."""
+    tokens = np.asarray(tokens)
+    checks.check_tokens(tokens.shape, tokens.dtype.name, config.vocab_size, config.max_len, *checks.id_range(tokens))
+    B, T = tokens.shape
+    filled = None if cache is None else cache.length
+    checks.check_cache_and_mask(B, T, params["tok_emb.weight"].dtype.name, config.n_heads, config.max_len, mask, cache, filled)
+
+
+@checks.at_entry(check_forward)
 def forward(
-    tokens: Any,
-    params: dict[str, np.ndarray],
-    config: ModelConfig,
-    mask: Any = None,
-    return_weights: bool = False,
-    trace: dict[str, np.ndarray] | None = None,
-    cache: KVCache | None = None,
+    tokens: Any, params: dict[str, np.ndarray], config: ModelConfig, mask: Any = None, return_weights: bool = False, cache: KVCache | None = None
 ) -> Any:
     """tokens int (B, T) -> logits (B, T, V), or (logits, weights (B, H, T, S)).
 
     With a KV cache (numpy_ref.generate.KVCache) the tokens sit at positions p..p+T-1,
     p = cache.length, and the cache is extended by them; S = max_len (T without a cache)."""
-    validate_weights(params, config)  # a missing bias or a float16 array is an error, not a guess
-    return _forward(tokens, params, config, mask, return_weights, trace, cache)
-
-
-def _forward(
-    tokens: Any,
-    params: dict[str, np.ndarray],
-    config: ModelConfig,
-    mask: Any = None,
-    return_weights: bool = False,
-    trace: dict[str, np.ndarray] | None = None,
-    cache: KVCache | None = None,
-) -> Any:
-    # forward on weights already validated: a TinyLM's, checked once by from_exchange (as the
-    # frameworks check theirs once, when the model is built), not again at every training step
     tokens = np.asarray(tokens)
-    checks.check_tokens(
-        tokens.shape,
-        tokens.dtype.name,
-        config.vocab_size,
-        config.max_len,
-        *((tokens.min(), tokens.max()) if tokens.size else (None, None)),
-    )
     B, T = tokens.shape
     start = 0 if cache is None else cache.length  # p: positions continue after the cached ones
-    if cache is not None:
-        checks.check_cache(B, params["tok_emb.weight"].dtype.name, cache.k.shape[0], cache.k.dtype.name, start, T, config.max_len)
 
     # 1. embed: token identity plus learned position
     x = params["tok_emb.weight"][tokens] + params["pos_emb.weight"][start : start + T]  # (B, T, D)
-    record(trace, "embed", x)
+    record(embed=x)
 
     # 2. attend
-    x, weights = attention(x, params, config.n_heads, mask=mask, return_weights=True, trace=trace, cache=cache)  # (B, T, D)
+    x, weights = attention(x, params, config.n_heads, mask=mask, return_weights=True, cache=cache)  # (B, T, D)
 
     # 3. read out the next token
     logits = linear(x, params["lm_head.weight"], params.get("lm_head.bias"))  # (B, T, V)
-    record(trace, "logits", logits)
+    record(logits=logits)
     return (logits, weights) if return_weights else logits
 
 
@@ -88,7 +80,8 @@ def loss(params: dict[str, np.ndarray], tokens: Any, targets: Any, config: Model
 def intermediates(tokens: Any, params: dict[str, np.ndarray], config: ModelConfig, mask: Any = None) -> dict[str, np.ndarray]:
     """Every named stage of one forward pass (shared.trace.STAGES), recorded by `forward` itself."""
     trace: dict[str, np.ndarray] = {}
-    forward(tokens, params, config, mask=mask, trace=trace)
+    with tracing(trace):
+        forward(tokens, params, config, mask=mask)
     return trace
 
 
@@ -106,10 +99,14 @@ class TinyLM:
     def __post_init__(self) -> None:
         validate_weights(self.params, self.config)
 
-    def __call__(
-        self, tokens: Any, mask: Any = None, return_weights: bool = False, trace: dict[str, np.ndarray] | None = None, cache: KVCache | None = None
-    ) -> Any:
-        return _forward(tokens, self.params, self.config, mask, return_weights, trace, cache)
+    def check(self, tokens: Any, mask: Any = None, return_weights: bool = False, cache: KVCache | None = None) -> None:
+        """Refuse a bad call in one line (shared.checks), before any work (_check_call: the weights
+        were checked when the model was built). Runs once, where a call enters (checks.at_entry)."""
+        _check_call(tokens, self.params, self.config, mask, cache)
+
+    @checks.at_entry(check)
+    def __call__(self, tokens: Any, mask: Any = None, return_weights: bool = False, cache: KVCache | None = None) -> Any:
+        return forward(tokens, self.params, self.config, mask, return_weights, cache)
 
 
 def from_exchange(arrays: dict[str, np.ndarray], config: ModelConfig) -> TinyLM:
@@ -129,16 +126,26 @@ def loss_fn(model: TinyLM, x: Any, y: Any, mask: Any = None) -> np.ndarray:
 
 
 def predict(model: TinyLM, tokens: Any, *, mask: Any = None, return_weights: bool = False, trace: dict[str, np.ndarray] | None = None) -> Any:
-    """tokens (B, T) -> logits (B, T, V), or (logits, weights (B, H, T, T)); NumPy already."""
-    return model(np.asarray(tokens), mask=mask, return_weights=return_weights, trace=trace)
+    """tokens (B, T) -> logits (B, T, V), or (logits, weights (B, H, T, T)); NumPy already.
+    trace, a dict, receives every stage of shared.trace.STAGES."""
+    with tracing(trace):
+        return model(np.asarray(tokens), mask=mask, return_weights=return_weights)
 
 
 def attend(model: TinyLM, x: Any, *, mask: Any = None, return_weights: bool = False) -> Any:
     """The attention block alone: x (B, T, D) -> (B, T, D), or (out, weights); T <= max_len
     as in the frameworks' blocks (the pure `attention` function has no context limit)."""
     x = np.asarray(x)
-    checks.check_input(x.shape, x.dtype.name, model.config.d_model, model.config.max_len, model.params["attn.qkv_proj.weight"].dtype.name)
-    return attention(x, model.params, model.config.n_heads, mask=mask, return_weights=return_weights)
+    with checks.entry(_check_attend, model, x, mask):
+        return attention(x, model.params, model.config.n_heads, mask=mask, return_weights=return_weights)
+
+
+def _check_attend(model: TinyLM, x: np.ndarray, mask: Any) -> None:
+    # the block's checks with the model's context limit
+    config = model.config
+    checks.check_input(x.shape, x.dtype.name, config.d_model, config.max_len, model.params["attn.qkv_proj.weight"].dtype.name)
+    if mask is not None:
+        checks.check_mask(*checks.layout(mask), (x.shape[0], config.n_heads, x.shape[1], x.shape[1]))
 
 
 def grads_to_exchange(grads: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -152,6 +159,7 @@ def loss_and_grads(model: TinyLM, tokens: Any, targets: Any, *, mask: Any = None
     from numpy_ref.backward import backward
 
     trace: dict[str, np.ndarray] = {}
-    _forward(tokens, model.params, model.config, mask=mask, trace=trace)
+    with tracing(trace):
+        model(tokens, mask=mask)
     loss, grads = backward(tokens, targets, model.params, model.config, trace, mask=mask)
     return float(loss), grads

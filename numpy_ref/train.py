@@ -19,16 +19,15 @@ if __name__ == "__main__":  # the command line belongs to the tools layer: parse
         raise SystemExit(130) from None
     raise SystemExit(main("numpy"))
 
-import ctypes
-import ctypes.util
 import time
 from collections.abc import Callable, Iterable
 
 import numpy as np
 
 from numpy_ref.adam import Adam
+from numpy_ref.malloc import keep_freed_memory
 from numpy_ref.model import TinyLM, from_exchange, loss_and_grads
-from shared import training
+from shared import checks, training
 from shared.adam_state import AdamState
 from shared.config import ModelConfig, TrainConfig
 from shared.history import History
@@ -58,13 +57,14 @@ def train(
     resume: an AdamState saved with those weights (by any backend): the run continues
     where it stopped, with the same moments, step count and remaining batches.
     on_step(step, loss) is called for every step once its epoch has finished.
-    Raises training.NonFiniteLossError naming the first step whose loss was NaN or infinite;
+    Raises ValueError naming the first batch with an id out of range before its epoch's first
+    step, training.NonFiniteLossError naming the first step whose loss was NaN or infinite, and
     ValueError for init="native": NumPy has no initializers of its own, "shared" is the
     torch-style init drawn with NumPy.
     """
     started = time.perf_counter()
     start_epoch = training.first_epoch(resume, train_config)
-    keep_freed_memory()
+    keep_freed_memory()  # numpy_ref/malloc.py: each step's temporaries stay mapped
 
     # 1. model: the shared NumPy init, identical for every backend, unless init says otherwise
     arrays = training.initial_weights(init, model_config, train_config)
@@ -85,29 +85,12 @@ def train(
     # (an overflow is not warned about: finish_epoch names the first non-finite step, as in torch and JAX)
     losses: list[float] = []
     for batches in training.epochs(model_config, train_config, start=start_epoch):
+        checks.check_batches(batches, model_config.vocab_size, model_config.max_len)  # once per epoch, not at every step
         for chunk in training.chunks(batches):  # a few steps at a time: progress as it happens
-            with np.errstate(over="ignore", invalid="ignore"):
+            with checks.checked_by_caller(), np.errstate(over="ignore", invalid="ignore"):
                 epoch_losses = train_epoch(model, optimizer, chunk)
             training.finish_epoch(losses, epoch_losses, train_config, start_epoch, on_step)
     return training.history("numpy", model_config, train_config, losses, started, model, optimizer, start_epoch)
-
-
-def keep_freed_memory() -> bool:
-    """Let glibc's malloc keep the memory NumPy frees, as it does by itself once a large buffer
-    has been freed (after `import torch`, for one). Returns False where there is no glibc.
-
-    Every training step allocates and frees the same temporaries (~100 KiB each). With glibc's
-    starting thresholds (128 KiB) the larger ones are mmap-ed and unmapped every step and the
-    top of the heap is handed back to the kernel, so each step page-faults its memory in again;
-    frameworks keep theirs in their own allocators. The values set are glibc's own ceilings for
-    its dynamic thresholds on 64-bit (mmap 32 MiB, trim twice that), so nothing unusual is kept.
-    """
-    try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return False
-    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
-    return bool(mallopt(M_MMAP_THRESHOLD, 32 << 20) and mallopt(M_TRIM_THRESHOLD, 64 << 20))
 
 
 def optimizer_to_exchange(optimizer: Adam, model: TinyLM, train_config: TrainConfig) -> AdamState:

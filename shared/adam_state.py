@@ -26,6 +26,7 @@ import safetensors.numpy
 from shared import weights
 from shared.config import ModelConfig, TrainConfig
 from shared.files import PathArg, write_atomically
+from shared.words import plural
 
 FORMAT = "mhsa-adam"
 FORMAT_VERSION = "2"  # 2: records weights_sha256, the digest of the weights file it belongs to
@@ -41,6 +42,7 @@ class AdamState:
     exp_avg: dict[str, np.ndarray]
     exp_avg_sq: dict[str, np.ndarray]
     train_config: TrainConfig
+    weights_sha256: str | None = None  # read from a companion: the digest of the weights it is bound to (None: not bound)
 
     def check_continues(self, train_config: TrainConfig) -> None:
         """Raise ValueError unless `train_config` continues the run this state came from."""
@@ -110,7 +112,7 @@ def load(path: PathArg, model_config: ModelConfig, weights_digest: str | None = 
         if step != epochs_done * train_config.steps_per_epoch:
             raise ValueError(
                 f"{what} has invalid metadata: step={step} does not match epochs_done={epochs_done} "
-                f"x {train_config.steps_per_epoch} steps per epoch = {epochs_done * train_config.steps_per_epoch}"
+                f"x {plural(train_config.steps_per_epoch, 'step')} per epoch = {epochs_done * train_config.steps_per_epoch}"
             )
         weights.check_same_architecture(saved_config, model_config, source=what)
         layout = weights.tensor_layout(header)
@@ -137,12 +139,12 @@ def load(path: PathArg, model_config: ModelConfig, weights_digest: str | None = 
                     f"{recorded[:12]}..., the weights' {weights_digest[:12]}...): a save was interrupted "
                     f"between its two files, or the file comes from another run; refusing to resume"
                 )
-        found.update(train_config=train_config, step=step, epochs_done=epochs_done)
+        found.update(train_config=train_config, step=step, epochs_done=epochs_done, weights_sha256=metadata.get("weights_sha256"))
 
     raw, _ = weights.read_safetensors(path, "Adam state file", check)
     arrays = weights.decode(raw, what)
     moments = {moment: {key.split("/", 1)[1]: value for key, value in arrays.items() if key.startswith(f"{moment}/")} for moment in MOMENTS}
-    return AdamState(found["step"], found["epochs_done"], moments["exp_avg"], moments["exp_avg_sq"], found["train_config"])
+    return AdamState(found["step"], found["epochs_done"], moments["exp_avg"], moments["exp_avg_sq"], found["train_config"], found["weights_sha256"])
 
 
 def _count(metadata: dict, key: str) -> int:

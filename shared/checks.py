@@ -1,12 +1,20 @@
 """Input checks shared by every backend, over shapes and dtype names, so that the same bad
-input raises the same exception with the same message in NumPy, PyTorch and JAX."""
+input raises the same exception with the same message in NumPy, PyTorch and JAX; and where
+they run: once per call, at the entry of its call tree (at_entry, entry)."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 # the index dtypes every backend embeds: torch's nn.Embedding refuses any other
 TOKEN_DTYPES = ("int32", "int64")
@@ -15,6 +23,62 @@ BLOCK_DTYPES = ("float32", "float64")
 # the seed range every backend accepts: NumPy's default_rng, torch.manual_seed and
 # jax.random.key all take it (JAX overflows at 2**63, torch refuses 2**64)
 SEED_RANGE = (0, 2**32 - 1)
+
+
+# --- where the checks run: once per call, where it enters ------------------------------------
+
+_entered = threading.local()  # .checked: this thread is inside a call whose inputs were checked where it entered
+
+
+def at_entry(check: Callable[..., None]) -> Callable[[F], F]:
+    """Decorate a forward (a method or a function) so that check(*args, **kwargs), given the
+    forward's own arguments, runs before it, once per call tree: a forward called inside another
+    one that was checked (the block inside TinyLM, the model inside predict) skips its check, so
+    each input is checked once, where the call enters, and the forward's body is the math alone.
+    Per thread. A plain flag and try/finally, not a context manager, so that torch.compile
+    (fullgraph) and jax.jit trace it as the Python it is."""
+
+    def decorate(forward: F) -> F:
+        @functools.wraps(forward)
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            if getattr(_entered, "checked", False):
+                return forward(*args, **kwargs)
+            check(*args, **kwargs)
+            _entered.checked = True
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                _entered.checked = False
+
+        return checked  # type: ignore[return-value]
+
+    return decorate
+
+
+@contextlib.contextmanager
+def entry(check: Callable[..., None], *args: Any, **kwargs: Any) -> Iterator[None]:
+    """at_entry for a block of code: `with entry(check, x)` runs check(x) unless an outer call
+    checked already, and inside it every forward decorated with at_entry skips its check. The
+    NumPy-facing functions (predict, step, ...) check the NumPy arrays they are given this way,
+    before they convert them (a framework's conversion refuses some dtypes in its own words)."""
+    if getattr(_entered, "checked", False):
+        yield
+        return
+    check(*args, **kwargs)
+    _entered.checked = True
+    try:
+        yield
+    finally:
+        _entered.checked = False
+
+
+def checked_by_caller() -> contextlib.AbstractContextManager[None]:
+    """entry with nothing to check: the caller has checked the inputs itself (a trainer checks an
+    epoch's token ids once, on the host, before its steps), so the forwards inside skip theirs."""
+    return entry(lambda: None)
+
+
+# --- the checks ---------------------------------------------------------------------------
 
 
 def check_block(d_model: int, n_heads: int, max_len: int | None) -> None:
@@ -81,8 +145,34 @@ def check_tokens(shape: tuple, dtype_name: str, vocab_size: int, max_len: int, l
         raise ValueError(f"tokens must have rank 2 (B, T), got rank {len(shape)} with shape {tuple(shape)}")
     check_length(shape[1], max_len)
     if low is not None and high is not None and (low < 0 or high >= vocab_size):  # both known or neither
-        bad = low if low < 0 else high
-        raise ValueError(f"token id {bad} is out of range: ids must lie in [0, {vocab_size}) for vocab_size={vocab_size}")
+        raise ValueError(token_id_error(low if low < 0 else high, vocab_size))
+
+
+def token_id_error(bad: int | str, vocab_size: int) -> str:
+    """The message of an id out of range; `bad` may be a placeholder ("{}") that jax's checkify fills in."""
+    return f"token id {bad} is out of range: ids must lie in [0, {vocab_size}) for vocab_size={vocab_size}"
+
+
+def id_range(tokens: Any) -> tuple[int | None, int | None]:
+    """The smallest and largest id of integer tokens (a NumPy array or a tensor on any device),
+    so that a bad id is named before it is used; (None, None) when there is none to read (no ids,
+    or not integers: check_tokens refuses those by their dtype)."""
+    if 0 in tuple(tokens.shape) or dtype_kind(str(tokens.dtype)) != "int":
+        return None, None
+    return int(tokens.min()), int(tokens.max())
+
+
+def check_batches(batches: list, vocab_size: int, max_len: int) -> None:
+    """Every (x, y) of a run's batches of host arrays: the check of each x that a forward makes,
+    once for the whole run, before its first step. Shapes and dtypes of every batch first (each
+    distinct one once), then the ids of all batches at once; only when one is out of range are
+    the batches read one by one, so that the first bad batch is named as its forward names it."""
+    for shape, dtype in dict.fromkeys((x.shape, x.dtype) for x, _ in batches):  # in batch order
+        check_tokens(shape, dtype.name, vocab_size, max_len)
+    ids = np.concatenate([x for x, _ in batches], axis=None) if batches else np.zeros(0, np.int64)  # flat
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+        for x, _ in batches:
+            check_tokens(x.shape, x.dtype.name, vocab_size, max_len, *id_range(x))
 
 
 def check_length(T: int, max_len: int | None) -> None:
@@ -92,8 +182,19 @@ def check_length(T: int, max_len: int | None) -> None:
         raise ValueError(f"sequence length T={T} is longer than max_len={max_len}")
 
 
+def layout(array: Any) -> tuple[tuple[int, ...], str]:
+    """(shape, dtype name) of any array-like: a NumPy array, a tensor, a jax array or nested lists."""
+    if not (hasattr(array, "shape") and hasattr(array, "dtype")):
+        array = np.asarray(array)
+    return tuple(array.shape), _neutral(str(array.dtype))
+
+
 def check_mask(mask_shape: tuple, dtype_name: str, target: tuple) -> None:
-    """A mask (True = may attend) must be boolean and broadcast to `target` = (B, H, T, T)."""
+    """A mask (True = may attend) must be boolean and broadcast to `target` = (B, H, T, T).
+
+    The rule for masks, the same in every backend: any array-like of bool (a NumPy array, nested
+    lists, the framework's own array) is accepted and made the framework's array once, where
+    the call enters; anything that is not boolean is refused, never converted."""
     if dtype_kind(dtype_name) != "bool":
         raise TypeError(f"mask must be a boolean array (True = may attend), got dtype {_neutral(dtype_name)}")
     try:
@@ -102,6 +203,22 @@ def check_mask(mask_shape: tuple, dtype_name: str, target: tuple) -> None:
         broadcast = None
     if broadcast != tuple(target):
         raise ValueError(f"mask of shape {tuple(mask_shape)} does not broadcast to (B, H, T, T) = {tuple(target)}")
+
+
+def check_weight_shape(name: str, shape: tuple, expected: tuple) -> None:
+    """One exchange array's shape (PyTorch layout): a wrong weight is named, with its expected shape."""
+    if tuple(shape) != tuple(expected):
+        hint = " (looks transposed: exchange weights are PyTorch (out, in))" if tuple(shape) == tuple(expected)[::-1] else ""
+        raise ValueError(f"weights['{name}'] has shape {tuple(shape)}, expected {tuple(expected)}{hint}")
+
+
+def check_attention_weights(shapes: dict[str, tuple], d_model: int) -> None:
+    """The block's weights, {exchange name: shape in PyTorch layout}, against d_model: checked
+    before its input, so that a wrong weight is named instead of the input being blamed for it."""
+    D = d_model
+    expected = {"attn.qkv_proj.weight": (3 * D, D), "attn.qkv_proj.bias": (3 * D,), "attn.out_proj.weight": (D, D), "attn.out_proj.bias": (D,)}
+    for name, shape in shapes.items():
+        check_weight_shape(name, shape, expected[name])
 
 
 def check_seed(seed: int, owner: str = "seed") -> None:
@@ -218,7 +335,18 @@ def check_generate(
         )
 
 
-def check_cache(batch: int, dtype_name: str, cache_batch: int, cache_dtype_name: str, start: int, T: int, max_len: int) -> None:
+def check_cache_and_mask(B: int, T: int, dtype_name: str, n_heads: int, max_len: int, mask: Any, cache: Any, filled: int | None) -> None:
+    """The optional mask and KV cache of a call over a chunk of T positions of B rows in dtype_name:
+    the cache (with .k (B, H, max_len, d_head)) must hold B rows of that dtype and room for T more
+    after the `filled` positions (None while jit traces the call); the mask must be boolean and
+    broadcast to (B, H, T, S), S = T without a cache, max_len with one."""
+    if cache is not None:
+        check_cache(B, dtype_name, cache.k.shape[0], str(cache.k.dtype), filled, T, max_len)
+    if mask is not None:
+        check_mask(*layout(mask), (B, n_heads, T, T if cache is None else max_len))
+
+
+def check_cache(batch: int, dtype_name: str, cache_batch: int, cache_dtype_name: str, start: int | None, T: int, max_len: int) -> None:
     """A KV cache given to a forward pass: the batch and dtype of the chunk (B, T, D) it extends,
     and room for T more positions after the `start` already filled (None while tracing)."""
     if cache_batch != batch:

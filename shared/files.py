@@ -6,9 +6,9 @@ What is guaranteed (docs/DESIGN.md, "Files"):
   device (a symlink to /dev/zero included), a socket or a folder is refused at once with a
   ValueError naming the path; a file larger than the caller's limit is refused before it is
   read.
-- `write_atomically` writes a temporary `.NAME.<pid>.<random>.tmp` in the target's folder,
-  fsyncs it and renames it over the target: after any failure or interrupt the target holds
-  either the old or the new content, never a mix. A process killed with SIGKILL cannot remove
+- `write_atomically` writes a temporary `.NAME.<pid>.<random>.tmp` in the target's folder
+  (`write_temporary`), fsyncs it and renames it over the target (`commit`): after any failure
+  or interrupt the target holds either the old or the new content, never a mix. A process killed with SIGKILL cannot remove
   its temporary; the next save of the same target removes every temporary of that target
   whose writer pid no longer runs (never one of a live process).
 """
@@ -21,6 +21,8 @@ import re
 import stat
 import tempfile
 from pathlib import Path
+
+from shared.words import plural
 
 PathArg = str | os.PathLike[str]  # what the file functions accept as a path
 
@@ -41,17 +43,22 @@ def open_regular(path: PathArg, what: str) -> tuple[int, os.stat_result]:
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):
         os.close(fd)
-        kind = (
-            "a directory"
-            if stat.S_ISDIR(info.st_mode)
-            else "a FIFO"
-            if stat.S_ISFIFO(info.st_mode)
-            else "a device"
-            if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode)
-            else "not a regular file"
-        )
-        raise ValueError(f"{what} {str(path)!r} is {kind}, expected a regular file")
+        raise ValueError(f"{what} {str(path)!r} is {kind_of(info.st_mode)}, expected a regular file")
     return fd, info
+
+
+def kind_of(mode: int) -> str:
+    """What a file of this st_mode is, in words: "a regular file", "a FIFO", "a directory", ..."""
+    kinds = [
+        (stat.S_ISREG, "a regular file"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a device"),
+        (stat.S_ISBLK, "a device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISLNK, "a symbolic link"),
+    ]
+    return next((word for test, word in kinds if test(mode)), "not a regular file")
 
 
 def read_exactly(fd: int, size: int, what: str, path: PathArg) -> bytes:
@@ -63,7 +70,7 @@ def read_exactly(fd: int, size: int, what: str, path: PathArg) -> bytes:
         except OSError as error:
             raise ValueError(f"{what} {str(path)!r} cannot be read: {error.strerror or error}") from None
         if not chunk:
-            raise ValueError(f"{what} {str(path)!r} is truncated: it ended {left} bytes early")
+            raise ValueError(f"{what} {str(path)!r} is truncated: it ended {plural(left, 'byte')} early")
         chunks.append(chunk)
         left -= len(chunk)
     return b"".join(chunks)
@@ -101,23 +108,46 @@ def write_atomically(path: Path, payload: bytes) -> None:
     """
     path = Path(path)
     remove_stale_temporaries(path)
+    temporary = write_temporary(path, payload)
     try:
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
+        commit(temporary, path)
+    except BaseException:
+        _unlink_quietly(temporary)
+        raise
+
+
+def write_temporary(path: Path, payload: bytes) -> Path:
+    """Write `payload` to a new temporary `.NAME.<pid>.<random>.tmp` beside `path`, synced to the
+    disk, and return its path; `path` itself is not touched. On any failure or interrupt the
+    temporary is removed; an OSError (a full disk) names `path`."""
+    path = Path(path)
+    try:
+        handle, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
     except OSError as error:
         raise _naming(error, path) from None
+    temporary = Path(name)
     try:
         os.chmod(temporary, path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_umask())
         with os.fdopen(handle, "wb") as file:
             file.write(payload)
             file.flush()
             os.fsync(file.fileno())
-        os.replace(temporary, path)
     except OSError as error:
         _unlink_quietly(temporary)
         raise _naming(error, path) from None
     except BaseException:
         _unlink_quietly(temporary)
         raise
+    return temporary
+
+
+def commit(temporary: Path, path: Path) -> None:
+    """Rename a temporary of write_temporary over `path` (atomic: `path` holds the old content or
+    the new, never a mix); an OSError names `path`, and the temporary is left as it was."""
+    try:
+        os.replace(temporary, path)
+    except OSError as error:
+        raise _naming(error, Path(path)) from None
 
 
 def _naming(error: OSError, path: Path) -> OSError:
@@ -135,6 +165,19 @@ def temporaries(path: Path) -> list[tuple[Path, int]]:
     except OSError:
         return []
     return [(path.parent / name, int(match.group(1))) for name in entries if (match := pattern.fullmatch(name))]
+
+
+def abandoned_temporaries(path: Path) -> list[Path]:
+    """The temporaries of `path` no other live process is writing (their writer is gone, or is
+    this process), newest first: what a save that stopped between its renames left."""
+    found = []
+    for temporary, pid in temporaries(path):
+        if pid == os.getpid() or not _running(pid):
+            try:
+                found.append((os.stat(temporary).st_mtime_ns, temporary))
+            except OSError:  # removed meanwhile
+                continue
+    return [temporary for _, temporary in sorted(found, reverse=True)]
 
 
 def remove_stale_temporaries(path: Path) -> list[Path]:

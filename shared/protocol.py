@@ -2,10 +2,17 @@
 one) provides, written once. `mhsa.registry` lists the packages and what each
 supports; `tests/architecture/test_protocol.py` checks every registered backend against this page.
 
-A backend is a package with up to three modules. Framework types stay inside; every
+A backend is a package of modules named below. Framework types stay inside; every
 function named "NumPy in, NumPy out" takes and returns NumPy arrays, so a tool can drive any
 backend without knowing its framework. B batch, T sequence length, D d_model, H heads,
 V vocab_size, d_head = D // H.
+
+Checks run once per call, where it enters (shared.checks.at_entry and entry): the NumPy-facing
+functions check the NumPy arrays they are given, a layer or a TinyLM called directly checks its
+own input, and what runs inside a checked call (the block inside TinyLM, the model inside
+predict, a trainer's steps after it checked the epoch's ids) does not check again. A mask is
+any array-like of bool (NumPy, nested lists, the framework's array), converted once where the
+call enters; anything else is refused with shared.checks' one message.
 
 `attention`, where the registry lists "layers" (numpy_ref's block is the pure function
 numpy_ref.attention.attention over the exchange dict)
@@ -72,6 +79,13 @@ numpy_ref.attention.attention over the exchange dict)
                              so that equal logits give equal tokens in every backend. Refused
                              before any work (shared.checks.check_generate): an empty prompt,
                              ids out of range, P + max_new_tokens > max_len.
+`compiled`, where the registry lists "compile" (an opt-in compiler of the training step)
+    compile_step(model, optimizer, batches, loss_fn) -> (step, seconds)
+                             the whole training step (forward, backward, Adam's update) as one
+                             compiled graph, compiled on the first batch of each shape in
+                             `batches` and put back as it was; step(x, y) -> the loss before the
+                             update, as train.train_step returns it. train(..., compile=True)
+                             uses it.
 `device`, where the registry lists "device" (the run on an accelerator)
     resolve(name) -> device  the framework's device for "cpu" or "cuda" (its first GPU);
                              ValueError naming the framework's view where it sees no GPU.
@@ -111,5 +125,5 @@ CAPABILITIES = {
     "generate": {"generate": ("KVCache", "new_cache", "step", "cache_arrays", "generate")},
     "dp": {"parallel": ("train", "shard", "prepare")},  # data parallel: parallel.train(..., dp=N) over N ranks/devices
     "device": {"device": ("resolve", "full_precision", "accelerator")},  # train(..., device="cpu" | "cuda") (shared.training.DEVICES)
-    "compile": {"train": ("compile_step",)},  # train(..., compile=True): an opt-in compiler (every JAX run is compiled anyway)
+    "compile": {"compiled": ("compile_step",)},  # train(..., compile=True): an opt-in compiler (every JAX run is compiled anyway)
 }

@@ -18,6 +18,7 @@ from shared.adam_state import AdamState
 from shared.config import ModelConfig, TrainConfig
 from shared.data import batches, copy_task
 from shared.history import History
+from shared.words import plural
 
 INITS = ("shared", "native")
 
@@ -125,19 +126,24 @@ def history(
     """Bundle a finished run; epoch means over each epoch's steps. compile_seconds: the part of
     the run spent compiling before its first step, where a trainer compiles apart (torch's opt-in)."""
     size = train_config.steps_per_epoch
-    epoch_losses = [float(np.mean(losses[start : start + size])) for start in range(0, len(losses), size)]
     return History(
         backend,
         model_config,
         train_config,
         losses,
-        epoch_losses,
+        epoch_means(losses, train_config),
         time.perf_counter() - started,
         first_step=start_epoch * size,
         compile_seconds=compile_seconds,
         model=model,
         optimizer=optimizer,
     )
+
+
+def epoch_means(losses: list[float], train_config: TrainConfig) -> list[float]:
+    """The mean loss of each epoch (of its steps recorded: a last epoch cut short counts those)."""
+    size = train_config.steps_per_epoch
+    return [float(np.mean(losses[start : start + size])) for start in range(0, len(losses), size)]
 
 
 # --- devices (capability "device": torch_impl.train, jax_impl.train) ------------------------------
@@ -176,5 +182,5 @@ def check_data_parallel(train_config: TrainConfig, dp: int, devices: int | None 
             f"choose n_sequences so that every batch splits into {dp} equal shards"
         )
     if devices is not None and dp > devices:
-        raise ValueError(f"dp={dp} needs {dp} devices, but only {devices} are available ({where})")
+        raise ValueError(f"dp={dp} needs {dp} devices, but only {plural(devices, 'is', 'are')} available ({where})")
     return train_config.batch_size // dp

@@ -26,6 +26,7 @@ import safetensors.numpy
 from shared import checks, files
 from shared.config import DTYPES, ModelConfig
 from shared.files import PathArg, write_atomically
+from shared.words import plural
 
 FORMAT = "mhsa-exchange"
 FORMAT_VERSION = "1"
@@ -162,7 +163,9 @@ class Loaded:
 
 def read(path: PathArg, expect: ModelConfig | None = None) -> Loaded:
     """Read and validate a file written by `save`, once, with bounded reads: the header's
-    config, names, shapes and dtypes are checked before the body is read."""
+    config, names, shapes and dtypes are checked before the body is read. The values are not
+    (a trainer stops at the first non-finite loss); the commands refuse NaN and infinities with
+    check_finite."""
     path = Path(path)
     what = f"weights file {str(path)!r}"
     found: dict[str, Any] = {}
@@ -184,6 +187,15 @@ def read(path: PathArg, expect: ModelConfig | None = None) -> Loaded:
     raw, _ = read_safetensors(path, "weights file", check)
     arrays = decode(raw, what)
     return Loaded(path, arrays, found["config"], found["dtype"], hashlib.sha256(raw).hexdigest())
+
+
+def check_finite(arrays: dict[str, np.ndarray], what: str) -> None:
+    """Refuse arrays holding NaN or infinite values (a run that diverged, or a damaged file), with
+    one message for every command that reads them (train --load and --resume, generate, heads):
+    nothing trains, generates or draws from them. what: "weights file 'NAME'", say."""
+    bad = [name for name, value in arrays.items() if not np.isfinite(value).all()]
+    if bad:
+        raise ValueError(f"{what} holds NaN or infinite values in {bad}; refusing to use it")
 
 
 def load(path: PathArg, expect: ModelConfig | None = None) -> tuple[dict[str, np.ndarray], ModelConfig]:
@@ -241,7 +253,7 @@ def read_safetensors(path: Path, what: str, check: Callable[[dict], None]) -> tu
         if size == 0:
             raise ValueError(f"{name} is not a safetensors file: it is empty (0 bytes)")
         if size < 8:
-            raise ValueError(f"{name} is not a safetensors file: only {size} bytes")
+            raise ValueError(f"{name} is not a safetensors file: only {plural(size, 'byte')}")
         prefix = files.read_exactly(fd, 9 if size > 8 else 8, what, path)
         (header_length,) = struct.unpack("<Q", prefix[:8])
         peek = prefix[8:9]

@@ -11,7 +11,7 @@ from torch import nn
 
 from shared import checks
 from shared.config import ATTN_IMPLS
-from shared.trace import record
+from shared.trace import record, recording
 
 if TYPE_CHECKING:  # the cache's module imports this one
     from torch_impl.generate import KVCache
@@ -42,38 +42,37 @@ class MultiHeadSelfAttention(nn.Module):
         self.n_heads = n_heads
         self.d_head = d_model // n_heads
         self.max_len = max_len
-        self.attn_impl = attn_impl
+        self.fused = attn_impl == "fused"
         self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=bias, dtype=DTYPES[dtype])
         self.out_proj = nn.Linear(d_model, d_model, bias=bias, dtype=DTYPES[dtype])
         # True = may attend: on and below the diagonal
         self.register_buffer("causal_mask", torch.tril(torch.ones(max_len, max_len, dtype=torch.bool)), persistent=False)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        mask: torch.Tensor | None = None,
-        return_weights: bool = False,
-        trace: dict[str, Any] | None = None,
-        cache: KVCache | None = None,
-    ) -> Any:
-        """x (B, T, D); mask optional bool, True = may attend, broadcastable to (B, H, T, S);
-        cache optional KVCache of the positions before x. S = T without a cache, max_len with one.
+    def check(self, x: Any, mask: Any = None, return_weights: bool = False, cache: KVCache | None = None) -> None:
+        """Refuse a bad call in one line (shared.checks), before any work: x must be (B, T, D) in
+        the block's dtype with T <= max_len; the cache must fit the chunk; the mask must be boolean
+        and broadcast to (B, H, T, S); and first the block's own weights, so that a weight of the
+        wrong shape is named, not x. Runs once, where a call enters (checks.at_entry)."""
+        checks.check_attention_weights({f"attn.{name}": tuple(value.shape) for name, value in self.named_parameters()}, self.d_model)
+        checks.check_input(tuple(x.shape), str(x.dtype), self.d_model, self.max_len, str(self.qkv_proj.weight.dtype))
+        B, T, _ = x.shape
+        filled = None if cache is None else cache.length
+        checks.check_cache_and_mask(B, T, str(x.dtype), self.n_heads, self.max_len, mask, cache, filled)
+
+    @checks.at_entry(check)
+    def forward(self, x: torch.Tensor, mask: Any = None, return_weights: bool = False, cache: KVCache | None = None) -> Any:
+        """x (B, T, D); mask optional, any array-like of bool, True = may attend, broadcastable to
+        (B, H, T, S); cache optional KVCache of the positions before x. S = T without a cache,
+        max_len with one.
 
         Returns out (B, T, D), or (out, weights (B, H, T, S)) with return_weights=True.
         A query row that no key may attend gets all-zero weights.
         """
-        checks.check_input(tuple(x.shape), str(x.dtype), self.d_model, self.max_len, str(self.qkv_proj.weight.dtype))
         B, T, D = x.shape
         start = 0 if cache is None else cache.length  # p: the positions already in the cache
-        if cache is not None:
-            checks.check_cache(B, str(x.dtype), cache.k.shape[0], str(cache.k.dtype), start, T, self.max_len)
-        S = T if cache is None else self.max_len  # keys: this chunk's, or every slot of the cache
-        if mask is not None:
-            checks.check_mask(tuple(mask.shape), str(mask.dtype), (B, self.n_heads, T, S))
 
         # 1. project: one matmul makes Q, K and V
         qkv = self.qkv_proj(x)  # (B, T, 3D)
-        record(trace, "qkv", qkv)
 
         # 2. split
         q, k, v = qkv.split(D, dim=-1)  # 3 x (B, T, D)
@@ -82,25 +81,19 @@ class MultiHeadSelfAttention(nn.Module):
         q = q.reshape(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, d_head)
         k = k.reshape(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, d_head)
         v = v.reshape(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, d_head)
-        record(trace, "q", q)
-        record(trace, "k", k)
-        record(trace, "v", v)
+        record(qkv=qkv, q=q, k=k, v=v)
         if cache is not None:  # this chunk's K and V join the cached ones in slots p..p+T-1
             k, v = cache.update(k, v)  # (B, H, max_len, d_head)
-        if self.attn_impl == "fused" and not return_weights and trace is None:
+        if self.fused and not return_weights and not recording():
             return self.out_proj(self._fused_attention(q, k, v, mask, start))  # (B, T, D)
 
         # 4. score and scale: keeps the score variance independent of d_head
         q = q * (1.0 / math.sqrt(self.d_head))  # scaling Q is T / d_head times cheaper than scaling the scores
         scores = q @ k.transpose(-2, -1)  # (B, H, T, S)
-        record(trace, "scores", scores)
+        record(scores=scores)
 
         # 5. mask: no query may see a later key
-        allowed = self._causal_rows(start, T, S)  # (T, S)
-        if mask is not None:
-            allowed = allowed & mask  # (B, H, T, S) or broadcastable
-        if trace is not None:
-            scores = scores.clone()  # the trace keeps the unmasked scores: the fill below is in place
+        allowed = self._allowed(start, T, k.shape[2], mask)  # (T, S), or (B, H, T, S) with a mask
         scores.masked_fill_(~allowed, float("-inf"))
 
         # 6. softmax over keys
@@ -109,51 +102,41 @@ class MultiHeadSelfAttention(nn.Module):
         if mask is not None:
             # a row with no allowed key is all -inf, which softmax turns into NaN: make it 0
             weights = weights.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
-        record(trace, "weights", weights)
 
         # 7. weight the values
         context = weights @ v  # (B, H, T, d_head)
-        record(trace, "context", context)
 
         # 8. merge heads
         merged = context.transpose(1, 2).reshape(B, T, D)  # (B, T, D)
-        record(trace, "merged", merged)
 
         # 9. project out: mixes the heads
         out = self.out_proj(merged)  # (B, T, D)
-        record(trace, "attn_out", out)
+        record(weights=weights, context=context, merged=merged, attn_out=out)
         return (out, weights) if return_weights else out
 
-    def _causal_rows(self, start, T, S):
-        """The causal mask of a chunk of T queries at positions start..start+T-1 over S keys:
-        rows start..start+T-1 of the full (max_len, max_len) mask, bottom-right aligned. Without
-        a cache (start 0, S = T) the top-left (T, T); with one, never that corner."""
-        return self.causal_mask[start : start + T, :S]  # (T, S)
+    def _allowed(self, start, T, S, mask):
+        """Where a chunk of T queries at positions start..start+T-1 may attend among S keys: rows
+        start..start+T-1 of the causal mask, bottom-right aligned (without a cache, start 0 and
+        S = T: the top-left (T, T); with one, never that corner), ANDed with `mask`, made a
+        tensor here when it is another array-like of bool."""
+        allowed = self.causal_mask[start : start + T, :S]  # (T, S)
+        return allowed if mask is None else allowed & torch.as_tensor(mask, device=allowed.device)  # (B, H, T, S) or broadcastable
 
     def _fused_attention(self, q, k, v, mask, start):
         """Steps 4 to 8 in one call of the framework's kernel: q (B, H, T, d_head) and k, v
         (B, H, S, d_head) -> (B, T, D), for the chunk of queries at positions start..start+T-1.
 
         Only the causal mask and no cache: is_causal, so no (T, T) scores are built at all.
-        Otherwise the mask is step 5's rows start..start+T-1 (is_causal with S != T would align
-        it top-left), an extra mask is ANDed with it, and a query row with no allowed key gets
-        a zero context, as the explicit path's zero weights give.
+        Otherwise the mask is step 5's (is_causal with S != T would align it top-left), and a
+        query row with no allowed key gets a zero context, as the explicit path's zero weights give.
         """
         B, H, T, d_head = q.shape
-        S = k.shape[2]
-
-        # 1. attend: score, scale, mask, softmax and weight the values in one kernel
-        if mask is None and S == T:
+        if mask is None and k.shape[2] == T:
             context = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)  # (B, T, H, d_head)
             return context.reshape(B, T, H * d_head)  # (B, T, D)
-        allowed = self._causal_rows(start, T, S)  # (T, S)
-        if mask is not None:
-            allowed = allowed & mask  # (B, H, T, S) or broadcastable
+        allowed = self._allowed(start, T, k.shape[2], mask)  # (T, S), or (B, H, T, S) with a mask
         context = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed).transpose(1, 2)  # (B, T, H, d_head)
-
-        # 2. a query with no allowed key gets zero context (SDPA gives 0, jax.nn.dot_product_attention the mean of V)
+        # a query with no allowed key: SDPA gives a zero context, jax.nn.dot_product_attention the mean of V
         has_key = allowed.any(dim=-1).expand(B, H, T).transpose(1, 2)  # (B, T, H)
         context = torch.where(has_key[..., None], context, 0.0)  # (B, T, H, d_head)
-
-        # 3. merge heads
         return context.reshape(B, T, H * d_head)  # (B, T, D)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from shared import sampling
+from shared import checks, sampling
 from torch_impl.attention import DTYPES
 from torch_impl.model import TinyLM, predict
 
@@ -58,8 +58,9 @@ def new_cache(model: TinyLM, batch: int) -> KVCache:
 def step(model: TinyLM, tokens: np.ndarray, cache: KVCache) -> np.ndarray:
     """NumPy in, NumPy out: tokens (B, T) at positions cache.length.. -> logits (B, T, V);
     the cache is extended by them."""
-    with torch.no_grad():
-        return model(torch.from_numpy(np.asarray(tokens)).to(cache.k.device), cache=cache).cpu().numpy()
+    tokens = np.asarray(tokens)
+    with checks.entry(model.check, tokens, cache=cache), torch.no_grad():
+        return model(torch.from_numpy(tokens).to(cache.k.device), cache=cache).cpu().numpy()
 
 
 def cache_arrays(cache: KVCache) -> tuple[np.ndarray, np.ndarray]:

@@ -12,7 +12,7 @@ from torch import nn
 
 from shared import checks, weights
 from shared.config import ModelConfig
-from shared.trace import record
+from shared.trace import record, tracing
 from torch_impl.attention import DTYPES, MultiHeadSelfAttention
 
 if TYPE_CHECKING:  # the cache's module imports this one
@@ -29,54 +29,40 @@ class TinyLM(nn.Module):
         self.pos_emb = nn.Embedding(config.max_len, config.d_model, dtype=DTYPES[dtype])
         self.attn = MultiHeadSelfAttention(config.d_model, config.n_heads, config.max_len, config.bias, dtype=dtype, attn_impl=config.attn_impl)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=config.bias, dtype=DTYPES[dtype])
-        # True only while torch_impl.train has checked every id of the epoch it feeds: the forward
-        # then skips its own min/max of the ids (a host sync per step)
-        self.ids_checked = False
 
-    def forward(
-        self,
-        tokens: torch.Tensor,
-        mask: torch.Tensor | None = None,
-        return_weights: bool = False,
-        trace: dict[str, Any] | None = None,
-        cache: KVCache | None = None,
-    ) -> Any:
+    def check(self, tokens: Any, mask: Any = None, return_weights: bool = False, cache: KVCache | None = None) -> None:
+        """Refuse a bad call in one line (shared.checks), before any work: integer tokens (B, T)
+        with T <= max_len and every id in [0, V) (a min and max of the ids: a host sync on a GPU);
+        the cache must fit the chunk; the mask must be boolean and broadcast to (B, H, T, S).
+        Runs once, where a call enters (checks.at_entry): the block inside does not check again."""
+        config = self.config
+        checks.check_tokens(tuple(tokens.shape), str(tokens.dtype), config.vocab_size, config.max_len, *checks.id_range(tokens))
+        B, T = tokens.shape
+        filled = None if cache is None else cache.length
+        checks.check_cache_and_mask(B, T, str(self.tok_emb.weight.dtype), config.n_heads, config.max_len, mask, cache, filled)
+
+    @checks.at_entry(check)
+    def forward(self, tokens: torch.Tensor, mask: Any = None, return_weights: bool = False, cache: KVCache | None = None) -> Any:
         """tokens int (B, T) -> logits (B, T, V), or (logits, weights (B, H, T, S)).
 
         With a KV cache (torch_impl.generate.KVCache) the tokens sit at positions p..p+T-1,
         p = cache.length, and the cache is extended by them; S = max_len (T without a cache)."""
-        checks.check_tokens(
-            tuple(tokens.shape),
-            str(tokens.dtype),
-            self.config.vocab_size,
-            self.config.max_len,
-            *((None, None) if self.ids_checked else _id_range(tokens)),
-        )
         B, T = tokens.shape
         start = 0 if cache is None else cache.length  # p: positions continue after the cached ones
-        if cache is not None:
-            checks.check_cache(B, str(self.tok_emb.weight.dtype), cache.k.shape[0], str(cache.k.dtype), start, T, self.config.max_len)
 
         # 1. embed: token identity plus learned position
         positions = torch.arange(start, start + T, device=tokens.device)  # (T,)
         x = self.tok_emb(tokens) + self.pos_emb(positions)  # (B, T, D)
-        record(trace, "embed", x)
+        record(embed=x)
 
         # 2. attend
-        attended = self.attn(x, mask=mask, return_weights=return_weights, trace=trace, cache=cache)
+        attended = self.attn(x, mask=mask, return_weights=return_weights, cache=cache)
         x, weights = attended if return_weights else (attended, None)  # (B, T, D)
 
         # 3. read out the next token
         logits = self.lm_head(x)  # (B, T, V)
-        record(trace, "logits", logits)
+        record(logits=logits)
         return (logits, weights) if return_weights else logits
-
-
-def _id_range(tokens):
-    # the smallest and largest id, so that a bad id is named instead of failing deep inside
-    if tokens.numel() == 0 or str(tokens.dtype).removeprefix("torch.") not in checks.TOKEN_DTYPES:
-        return None, None
-    return int(tokens.min()), int(tokens.max())
 
 
 def from_exchange(arrays: dict[str, np.ndarray], config: ModelConfig) -> TinyLM:
@@ -117,35 +103,42 @@ def _device(model: TinyLM) -> torch.device:
 def predict(
     model: TinyLM, tokens: np.ndarray, *, mask: np.ndarray | None = None, return_weights: bool = False, trace: dict[str, np.ndarray] | None = None
 ) -> Any:
-    """NumPy in, NumPy out: tokens (B, T) -> logits (B, T, V), or (logits, weights (B, H, T, T))."""
-    inner: dict[str, torch.Tensor] | None = {} if trace is not None else None
-    device = _device(model)
-    with torch.no_grad():
-        result = model(torch.from_numpy(np.asarray(tokens)).to(device), mask=_tensor(mask, device), return_weights=return_weights, trace=inner)
-    if trace is not None and inner is not None:
-        trace.update({name: value.cpu().numpy() for name, value in inner.items()})
-    return tuple(value.cpu().numpy() for value in result) if return_weights else result.cpu().numpy()
+    """NumPy in, NumPy out: tokens (B, T) -> logits (B, T, V), or (logits, weights (B, H, T, T)).
+    trace, a dict, receives every stage of shared.trace.STAGES."""
+    tokens, mask, device = np.asarray(tokens), _array(mask), _device(model)
+    with checks.entry(model.check, tokens, mask), tracing(trace, _numpy), torch.no_grad():
+        result = model(torch.from_numpy(tokens).to(device), mask=_tensor(mask, device), return_weights=return_weights)
+    return tuple(_numpy(value) for value in result) if return_weights else _numpy(result)
 
 
 def attend(model: TinyLM, x: np.ndarray, *, mask: np.ndarray | None = None, return_weights: bool = False) -> Any:
     """NumPy in, NumPy out: the attention block alone, x (B, T, D) -> (B, T, D), or (out, weights)."""
-    x = np.asarray(x)  # checked before conversion: torch.from_numpy refuses some dtypes (bfloat16) in its own words
-    checks.check_input(x.shape, x.dtype.name, model.attn.d_model, model.attn.max_len, str(model.attn.qkv_proj.weight.dtype))
-    device = _device(model)
-    with torch.no_grad():
+    x, mask, device = np.asarray(x), _array(mask), _device(model)
+    with checks.entry(model.attn.check, x, mask), torch.no_grad():
         result = model.attn(torch.from_numpy(x).to(device), mask=_tensor(mask, device), return_weights=return_weights)
-    return tuple(value.cpu().numpy() for value in result) if return_weights else result.cpu().numpy()
+    return tuple(_numpy(value) for value in result) if return_weights else _numpy(result)
 
 
 def loss_and_grads(model: TinyLM, tokens: np.ndarray, targets: np.ndarray, *, mask: np.ndarray | None = None) -> tuple[float, dict[str, np.ndarray]]:
     """NumPy in, NumPy out: (loss, d loss / d every exchange array) by autograd."""
+    tokens, mask, device = np.asarray(tokens), _array(mask), _device(model)
     model.zero_grad(set_to_none=True)
-    device = _device(model)
-    x, y = torch.from_numpy(np.asarray(tokens)).to(device), torch.from_numpy(np.asarray(targets)).to(device)
-    loss = loss_fn(model, x, y, mask=_tensor(mask, device))
+    with checks.entry(model.check, tokens, mask):
+        loss = loss_fn(model, torch.from_numpy(tokens).to(device), torch.from_numpy(np.asarray(targets)).to(device), mask=_tensor(mask, device))
     loss.backward()
     return float(loss.detach()), grads_to_exchange(model)
 
 
+def _array(mask):
+    # a mask as NumPy (any array-like of bool): checked, then converted once, as the tokens are
+    return None if mask is None else np.asarray(mask)
+
+
 def _tensor(mask, device):
-    return None if mask is None else torch.from_numpy(np.asarray(mask)).to(device)
+    return None if mask is None else torch.from_numpy(mask).to(device)
+
+
+def _numpy(tensor: torch.Tensor) -> np.ndarray:
+    # a copy on the host: a tensor on the CPU shares its memory with .numpy(), and the forward
+    # writes some tensors in place after recording them
+    return tensor.detach().cpu().numpy().copy()

@@ -34,7 +34,8 @@ from shared.adam_state import AdamState
 from shared.config import ModelConfig, TrainConfig
 from shared.history import History
 from torch_impl.model import TinyLM, from_exchange, to_exchange
-from torch_impl.train import FusedAdam, new_optimizer, optimizer_from_exchange, optimizer_to_exchange, train_step
+from torch_impl.startup import FusedAdam, new_optimizer
+from torch_impl.train import optimizer_from_exchange, optimizer_to_exchange, train_step
 
 # forkserver: the ranks fork from one server that imported torch once, so a second run in the
 # same process starts in a fraction of a second and no rank inherits the launcher's threads

@@ -33,6 +33,8 @@ FRAMEWORK_USERS = {
     "mhsa/port_check/torch_reader.py": "reads any user's torch.nn.Module, which is no backend of the registry",
     "mhsa/port_check/flax_reader.py": "reads any user's Flax NNX module or Linen pair, which is no backend of the registry",
     "mhsa/compile_cache.py": "turns on JAX's own persistent compilation cache for the commands that run JAX",
+    "mhsa/port_check/train_torch.py": "trains a copy of any user's torch model with its own optimizer, which is no backend of the registry",
+    "mhsa/port_check/train_flax.py": "trains any user's NNX port with its optax transformation, which is no backend of the registry",
 }
 LONGEST_FUNCTION = 100  # lines, decorators and docstring included
 

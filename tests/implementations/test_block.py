@@ -175,3 +175,34 @@ def test_nan_input_propagates_within_its_sequence_and_never_crashes(backend):
     out = backend.attention(x, init_weights(SMALL, 0, "float64"), SMALL)
     assert np.isnan(out[1, 2:]).all()
     assert np.isfinite(out[[0, 2]]).all()
+
+
+def test_a_mask_is_any_array_like_of_bool_in_every_backend(backend):
+    """One rule for masks: a NumPy array, nested lists or the framework's own array of bool, given
+    to the NumPy-facing functions or to the layer and model themselves, is converted once where
+    the call enters, and every form gives the same numbers (torch's masked_fill_ refuses a mask
+    that is not a bool tensor on the scores' device: the block converts it first)."""
+    from tests.implementations.test_errors import called_directly, native
+
+    arrays = init_weights(SMALL, 12, "float64")
+    keep = np.random.default_rng(13).random((B, 1, T, T)) < 0.7  # (B, 1, T, T): per sequence, every head
+    x = embeddings("float64", seed=14)
+    forms = {"numpy": keep, "lists": keep.tolist(), "native": native(backend.name, keep)}
+    block, whole = called_directly(backend.name, arrays)
+    expected_out = backend.attention(x, arrays, SMALL, mask=keep)
+    expected_logits = backend.forward(tokens_for(15), arrays, SMALL, mask=keep)
+    for form, mask in forms.items():
+        got = {
+            "attend": backend.attention(x, arrays, SMALL, mask=mask),
+            "predict": backend.forward(tokens_for(15), arrays, SMALL, mask=mask),
+            "the layer": host(block(x, mask=mask)),
+            "the model": host(whole(tokens_for(15), mask=mask)),
+        }
+        for where, value in got.items():
+            expected = expected_out if where in ("attend", "the layer") else expected_logits
+            np.testing.assert_array_equal(value, expected, err_msg=f"{backend.name}: a mask as {form} given to {where}")
+
+
+def host(array):
+    """A framework's array as NumPy (a torch tensor that requires grad is detached first)."""
+    return array.detach().numpy() if hasattr(array, "detach") else np.asarray(array)

@@ -164,6 +164,185 @@ def test_bad_masks_in_the_block_and_the_model(backend, case):
         backend.forward(tokens(), arrays, SMALL, mask=mask)
 
 
+# --- the same refusals from a layer or a model called directly ------------------------------
+# The NumPy-facing functions above check once, where a call enters; a user who calls the layer or
+# the model itself, on the framework's own arrays, gets the same one-line errors from its entry.
+
+
+def native(name, array):
+    """A NumPy array as the framework's own array, what a user hands a layer or a model."""
+    framework = registry.get(name).framework
+    if framework == "torch":
+        import torch
+
+        return torch.from_numpy(np.asarray(array))
+    if framework == "jax":
+        import jax.numpy as jnp
+
+        return jnp.asarray(array)
+    return np.asarray(array)
+
+
+def called_directly(name, arrays, config=SMALL):
+    """(block(x, mask=None), model(tokens, mask=None)) of backend `name`, called as a user calls
+    them: the framework's layer and model on its own arrays (x and tokens are converted here, a
+    mask is passed as it is given); numpy_ref's attention function and TinyLM on NumPy arrays."""
+    backend = registry.get(name)
+    model = backend.model.from_exchange(arrays, config)
+    if "layers" in backend.supports:
+
+        def block(x, mask=None):
+            return model.attn(native(name, x), mask=mask)
+
+    else:
+        from numpy_ref.attention import attention
+
+        def block(x, mask=None):
+            return attention(x, model.params, config.n_heads, mask=mask)
+
+    def whole(ids, mask=None):
+        return model(native(name, ids), mask=mask)
+
+    return block, whole
+
+
+DIRECT = [("the layer", case) for case in BAD_INPUTS] + [("the model", case) for case in BAD_TOKENS]
+
+
+@pytest.mark.parametrize("called, case", DIRECT, ids=[f"{called}: {case}" for called, case in DIRECT])
+def test_a_layer_or_a_model_called_directly_refuses_bad_input_alike(backend, called, case):
+    value, error, message = (BAD_INPUTS if called == "the layer" else BAD_TOKENS)[case]
+    block, whole = called_directly(backend.name, init_weights(SMALL, 0, "float64"))
+    with pytest.raises(error, match=exactly(message)):
+        (block if called == "the layer" else whole)(value)
+
+
+@pytest.mark.parametrize("name", names("layers"))
+def test_a_layer_called_directly_refuses_a_longer_input_and_another_dtype(name):
+    block, _ = called_directly(name, init_weights(SMALL, 0, "float64"))
+    with pytest.raises(ValueError, match=exactly("sequence length T=8 is longer than max_len=7")):
+        block(embeddings((B, 8, D)))
+    message = "attention input has dtype float32, expected float64 (the block's dtype); convert it first, nothing is converted silently"
+    with pytest.raises(TypeError, match=exactly(message)):
+        block(embeddings(dtype="float32"))
+
+
+@pytest.mark.parametrize("case", BAD_MASKS, ids=str)
+def test_a_layer_and_a_model_called_directly_refuse_bad_masks_alike(backend, case):
+    mask, error, message = BAD_MASKS[case]
+    block, whole = called_directly(backend.name, init_weights(SMALL, 0, "float64"))
+    for given in (mask, native(backend.name, mask)):  # NumPy, and the framework's own array
+        with pytest.raises(error, match=exactly(message)):
+            block(embeddings(), mask=given)
+        with pytest.raises(error, match=exactly(message)):
+            whole(tokens(), mask=given)
+
+
+def test_a_weight_of_the_wrong_shape_is_named_not_the_input(backend):
+    """A transposed qkv_proj weight in the block: the weight is named with its expected shape,
+    not the input's width (numpy_ref's attention function takes its weights at every call; a
+    framework layer's weight can be replaced after it is built)."""
+    arrays = init_weights(SMALL, 0, "float64")
+    weight = np.ascontiguousarray(arrays["attn.qkv_proj.weight"].T)  # (D, 3D) instead of (3D, D)
+    if "layers" in backend.backend.supports:
+        model = backend.model(arrays, SMALL)
+        _replace_qkv_weight(backend.name, model.attn, weight)
+
+        def block(x):
+            return model.attn(native(backend.name, x))
+
+    else:
+        from numpy_ref.attention import attention
+
+        def block(x):
+            return attention(x, {**arrays, "attn.qkv_proj.weight": weight}, SMALL.n_heads)
+
+    message = "weights['attn.qkv_proj.weight'] has shape (24, 72), expected (72, 24) (looks transposed: exchange weights are PyTorch (out, in))"
+    with pytest.raises(ValueError, match=exactly(message)):
+        block(embeddings())
+
+
+def _replace_qkv_weight(name, layer, weight):
+    # what a user can do to a built layer: a new parameter of any shape (weight in PyTorch layout)
+    if registry.get(name).framework == "torch":
+        import torch
+
+        layer.qkv_proj.weight = torch.nn.Parameter(torch.from_numpy(weight))
+    else:
+        from flax import nnx
+
+        layer.qkv_proj.kernel = nnx.Param(native(name, weight.T))  # a Flax kernel is (in, out)
+
+
+# --- each check once per call, where the call enters ----------------------------------------
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """How often each input check of shared.checks runs: {name: calls}."""
+    from shared import checks
+
+    calls = dict.fromkeys(("check_input", "check_tokens", "check_mask", "check_cache", "check_generate"), 0)
+    for name in calls:
+        real = getattr(checks, name)
+
+        def counting(*args, _name=name, _real=real, **kwargs):
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(checks, name, counting)
+    return calls
+
+
+def test_each_input_check_runs_once_per_call(backend, counted):
+    """The NumPy-facing functions check their arrays where the call enters and the model and its
+    block inside do not check them again; a generate checks its request once, not at every token."""
+    arrays = init_weights(SMALL, 0, "float64")
+    model = backend.model(arrays, SMALL)
+    module = backend.backend.model
+    mask = np.ones((T, T), bool)
+    runs = {
+        "attend": (lambda: module.attend(model, embeddings(), mask=mask), {"check_input": 1, "check_mask": 1}),
+        "predict": (lambda: module.predict(model, tokens(), mask=mask), {"check_tokens": 1, "check_mask": 1}),
+        "predict with a trace": (lambda: module.predict(model, tokens(), trace={}), {"check_tokens": 1}),
+        "loss_and_grads": (lambda: module.loss_and_grads(model, tokens(), tokens(), mask=mask), {"check_tokens": 1, "check_mask": 1}),
+    }
+    if "generate" in backend.backend.supports:
+        generate = backend.backend.module("generate")
+        cache = generate.new_cache(model, B)
+        runs["step"] = (lambda: generate.step(model, tokens((B, 2)), cache), {"check_tokens": 1, "check_cache": 1})
+        runs["generate"] = (lambda: generate.generate(model, tokens((B, 2)), 3), {"check_generate": 1, "check_tokens": 1})
+    for what, (run, expected) in runs.items():
+        counted.update(dict.fromkeys(counted, 0))
+        run()
+        assert counted == {**dict.fromkeys(counted, 0), **expected}, f"{backend.name} {what}"
+
+
+@pytest.mark.parametrize("name", names("train"))
+def test_a_trainer_checks_each_batch_once_and_its_steps_check_nothing(name, counted):
+    config = TrainConfig(epochs=2, n_sequences=96)  # 3 steps per epoch
+    registry.get(name).train.train(SMALL, config)
+    # shared.checks.check_batches, before each epoch's first step: the one batch shape of the epoch,
+    # then the ids of all its batches at once (read batch by batch only to name a bad one)
+    assert counted == {**dict.fromkeys(counted, 0), "check_tokens": config.epochs}
+
+
+def test_a_run_of_batches_is_checked_as_its_forwards_would_check_it_batch_by_batch():
+    """shared.checks.check_batches, the trainers' one check of an epoch: the first bad batch in
+    order is the one named, with the message its own forward would give."""
+    from shared import checks
+
+    batches = [(tokens(), tokens()) for _ in range(6)]
+    batches[2] = (with_id(V), tokens())
+    batches[4] = (with_id(-1), tokens())
+    with pytest.raises(ValueError, match=exactly(f"token id {V} is out of range: ids must lie in [0, {V}) for vocab_size={V}")):
+        checks.check_batches(batches, V, L)
+    batches[1] = (tokens(dtype="float64"), tokens())  # a dtype is refused before any id is read
+    with pytest.raises(TypeError, match=exactly("tokens must be an integer array (B, T) of int32 or int64, got dtype float64")):
+        checks.check_batches(batches, V, L)
+    checks.check_batches([(tokens(), tokens()), (tokens((2, T), "int32"), tokens())], V, L)  # a shorter last batch, int32: fine
+
+
 # --- weight dicts into a model: everything checked before anything is built ---------------
 
 
@@ -510,7 +689,9 @@ def test_a_run_whose_loss_overflows_stops_in_one_line(capsys, tmp_path, backend_
     # about lr per step and the copy task still learns when saturated)
     status, out, err = run_main(capsys, backend_name, *SMALL_RUN, "--lr", "1e30", "--save", str(tmp_path / "w.safetensors"))
     assert status == 1
-    assert err.splitlines() == ["error: loss became non-finite at step 1 (epoch 1): nan; training stopped (try a smaller --lr)"]
+    assert err.splitlines() == [
+        f"python -m {package(backend_name)}.train: error: loss became non-finite at step 1 (epoch 1): nan; training stopped (try a smaller --lr)"
+    ]
     assert os.listdir(tmp_path) == []  # nothing saved from a diverged run
 
 
@@ -523,9 +704,7 @@ def test_a_weights_file_holding_nan_is_refused_before_the_banner(capsys, tmp_pat
     weights.save(path, arrays, config)
     status, out, err = run_main(capsys, backend_name, "--epochs", "1", "--n-sequences", "64", "--load", str(path))
     assert status == 2 and out == ""
-    assert err.splitlines()[-1].endswith(
-        f"error: weights file {str(path)!r} holds NaN or infinite values in ['pos_emb.weight']; refusing to train from it"
-    )
+    assert err.splitlines()[-1].endswith(f"error: weights file {str(path)!r} holds NaN or infinite values in ['pos_emb.weight']; refusing to use it")
 
 
 def test_as_a_command_the_errors_are_one_line_without_traceback(tmp_path):
@@ -538,7 +717,9 @@ def test_as_a_command_the_errors_are_one_line_without_traceback(tmp_path):
         timeout=120,
     )
     assert diverged.returncode == 1
-    assert diverged.stderr.splitlines() == ["error: loss became non-finite at step 1 (epoch 1): nan; training stopped (try a smaller --lr)"]
+    assert diverged.stderr.splitlines() == [
+        f"python -m {package(names('train')[0])}.train: error: loss became non-finite at step 1 (epoch 1): nan; training stopped (try a smaller --lr)"
+    ]
     bad_flags = subprocess.run(
         [sys.executable, "-m", "mhsa.cli", "train", "--backend", names("train")[0], "--n-heads", "5", "--d-model", "32"],
         cwd=tmp_path,

@@ -126,8 +126,9 @@ def test_rows_of_a_batch_decode_as_if_alone(name):
 
 def plant_top_left_mask(monkeypatch, name):
     """The classic port bug, in one backend: a chunk at offset p gets causal_mask[:t, :S]."""
-    attention = registry.get(name).module("attention")
-    monkeypatch.setattr(attention.MultiHeadSelfAttention, "_causal_rows", lambda self, start, T, S: self.causal_mask[:T, :S])
+    block = registry.get(name).module("attention").MultiHeadSelfAttention
+    allowed = block._allowed
+    monkeypatch.setattr(block, "_allowed", lambda self, start, T, S, mask: allowed(self, 0, T, S, mask))
 
 
 def test_a_planted_top_left_mask_is_named_by_the_decode_rows(monkeypatch):

@@ -18,7 +18,7 @@ jax = pytest.importorskip("jax")
 import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from jax_impl import generate, model, train  # noqa: E402
+from jax_impl import compiled, generate, model, startup, train  # noqa: E402
 from mhsa import registry  # noqa: E402
 from shared import training  # noqa: E402
 from shared.config import ModelConfig, TrainConfig  # noqa: E402
@@ -72,7 +72,7 @@ def test_queued_runs_give_the_losses_of_one_run_at_a_time_in_step_order(monkeypa
     as soon as the next one is queued, not after the whole epoch (progress as it happens)."""
     arrays = training.initial_weights("shared", SMALL, CONFIG)
     m = model.from_exchange(arrays, SMALL)
-    graphdef, state = nnx.split((m, train.new_optimizer(m, CONFIG)))
+    graphdef, state = nnx.split((m, startup.new_optimizer(m, CONFIG)))
     expected = []
     for batches in training.epochs(SMALL, CONFIG):
         for chunk in training.chunks(batches):
@@ -80,16 +80,16 @@ def test_queued_runs_give_the_losses_of_one_run_at_a_time_in_step_order(monkeypa
             expected.extend(losses.tolist())
 
     queued, heard = [], []
-    dispatch = train._dispatch
+    run_steps = compiled.run_steps
 
-    def counting(graphdef, state, batches):
+    def counting(step, graphdef, state, batches):
         queued.append(len(batches))
-        return dispatch(graphdef, state, batches)
+        return run_steps(step, graphdef, state, batches)
 
     def on_step(step, loss):
         heard.append((step, len(queued)))
 
-    monkeypatch.setattr(train, "_dispatch", counting)
+    monkeypatch.setattr(compiled, "run_steps", counting)
     history = train.train(SMALL, CONFIG, on_step=on_step)
     assert history.losses == expected
     assert [step for step, _ in heard] == list(range(len(expected)))
@@ -102,7 +102,7 @@ def test_queued_runs_give_the_losses_of_one_run_at_a_time_in_step_order(monkeypa
 
 def test_adam_built_without_compiling_equals_nnx_optimizer_leaf_for_leaf():
     m = model.from_exchange(training.initial_weights("shared", SMALL, CONFIG), SMALL)
-    built = train.new_optimizer(m, CONFIG)
+    built = startup.new_optimizer(m, CONFIG)
     tx = optax.adam(CONFIG.lr, *CONFIG.betas, eps=CONFIG.eps)
     eager = nnx.Optimizer(m, tx, wrt=nnx.Param)
     got, expected = nnx.state(built), nnx.state(eager)
@@ -124,11 +124,11 @@ def test_a_run_compiles_its_programs_not_one_per_parameter_shape():
     """A config no other test trains, so its steps are not cached: the non-parameter buffers and the
     scanned steps are one compiled program each, Adam's zero state none (eagerly, the random key,
     each zeros_like and each transposed weight compiled one small program per shape)."""
-    compiled = []
+    programs = []
 
     def listen(event, duration, **_):
         if event == "/jax/core/compile/backend_compile_duration":
-            compiled.append(event)
+            programs.append(event)
 
     fresh = ModelConfig(vocab_size=13, d_model=20, n_heads=5, max_len=9)
     jax.monitoring.register_event_duration_secs_listener(listen)
@@ -138,7 +138,7 @@ def test_a_run_compiles_its_programs_not_one_per_parameter_shape():
         jax.monitoring.unregister_event_duration_listener(listen)
     # at most: the buffers' program is a constant mask that another test's TinyLM of the same
     # max_len may have compiled already (JAX reuses a compilation of identical HLO)
-    assert len(compiled) <= 2, f"{len(compiled)} programs compiled, expected at most 2 (the buffers, the scanned steps)"
+    assert len(programs) <= 2, f"{len(programs)} programs compiled, expected at most 2 (the buffers, the scanned steps)"
 
 
 @pytest.mark.parametrize(

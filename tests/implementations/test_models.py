@@ -88,6 +88,50 @@ def test_jax_mask_is_not_a_param_and_gets_no_gradient():
     assert "causal_mask" not in grads["attn"]
 
 
+def test_checkify_catches_an_id_out_of_range_under_the_users_own_jit():
+    """jax_impl.model's docstring: ids are not known while jit traces a call, and the embedding
+    lookup gives NaN or another row for one out of range; with model.checkify_ids and checkify.checkify around the
+    call, the first bad id becomes an error with the eager call's message, and a batch in range
+    gives the very same logits as the unchecked call."""
+    from flax import nnx
+    from jax.experimental import checkify
+
+    from jax_impl.model import from_exchange, predict
+
+    model = from_exchange(init_weights(SMALL, 0), SMALL)
+
+    @nnx.jit
+    def logits_of(model, tokens):
+        return model(tokens)
+
+    @nnx.jit
+    def checked_logits_of(model, tokens):
+        return checkify.checkify(lambda tokens: model(tokens))(tokens)
+
+    good = tokens_for(16)
+    plain = np.asarray(logits_of(model, good))
+    for bad_id in (SMALL.vocab_size, -1):
+        bad = good.copy()
+        bad[1, 3] = bad_id
+        # what the unchecked jitted call gives, silently: NaN for V, the last row's embedding for -1
+        silent = np.asarray(logits_of(model, bad))
+        wrapped = np.where(bad < 0, SMALL.vocab_size - 1, bad)
+        assert np.isnan(silent).any() if bad_id >= 0 else np.array_equal(silent, np.asarray(logits_of(model, wrapped)))
+        model.checkify_ids = True
+        error, _ = checked_logits_of(model, bad)
+        message = rf"^token id {bad_id} is out of range: ids must lie in \[0, {SMALL.vocab_size}\) for vocab_size={SMALL.vocab_size}"
+        with pytest.raises(ValueError, match=message):
+            error.throw()
+        model.checkify_ids = False
+    model.checkify_ids = True
+    error, logits = checked_logits_of(model, good)
+    assert error.get() is None
+    np.testing.assert_array_equal(np.asarray(logits), plain)  # the check costs nothing in the numbers
+    np.testing.assert_array_equal(predict(model, good), predict(from_exchange(init_weights(SMALL, 0), SMALL), good))  # checked on the host
+    with pytest.raises(ValueError, match="checkify.check which was not functionalized"):  # jitted without checkify.checkify
+        logits_of(model, good)
+
+
 @pytest.mark.parametrize("name", names("layers"))
 def test_mask_is_unchanged_by_training(name):
     from shared.config import TrainConfig

@@ -75,8 +75,7 @@ def test_every_gradient_matches_the_fourth_order_finite_difference():
 def test_masked_scores_and_a_fully_masked_row_get_zero_gradient():
     arrays = init_weights(SMALL, 2, "float64")
     tokens, _, mask = inputs()
-    trace = {}
-    numpy_model.forward(tokens, arrays, SMALL, mask=mask, trace=trace)
+    trace = numpy_model.intermediates(tokens, arrays, SMALL, mask=mask)
     g_weights = np.random.default_rng(0).standard_normal(trace["weights"].shape)
     g_scores = backward.softmax_backward(g_weights, trace["weights"])
     allowed = np.tril(np.ones((T, T), dtype=bool)) & mask

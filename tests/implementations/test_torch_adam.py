@@ -1,5 +1,6 @@
-"""torch_impl.train.FusedAdam is torch.optim.Adam(fused=True), bit for bit: the trainer uses it
-only to avoid the optimizer's import of torch._dynamo at start-up (docs/DESIGN.md, README)."""
+"""torch_impl.startup.FusedAdam is torch.optim.Adam(fused=True), bit for bit: the trainer uses it
+only to avoid the optimizer's import of torch._dynamo at start-up (docs/DESIGN.md, README). It
+calls the private torch._fused_adam_ kernel: these tests pin it to the public optimizer."""
 
 import subprocess
 import sys
@@ -32,7 +33,7 @@ def steps(optimizer_for, dtype, n=25):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_fused_adam_equals_torch_adam_bit_for_bit(dtype):
-    from torch_impl.train import FusedAdam
+    from torch_impl.startup import FusedAdam
 
     config = TrainConfig(lr=0.05, betas=(0.8, 0.99), eps=1e-6)
     ours, optimizer = steps(lambda params: FusedAdam(params, config.lr, config.betas, config.eps), dtype)
@@ -44,7 +45,7 @@ def test_fused_adam_equals_torch_adam_bit_for_bit(dtype):
 
 
 def test_a_wrong_formula_would_be_caught():
-    from torch_impl.train import FusedAdam
+    from torch_impl.startup import FusedAdam
 
     ours, _ = steps(lambda params: FusedAdam(params, 0.05, (0.8, 0.99), 1e-6), "float64", n=3)
     theirs, _ = steps(lambda params: torch.optim.Adam(params, lr=0.05, betas=(0.8, 0.99), eps=1e-5, fused=True), "float64", n=3)

@@ -1,8 +1,9 @@
-"""The torch trainer's speed paths and its device: the token ids are checked once per epoch
-(instead of a min/max and a host sync in every forward) with the forward's own message, the
-trajectory is the step-by-step one bit for bit, `device` is checked before any work ("cuda"
-without a GPU is refused in one line; the cuda run itself needs a GPU), and the opt-in
-torch.compile compiles before the first step and trains as the eager run does.
+"""The torch trainer's speed paths and its device: the token ids are checked once per epoch, at
+train()'s boundary (instead of a min/max and a host sync in every forward), with the forward's
+own message, the trajectory is the step-by-step one bit for bit, `device` is checked before any
+work ("cuda" without a GPU is refused in one line; the cuda run itself needs a GPU), and the
+opt-in torch.compile (torch_impl.compiled) compiles before the first step and trains as the
+eager run does.
 
 The compile tests plant torch.compile's "aot_eager" backend: the same captured graphs and
 autograd, without inductor's C++ build (seconds per graph on a cold cache);
@@ -22,53 +23,21 @@ from shared.tolerances import tolerance
 from tests.backends import SMALL as SMALL_MODEL
 from tests.backends import names
 from tests.commands import refused, run_cli
+from torch_impl import compiled as compiled_module
 from torch_impl import train as train_module
 from torch_impl.model import TinyLM, from_exchange, loss_fn, predict, to_exchange
-from torch_impl.train import FusedAdam, train, train_step
+from torch_impl.startup import FusedAdam, new_optimizer
+from torch_impl.train import train, train_step
 
 SMALL = TrainConfig(epochs=2, n_sequences=96)  # 3 steps per epoch: seconds
 
 
-def _bad_epochs(bad_id, batch=17):
-    """training.epochs with one id of one batch of the first epoch replaced by bad_id (batch 17:
-    in the epoch's second run of training.PROGRESS_STEPS steps, after on_step heard of the first)."""
-    real = training.epochs
-
-    def epochs(model_config, train_config, start=0):
-        for number, batches in enumerate(real(model_config, train_config, start)):
-            if number == 0:
-                x, y = batches[batch]
-                x = x.copy()
-                x[3, 5] = bad_id
-                batches = [*batches[:batch], (x, y), *batches[batch + 1 :]]
-            yield batches
-
-    return epochs
-
-
-@pytest.mark.parametrize("bad_id", [64, -1])
-def test_a_bad_token_id_is_refused_with_the_forwards_message(monkeypatch, bad_id):
-    model_config = ModelConfig()
-    model = from_exchange(training.initial_weights("shared", model_config, SMALL), model_config)
-    tokens = np.zeros((2, model_config.max_len), dtype=np.int64)
-    tokens[1, 2] = bad_id
-    with pytest.raises(ValueError) as from_forward:
-        predict(model, tokens)
-    expected = f"token id {bad_id} is out of range: ids must lie in [0, 64) for vocab_size=64"
-    assert str(from_forward.value) == expected
-    monkeypatch.setattr(training, "epochs", _bad_epochs(bad_id))
-    steps = []
-    with pytest.raises(ValueError) as from_trainer:
-        train(model_config, TrainConfig(epochs=1, n_sequences=640), on_step=lambda step, loss: steps.append(step))
-    assert str(from_trainer.value) == expected
-    assert steps == []  # refused before the epoch's first step, not after the 16 steps before the bad batch
-
-
 def test_the_trained_model_checks_ids_again():
     history = train(ModelConfig(), SMALL)
-    assert history.model.ids_checked is False
     with pytest.raises(ValueError, match=r"^token id 64 is out of range"):
         predict(history.model, np.full((1, 4), 64, dtype=np.int64))
+    with pytest.raises(ValueError, match=r"^token id 64 is out of range"):  # called directly: the epoch's check is over
+        history.model(torch.full((1, 4), 64))
 
 
 def test_the_trajectory_is_the_step_by_step_loop_bit_for_bit():
@@ -146,7 +115,7 @@ def counted_compiles(monkeypatch):
         return torch._dynamo.lookup_backend("aot_eager")(graph, example_inputs)
 
     torch._dynamo.reset()  # no graph of another test is reused
-    monkeypatch.setattr(train_module, "COMPILE_BACKEND", counting)
+    monkeypatch.setattr(compiled_module, "COMPILE_BACKEND", counting)
     yield graphs
     torch._dynamo.reset()
 
@@ -191,13 +160,13 @@ def test_compile_resumes_as_the_eager_run(counted_compiles, tmp_path):
 def test_compiling_the_step_leaves_the_weights_and_adam_state_as_they_were(counted_compiles):
     config = TrainConfig(epochs=1, batch_size=8, n_sequences=28, seed=5, dtype="float64")
     model = from_exchange(training.initial_weights("shared", SMALL_MODEL, config), SMALL_MODEL)
-    optimizer = train_module.new_optimizer(model, config)
+    optimizer = new_optimizer(model, config)
     batches = next(training.epochs(SMALL_MODEL, config))[:3]  # full batches only: one graph
     for x, y in batches[:2]:  # Adam's state exists and is not zero
         train_step(model, optimizer, torch.from_numpy(x), torch.from_numpy(y))
-    before = [tensor.clone() for tensor in train_module._step_tensors(list(model.parameters()), optimizer.states(list(model.parameters())))]
-    step, seconds = train_module.compile_step(model, optimizer, batches)
-    after = train_module._step_tensors(list(model.parameters()), optimizer.states(list(model.parameters())))
+    before = [tensor.clone() for tensor in compiled_module._step_tensors(list(model.parameters()), optimizer.states(list(model.parameters())))]
+    step, seconds = compiled_module.compile_step(model, optimizer, batches, loss_fn)
+    after = compiled_module._step_tensors(list(model.parameters()), optimizer.states(list(model.parameters())))
     assert seconds > 0 and len(counted_compiles) == 1
     assert all(torch.equal(a, b) for a, b in zip(before, after)), "compile_step changed the weights or Adam's state"
     x, y = (torch.from_numpy(array) for array in batches[2])
@@ -234,7 +203,7 @@ def test_compile_names_a_failed_compilation(monkeypatch):
     import torch._dynamo
 
     torch._dynamo.reset()
-    monkeypatch.setattr(train_module, "COMPILE_BACKEND", failing)
+    monkeypatch.setattr(compiled_module, "COMPILE_BACKEND", failing)
     steps = []
     with pytest.raises(ValueError) as error:
         train(SMALL_MODEL, SMALL, compile=True, on_step=lambda step, loss: steps.append(step))

@@ -9,6 +9,7 @@ import pytest
 
 from mhsa import registry
 from mhsa.cli import main
+from shared import training
 from shared.config import ModelConfig, TrainConfig
 from shared.history import KEYS, History
 from shared.tolerances import assert_close, tolerance
@@ -170,3 +171,42 @@ def test_mhsa_train_runs_a_backend(tmp_path, capsys, monkeypatch):
     assert main(["train", "--backend", TRAINERS[0], "--epochs", "1", "--n-sequences", "64", "--n-heads", "8"]) == 0
     out, err = capsys.readouterr()
     assert "n_heads=8 (d_head=4)" in out and "epoch 1/1" in out, err
+
+
+def _bad_epochs(bad_id, batch=17):
+    """training.epochs with one id of one batch of the first epoch replaced by bad_id (batch 17:
+    in the epoch's second run of training.PROGRESS_STEPS steps, after on_step heard of the first)."""
+    real = training.epochs
+
+    def epochs(model_config, train_config, start=0):
+        for number, batches in enumerate(real(model_config, train_config, start)):
+            if number == 0:
+                x, y = batches[batch]
+                x = x.copy()
+                x[3, 5] = bad_id
+                batches = [*batches[:batch], (x, y), *batches[batch + 1 :]]
+            yield batches
+
+    return epochs
+
+
+@pytest.mark.parametrize("bad_id", [64, -1])
+@pytest.mark.parametrize("backend", TRAINERS)
+def test_a_bad_token_id_is_refused_with_the_forwards_message(monkeypatch, backend, bad_id):
+    """Each trainer checks an epoch's ids once, on the host, before its first step (its steps then
+    skip the forward's own check: no host sync per step in torch, no ids at all under JAX's jit)."""
+    model_config = ModelConfig()
+    module = registry.get(backend).model
+    model = module.from_exchange(training.initial_weights("shared", model_config, TrainConfig()), model_config)
+    tokens = np.zeros((2, model_config.max_len), dtype=np.int64)
+    tokens[1, 2] = bad_id
+    with pytest.raises(ValueError) as from_forward:
+        module.predict(model, tokens)
+    expected = f"token id {bad_id} is out of range: ids must lie in [0, 64) for vocab_size=64"
+    assert str(from_forward.value) == expected
+    monkeypatch.setattr(training, "epochs", _bad_epochs(bad_id))
+    steps = []
+    with pytest.raises(ValueError) as from_trainer:
+        trainer(backend).train(model_config, TrainConfig(epochs=1, n_sequences=640), on_step=lambda step, loss: steps.append(step))
+    assert str(from_trainer.value) == expected
+    assert steps == []  # refused before the epoch's first step, not after the 16 steps before the bad batch

@@ -108,10 +108,7 @@ def test_every_flag_of_every_command_has_help_text():
 
 def test_a_long_row_is_cut_and_the_title_says_so(tmp_path, capsys):
     name = names("train")[0]
-    assert (
-        main(["train", "--backend", name, "--quiet", "--seq-len", "20", "--epochs", "1", "--n-sequences", "64", "--plot", str(tmp_path / "run.png")])
-        == 0
-    )
+    assert main(["train", "--backend", name, "--seq-len", "20", "--epochs", "1", "--n-sequences", "64", "--plot", str(tmp_path / "run.png")]) == 0
     out = capsys.readouterr().out
     assert f"{name} · head 0 of 4 · attention weights on the first 12 of 20 positions of a copy-task row" in out
     assert (tmp_path / "run.png").exists()
@@ -130,3 +127,56 @@ def test_integer_flags_of_the_other_commands_keep_their_documented_range(capsys,
     with pytest.raises(SystemExit) as exit:
         main(argv.split())
     assert exit.value.code == 2 and message in capsys.readouterr().err
+
+
+# every argv a command accepts, so that the one flag added to it is the only thing wrong
+VALID = {
+    "demo": [],
+    "train": ["--backend", names("train")[0]],
+    "diff": ["model"],
+    "heads": ["--load", "x.safetensors"],
+    "parity": [],
+    "generate": ["--load", "x.safetensors", "--prompt", "1"],
+    "port-check": ["a:b", "c:d"],
+    "compare": ["a.json", "b.json"],
+    "bind": ["x.safetensors"],
+    "bench": [],
+}
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_an_unknown_flag_is_refused_with_the_commands_own_usage(capsys, command):
+    err = refused(capsys, command, *VALID[command], "--no-such-flag")
+    assert err.startswith(f"usage: mhsa {command} ")
+    assert err.splitlines()[-1] == f"mhsa {command}: error: unrecognized arguments: --no-such-flag"
+
+
+DP_3 = "batch_size=32 is not divisible by dp=3: every global batch is split into 3 equal shards"
+
+
+@pytest.mark.parametrize("name", names("dp"))
+def test_a_dp_that_does_not_split_the_batch_is_refused_before_the_banner_with_the_commands_usage(capsys, name):
+    err = refused(capsys, "train", "--backend", name, "--dp", "3")
+    assert err.startswith("usage: mhsa train ") and err.splitlines()[-1] == f"mhsa train: error: {DP_3}"
+    from tests.commands import run_cli
+
+    result = run_cli(name, "--dp", "3", cwd=".")
+    assert result.returncode == 2 and result.stdout == "" and result.stderr.startswith(f"usage: python -m {package(name)}.train ")
+    assert result.stderr.splitlines()[-1] == f"python -m {package(name)}.train: error: {DP_3}"
+
+
+def test_generate_and_heads_refuse_a_flag_the_model_contradicts_with_their_usage(capsys, tmp_path):
+    from shared.weights import init_weights, save
+    from tests.backends import SMALL
+
+    path = tmp_path / "model.safetensors"
+    save(path, init_weights(SMALL, 0), SMALL)
+    for argv, message in [
+        (["generate", "--load", str(path), "--prompt", "1", "--heatmap-head", "4"], "--heatmap-head 4 is out of range: the model has 4 heads (0..3)"),
+        (["generate", "--load", str(path), "--prompt", "11"], "token id 11 is out of range: ids must lie in [0, 11) for vocab_size=11"),
+        (["heads", "--load", str(path), "--tokens", "1,1,1,1,1,1,1,1"], "--tokens gives 8 ids, more than the model's max_len=7"),
+        (["heads", "--load", str(path), "--tokens", "11"], "token id 11 is out of range: ids must lie in [0, 11) for vocab_size=11"),
+    ]:
+        assert main(argv) == 2, argv
+        out, err = capsys.readouterr()
+        assert out == "" and err.startswith(f"usage: mhsa {argv[0]} ") and err.splitlines()[-1] == f"mhsa {argv[0]}: error: {message}", err

@@ -18,8 +18,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from mhsa import flags, train_cli
+from mhsa import flags, registry, train_cli
 from mhsa.cli import main as mhsa
+from mhsa.epoch_keeper import has_on_epoch
 from shared import checks, weights
 from shared.history import History
 from shared.weights import init_weights
@@ -400,11 +401,73 @@ def test_ctrl_c_later_in_python_m_impl_train_prints_one_line_and_exits_130(delay
     assert code == 130 and err == ["interrupted"], err
 
 
-def test_ctrl_c_during_training_with_save_says_nothing_was_saved(tmp_path):
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("name", [name for name in names("train") if not has_on_epoch(registry.get(name).train.train)])
+def test_ctrl_c_during_training_with_save_says_nothing_was_saved_where_the_trainer_keeps_no_epoch(tmp_path, name):
+    # a trainer without on_epoch hands over its model only at the end (mhsa/epoch_keeper.py); those
+    # with it keep the last complete epoch: tests/tools/test_interrupt.py
     path = tmp_path / "w.safetensors"
     code, out, err = interrupted(
-        [sys.executable, "-m", f"{package(names('train')[0])}.train", "--quiet", "--epochs", "100000", "--n-sequences", "64", "--save", str(path)],
+        [sys.executable, "-m", f"{package(name)}.train", "--epochs", "100000", "--n-sequences", "64", "--save", str(path)],
         wait_for="epoch 1/",
     )
-    assert code == 130 and err == ["interrupted: nothing was saved"], err
+    assert code == 130 and len(err) == 1, err
+    assert re.fullmatch(r"interrupted in epoch \d+/100000: nothing was saved \(this trainer hands over its model only at the end\)", err[0]), err
     assert os.listdir(tmp_path) == []
+
+
+# --- generate and the other readers of weights, on bad numbers -----------------------------------
+
+
+def generated(capsys, *flags):
+    assert mhsa(["generate", *flags]) == 0
+    return next(line for line in capsys.readouterr().out.splitlines() if line.startswith("generated: "))
+
+
+@pytest.mark.parametrize("temperature", ["1e-308", "1e-300", "5e-324"])
+def test_generate_at_a_tiny_temperature_is_greedy_not_id_0(capsys, tmp_path, temperature):
+    path = tmp_path / "model.safetensors"
+    weights.save(path, init_weights(SMALL, 3), SMALL)
+    flags = ["--load", str(path), "--prompt", "4,4", "--max-new-tokens", "5"]
+    greedy = generated(capsys, *flags)
+    assert greedy != "generated: 0 0 0 0 0"  # the model has a choice other than id 0 to make
+    assert generated(capsys, *flags, "--temperature", temperature) == greedy
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf], ids=["NaN", "Inf"])
+@pytest.mark.parametrize("command", ["train --load", "train --resume", "generate", "heads"])
+def test_non_finite_weights_are_refused_alike_by_every_command_that_reads_them(capsys, tmp_path, command, bad):
+    from shared import checkpoint
+    from shared.adam_state import AdamState
+    from shared.config import TrainConfig
+
+    path = tmp_path / "bad.safetensors"
+    arrays = init_weights(SMALL, 0)
+    arrays["attn.out_proj.weight"][1, 2] = bad
+    run = TrainConfig(epochs=1, n_sequences=64)
+    moments = {name: np.zeros_like(value) for name, value in arrays.items()}
+    checkpoint.save(path, arrays, AdamState(run.steps_per_epoch, 1, moments, moments, run), SMALL)
+    argv = {
+        "train --load": ["train", "--backend", names("train")[0], "--load", str(path)],
+        "train --resume": ["train", "--backend", names("train")[0], "--resume", str(path), "--epochs", "2", "--n-sequences", "64"],
+        "generate": ["generate", "--load", str(path), "--prompt", "1,1"],
+        "heads": ["heads", "--load", str(path)],
+    }[command]
+    try:
+        status = mhsa(argv)
+    except SystemExit as exit:  # train refuses a file among its flags, through argparse
+        status = exit.code
+    out, err = capsys.readouterr()
+    assert status == (2 if command.startswith("train") else 1) and out == ""
+    message = f"weights file {str(path)!r} holds NaN or infinite values in ['attn.out_proj.weight']; refusing to use it"
+    assert err.splitlines()[-1] == f"mhsa {command.split()[0]}: error: {message}"
+
+
+def test_generate_refuses_weights_that_overflow_the_logits_in_one_line(capsys, tmp_path):
+    path = tmp_path / "huge.safetensors"
+    weights.save(path, {key: value * 1e30 if "qkv" in key else value for key, value in init_weights(SMALL, 10).items()}, SMALL)
+    assert mhsa(["generate", "--load", str(path), "--prompt", "1,2", "--max-new-tokens", "2"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err == (
+        "mhsa generate: error: the logits of row(s) [0] hold NaN or infinite values (the weights overflow): no token can be chosen\n"
+    )

@@ -166,7 +166,9 @@ def test_non_finite_losses_are_named_not_hidden():
     fig = training_figure(losses, 5, causal_weights(2, 4, seed=4))
     ax = loss_axes(fig)
     note = ax.get_title(loc="right")
-    assert "loss nan at step 6" in note and "4 step(s)" in note
+    assert "loss nan at step 6" in note and note.endswith("(4 steps in all)")
+    losses[6:9] = 1.0  # one step left non-finite: the singular
+    assert loss_axes(training_figure(losses, 5, causal_weights(2, 4, seed=4))).get_title(loc="right").endswith("(1 step in all)")
 
 
 def test_save_figure_writes_a_png_of_the_figure_size(tmp_path):
@@ -304,3 +306,16 @@ def test_the_compare_figure_names_the_runs_and_says_when_they_are_identical():
     assert gaps.get_lines() == []  # no empty curve on a meaningless log axis
     apart = Comparison(steps, losses, losses + 1e-3, np.full(5, 1e-3))
     assert comparison_figure(apart, labels).axes[1].get_lines() != []
+
+
+def test_the_gap_figures_caption_counts_in_the_singular_and_the_plural():
+    from mhsa.compare import Comparison, comparison_figure
+
+    steps, losses = np.arange(3), np.array([3.0, 2.0, 1.0])
+    labels = ("A = a.json (torch, float32)", "B = b.json (jax, float32)")
+    one_exact = Comparison(steps, losses, losses + [0.0, 1e-3, 2e-3], np.array([0.0, 1e-3, 2e-3]))
+    assert comparison_figure(one_exact, labels).axes[1].get_title() == "max 2.00e-03 at step 2, mean 1.00e-03; 1 step identical (not drawn)"
+    two_exact = Comparison(steps, losses, losses + [0.0, 0.0, 2e-3], np.array([0.0, 0.0, 2e-3]))
+    assert comparison_figure(two_exact, labels).axes[1].get_title().endswith("; 2 steps identical (not drawn)")
+    single = Comparison(steps[:1], losses[:1], losses[:1].copy(), np.zeros(1))
+    assert [text.get_text() for text in comparison_figure(single, labels).axes[1].texts] == ["A and B are identical at the 1 step compared"]

@@ -1,0 +1,222 @@
+"""The port check through training: train the reference (torch) and its port (Flax NNX + optax)
+from the same weights on the same batches for N steps, and the reference once more in float64,
+and compare every step: the loss, every gradient, every optimizer moment and every parameter
+after the update, each held to a tolerance derived from the two sides' own float32 errors
+(train_tolerances.py). The first row beyond its tolerance, in the order a step computes them, is
+where the two trainings part; at that step the per-module forward rows, at the reference's
+weights of that step on that step's batch, say whether the forward pass parted first.
+
+    from mhsa.port_check.train_check import check_training
+    from mhsa.port_check.train_report import format_train_report
+    report = check_training(torch_side, flax_side, steps=20)
+    print(format_train_report(report))
+
+Each side is the mapping a `--train` factory returns: "model", "optimizer" (a
+torch.optim.Optimizer over that model's parameters / an optax GradientTransformation), "loss"
+((output, *batch) -> scalar, in its own framework), "inputs" (a list of batches, each a tuple of
+arrays, cycled over the steps); optionally "model_inputs" (the model takes the first that many
+arrays of a batch; default all of them) and, on the torch side, "scheduler" (a torch LR
+scheduler over that optimizer, stepped after it) and "clip" (torch.nn.utils.clip_grad_norm_'s
+max norm, applied before optimizer.step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from mhsa.port_check import torch_reader, train_flax, train_lint, train_torch
+from mhsa.port_check.compare import lint, output_rows, transfer_weights
+from mhsa.port_check.records import PortReport, backend_of, map_name
+from mhsa.port_check.train_records import MOMENTS, StepRecord, StepSummary, TrainReport, TrainRow
+from mhsa.port_check.train_tolerances import FLOOR_ULPS, K, derived
+from shared.config import DTYPES
+from shared.tolerances import max_abs_diff
+
+REQUIRED = ("model", "optimizer", "loss", "inputs")
+OPTIONAL = ("model_inputs", "scheduler", "clip")
+SIDES = {"reference": ("torch", train_torch, "a torch.optim.Optimizer"), "port": ("jax", train_flax, "an optax GradientTransformation")}
+
+
+def check_setup(setup, which: str) -> dict:
+    """A factory's mapping, checked: `which` is "reference" (torch) or "port" (Flax). Returns it
+    as a dict with "inputs" a list of tuples of arrays; raises ValueError naming what is wrong."""
+    side, trainer, optimizer_kind = SIDES[which]
+    if not isinstance(setup, Mapping):
+        raise ValueError(
+            f"the {which} factory returned {type(setup).__name__}; with --train it must return a mapping with the keys {', '.join(REQUIRED)}"
+        )
+    missing = [key for key in REQUIRED if key not in setup]
+    unknown = [str(key) for key in setup if key not in REQUIRED + OPTIONAL]
+    if missing or unknown:
+        what = f"lacks {', '.join(missing)}" if missing else f"has unknown key(s) {', '.join(unknown)}"
+        raise ValueError(f"the {which} factory's mapping {what}; expected {', '.join(REQUIRED)} and optionally {', '.join(OPTIONAL)}")
+    try:
+        name, _ = backend_of(setup["model"])
+    except TypeError as error:
+        raise ValueError(str(error)) from None
+    if name != side:
+        raise ValueError(f"the {which} factory's model is a {name} model; the training check takes a torch reference and a Flax NNX port")
+    if not trainer.owns(setup["optimizer"]):
+        raise ValueError(f"the {which} factory's 'optimizer' must be {optimizer_kind}; got {type(setup['optimizer']).__name__}")
+    if not callable(setup["loss"]):
+        raise ValueError(f"the {which} factory's 'loss' must be a callable (output, *batch) -> scalar")
+    checked = dict(setup, inputs=_batches(setup["inputs"], which))
+    model_inputs = setup.get("model_inputs")
+    if model_inputs is not None and (
+        isinstance(model_inputs, bool) or not isinstance(model_inputs, int) or not 1 <= model_inputs <= len(checked["inputs"][0])
+    ):
+        raise ValueError(f"the {which} factory's 'model_inputs' must be an integer from 1 to the arrays in a batch; got {model_inputs!r}")
+    trainer.check_setup(checked)
+    return checked
+
+
+def _batches(inputs, which: str) -> list[tuple]:
+    if not isinstance(inputs, (list, tuple)) or not inputs:
+        raise ValueError(f"the {which} factory's 'inputs' must be a non-empty list of batches, each a tuple of arrays")
+    batches = []
+    for index, batch in enumerate(inputs):
+        batch = batch if isinstance(batch, (tuple, list)) else (batch,)
+        arrays = tuple(np.asarray(x) for x in batch)
+        if not arrays or any(not (np.issubdtype(a.dtype, np.number) or a.dtype == bool) for a in arrays):
+            raise ValueError(f"the {which} factory's batch {index} must be a tuple of numeric arrays")
+        batches.append(arrays)
+    if len({len(batch) for batch in batches}) != 1:
+        raise ValueError(f"the {which} factory's batches must all hold the same number of arrays")
+    return batches
+
+
+def check_training(reference, port, steps: int, *, dtype: str = "float32", name_map=None, probes: bool = True) -> TrainReport:
+    """Train both sides `steps` steps from the reference's weights and compare every step.
+
+    reference, port: the factories' mappings (see the module docstring). dtype: "float32" (the
+    tolerances derived from a float64 run of the reference) or "float64" (fixed tolerances).
+    name_map: {reference prefix: port prefix} for names that do not correspond. probes: run the
+    optimizer lint's probes (otherwise only the settings are listed)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive integer; got {steps!r}")
+    reference, port = check_setup(reference, "reference"), check_setup(port, "port")
+    if len(reference["inputs"]) != len(port["inputs"]):
+        raise ValueError(f"the factories give {len(reference['inputs'])} and {len(port['inputs'])} batches; the training check pairs them one to one")
+    (ref_name, ref_reader), (port_name, port_reader) = backend_of(reference["model"]), backend_of(port["model"])
+    ref32 = train_torch.Trainer(reference, dtype)
+    ref64 = train_torch.Trainer(reference, "float64") if dtype != "float64" else None
+    port_model, transfer = transfer_weights(ref32.model, port_reader.cast(port["model"], dtype), name_map)
+    port32 = train_flax.Trainer(port, port_model, dtype)
+    port64 = train_flax.Trainer(port, port_model, "float64") if dtype != "float64" else None
+    sides = (ref_name, port_name)
+    first_ref, first_port = _model_inputs(reference, 0), _model_inputs(port, 0)
+    report = TrainReport(
+        title=f"mhsa port-check --train {steps} · {type(reference['model']).__name__} ({ref_name}, {type(reference['optimizer']).__name__}) "
+        f"vs {type(port['model']).__name__} ({port_name}, optax) · {dtype}",
+        sides=sides,
+        dtype=dtype,
+        steps=steps,
+        transfer=transfer,
+        tolerance_note=_tolerance_note(dtype),
+        config_lint=lint(ref_reader.describe(ref32.model, first_ref), port_reader.describe(port_model, first_port), sides, name_map),
+    )
+    report.lint, report.lint_notes, report.settings = train_lint.optimizer_lint(reference, port, port_model, steps, name_map, probes)
+    before, failed_before = torch_reader.parameters(ref32.model), None
+    for step in range(1, steps + 1):
+        index = (step - 1) % len(reference["inputs"])
+        ref, other = ref32.step(reference["inputs"][index]), port32.step(port["inputs"][index])
+        own = (ref64.step(reference["inputs"][index]), port64.step(port["inputs"][index])) if ref64 and port64 else None
+        rows = step_rows(step, (ref, other), own, dtype, name_map)
+        report.summaries.append(StepSummary.of(step, (ref.loss, other.loss), rows))
+        if step == 1:
+            report.only_one_side = _one_sided(ref, other, sides)
+            report.rows += rows
+        if failed_before is None and any(not row.passed for row in rows):
+            failed_before = (before, step)
+            report.rows += rows if step > 1 else []
+        before = ref.params
+    if failed_before is not None:
+        weights, step = failed_before
+        report.forward = forward_rows(ref32, port_model, weights, (reference, port), step, dtype, name_map)
+    return report
+
+
+def _model_inputs(setup: dict, index: int) -> tuple:
+    return setup["inputs"][index][: setup.get("model_inputs")]
+
+
+def _tolerance_note(dtype: str) -> str:
+    if dtype == "float64":
+        return "tolerance: fixed (a float64 check has no higher precision to derive one from): docs/DESIGN.md's float64 trajectory tolerance"
+    return (
+        f"tolerance: {K} x the larger of the two sides' own float32 errors at that step and tensor (each side's float32 run "
+        f"against its float64 run, same weights and batches); at least {FLOOR_ULPS} ulps of the tensor's largest value"
+    )
+
+
+def step_rows(
+    step: int, records: tuple[StepRecord, StepRecord], own: tuple[StepRecord, StepRecord] | None, dtype: str, name_map=None
+) -> list[TrainRow]:
+    """The rows of one step, in the order a step computes them: loss, gradients, moments,
+    parameters. records: (reference, port) in dtype; own: the same step of both in float64
+    (None for a float64 check), for the two sides' own errors."""
+    ref, port = records
+    rows = [_row(step, "loss", "", "", (ref.loss, port.loss), (own[0].loss, own[1].loss) if own else None, dtype)]
+    for kind, field in (("grad", "grads"), ("moment", "moments"), ("param", "params")):
+        ours, theirs = getattr(ref, field), getattr(port, field)
+        for key in _ordered(kind, ours, ref.params):
+            mapped = (key[0], map_name(key[1], name_map)) if kind == "moment" else map_name(key, name_map)
+            if mapped not in theirs:
+                continue
+            pair64 = (getattr(own[0], field)[key], getattr(own[1], field)[mapped]) if own else None
+            name, moment = (key[1], key[0]) if kind == "moment" else (key, "")
+            rows.append(_row(step, kind, name, moment, (ours[key], theirs[mapped]), pair64, dtype))
+    return rows
+
+
+def _ordered(kind: str, found: dict, params: dict) -> list:
+    """Keys in the reference's parameter order; moments of one parameter in MOMENTS' order."""
+    if kind != "moment":
+        return list(found)
+    order = {name: i for i, name in enumerate(params)}
+    return sorted(found, key=lambda key: (order.get(key[1], len(order)), list(MOMENTS).index(key[0])))
+
+
+def _row(step, kind, name, moment, pair, pair64, dtype) -> TrainRow:
+    """One compared value: pair = (reference, port) in dtype, pair64 = the same in float64."""
+    ours, theirs = (np.asarray(value) for value in pair)
+    diff = max_abs_diff(ours, theirs) if ours.shape == theirs.shape else float("inf")
+    if pair64 is None:
+        tol, error = derived(ours, ours, dtype)
+        return TrainRow(step, kind, name, moment, diff, error, tol)
+    tol, error = derived(ours, pair64[0], dtype)
+    port_tol, port_error = derived(theirs, pair64[1], dtype) if theirs.shape == ours.shape else (tol, error)
+    return TrainRow(step, kind, name, moment, diff, error, max(tol, port_tol), port_error)
+
+
+def _one_sided(ref: StepRecord, port: StepRecord, sides) -> list[str]:
+    """The kinds of moment one side keeps and the other does not."""
+    ours, theirs = {moment for moment, _ in ref.moments}, {moment for moment, _ in port.moments}
+    lines = [f"{moment} (optax {MOMENTS[moment]}): kept in {sides[0]} only, not compared" for moment in sorted(ours - theirs)]
+    return lines + [f"{moment} (optax {MOMENTS[moment]}): kept in {sides[1]} only, not compared" for moment in sorted(theirs - ours)]
+
+
+def forward_rows(ref32, port_template, weights, setups, step, dtype, name_map) -> PortReport:
+    """The per-module forward rows at the reference's weights before the failing step, both
+    models holding them, on that step's batch; each row's tolerance derived from the reference's
+    own float32 error at that output (its float64 copy on the same weights)."""
+    reference, port = setups
+    index = (step - 1) % len(reference["inputs"])
+    ref_model = ref32.model_at(weights)
+    (ref_name, ref_reader), (port_name, port_reader) = backend_of(ref_model), backend_of(port_template)
+    port_model, transfer = transfer_weights(ref_model, port_reader.cast(port_template, dtype), name_map)
+    x_ref, x_port = _model_inputs(reference, index), _model_inputs(port, index)
+    ref_calls = ref_reader.capture(ref_model, x_ref)
+    ref64_calls = ref_reader.capture(ref_reader.cast(ref_model, "float64"), x_ref) if dtype != "float64" else ref_calls
+    rows, unmatched_source, unmatched_target = output_rows(
+        ref_calls, port_reader.capture(port_model, x_port), ref_reader.describe(ref_model, x_ref), dtype, name_map
+    )
+    for row in rows:
+        row.tol, error = derived(ref_calls[row.position][1], ref64_calls[row.position][1], dtype)
+        row.note = "; ".join(filter(None, [row.note, f"reference's own error {error:.2e}" if error is not None else "fixed"]))
+    title = f"step {step}: the forward pass at the reference's weights before the step, on the step's batch"
+    return PortReport(title, (ref_name, port_name), transfer, rows=rows, unmatched_source=unmatched_source, unmatched_target=unmatched_target)

@@ -1,0 +1,75 @@
+"""`mhsa port-check TORCH_FACTORY FLAX_FACTORY --train N`: the port check through training.
+
+With --train each factory returns a mapping (mhsa.port_check.train_check): "model",
+"optimizer", "loss", "inputs", and optionally "model_inputs", "scheduler" and "clip" (torch).
+The batches come from the factories, so --inputs and --input-shape do not apply; the weights are
+always copied from the reference, so --no-transfer does not either. Exit 0 when every step and
+setting agrees, 1 when the trainings part or a setting differs, 2 on a usage error.
+
+Importing this module starts no framework: the command's parser can take add_train_arguments
+without loading torch or JAX.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from mhsa.flags import int_in
+
+MAX_STEPS = 100_000
+# flags of the forward check that a training check refuses, and why
+REFUSED = {
+    "input_shape": "--input-shape",
+    "inputs": "--inputs",
+    "int_range": "--int-range",
+    "no_transfer": "--no-transfer",
+    "grads": "--grads",
+}
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--train",
+        type=int_in(1, MAX_STEPS),
+        metavar="N",
+        help="train both N steps from the reference's weights and compare every step: each factory returns "
+        "{model, optimizer, loss, inputs} (mhsa.port_check.train_check)",
+    )
+
+
+def call_factory(spec: str):
+    """'package.module:function' -> what the function returns (the user's package found from the
+    working directory, as `python -m` would)."""
+    module_name, _, function = spec.partition(":")
+    if not (module_name and function):
+        raise ValueError(f"factory must be package.module:function; got {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        return getattr(importlib.import_module(module_name), function)()
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"cannot load factory {spec!r}: {error}") from None
+
+
+def run_train(args, name_map: dict[str, str] | None = None) -> int:
+    """The command with --train N (args as the forward check's parser and add_train_arguments
+    give them; name_map: the --map file, already read by the command): the report on stdout;
+    0 when everything agrees, 1 when not; a usage error exits 2 through args.parser."""
+    # here, not at the top: `mhsa port-check --help` and the forward check do not start torch and JAX for it
+    from mhsa.port_check.train_check import check_setup, check_training
+    from mhsa.port_check.train_report import format_train_report
+
+    refused = [flag for attribute, flag in REFUSED.items() if getattr(args, attribute, None)]
+    if refused:
+        args.parser.error(f"{', '.join(refused)}: not with --train (its batches and weights come from the factories)")
+    try:
+        reference = check_setup(call_factory(args.torch_factory), "reference")
+        port = check_setup(call_factory(args.flax_factory), "port")
+        report = check_training(reference, port, args.train, dtype=args.dtype, name_map=name_map, probes=not args.no_probes)
+    except ValueError as error:
+        args.parser.error(str(error))
+    print(format_train_report(report))
+    return 0 if report.passed else 1

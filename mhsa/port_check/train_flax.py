@@ -1,0 +1,210 @@
+"""The Flax half of the port check through training (mhsa.port_check.train_check): train an NNX
+port with its optax transformation, step by step, and record each step in the neutral form of
+train_records.py; run the transformation on the lint's probe gradients.
+
+A step is the functional form of `nnx.Optimizer(model, tx, wrt=nnx.Param)` with
+`nnx.value_and_grad`: the model split into parameters, batch statistics and the rest, the loss
+and gradients by jax.value_and_grad, then tx.update and optax.apply_updates, compiled as one
+function. The optimizer's moments are found in the optax state by type, inside chains and
+wrappers: optax.ScaleByAdamState (mu, nu), ScaleByAmsgradState (mu, nu, nu_max), TraceState
+(trace), and given torch's names for them (exp_avg, exp_avg_sq, max_exp_avg_sq,
+momentum_buffer). Every tree is read in the exchange convention through the same layout rules
+as flax_reader.parameters: kernels transposed back to torch's (out, in).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any, cast
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from mhsa.port_check import flax_reader
+from mhsa.port_check.train_records import StepRecord
+
+# optax state type -> {its field: torch's name for the moment}
+STATES = (
+    (optax.ScaleByAdamState, {"mu": "exp_avg", "nu": "exp_avg_sq"}),
+    (optax.ScaleByAmsgradState, {"mu": "exp_avg", "nu": "exp_avg_sq", "nu_max": "max_exp_avg_sq"}),
+    (optax.TraceState, {"trace": "momentum_buffer"}),
+)
+
+
+def owns(optimizer: object) -> bool:
+    """Whether `optimizer` is this side's: an optax GradientTransformation."""
+    return isinstance(optimizer, optax.GradientTransformation)
+
+
+def check_setup(setup: dict) -> None:
+    """Raise ValueError where the port cannot be trained here: a Linen pair, a clip or scheduler
+    key (optax puts both inside the transformation)."""
+    if not isinstance(setup["model"], nnx.Module):
+        raise ValueError("the training check takes an NNX port (a Linen (module, variables) pair is compared by the forward check only)")
+    for key in ("clip", "scheduler"):
+        if setup.get(key) is not None:
+            raise ValueError(
+                f"the Flax factory's '{key}' belongs inside its optax transformation (optax.clip_by_global_norm, a schedule as learning_rate)"
+            )
+
+
+def neutral_names(model: nnx.Module) -> dict[tuple, tuple[str, str | None]]:
+    """Flax variable path -> (neutral name, layout) for every parameter and batch statistic:
+    the names and layouts flax_reader.parameters gives."""
+    types = {path: flax_reader.module_type(module) for path, module in nnx.iter_modules(model)}
+    names = {}
+    for path in _flat(nnx.to_pure_dict(nnx.state(model, nnx.Any(nnx.Param, nnx.BatchStat)))):
+        layouts = cast(dict, flax_reader.LAYOUTS.get(types.get(path[:-1], ""), {}))  # {Flax name: (torch name, layout)}
+        own, layout = layouts.get(str(path[-1]), (str(path[-1]), None))
+        names[path] = (".".join(str(key) for key in path[:-1] + (own,)), layout)
+    return names
+
+
+def _flat(tree, prefix=()) -> dict[tuple, Any]:
+    out: dict[tuple, Any] = {}
+    for key, value in tree.items():
+        out.update(_flat(value, prefix + (key,)) if hasattr(value, "items") else {prefix + (key,): value})
+    return out
+
+
+def neutral(names: dict, tree) -> dict[str, np.ndarray]:
+    """A tree shaped like (part of) the model's variables -> {neutral name: array in torch's layout}."""
+    pure = nnx.to_pure_dict(tree) if isinstance(tree, nnx.State) else tree
+    out = {}
+    for path, value in _flat(pure).items():
+        if path in names and hasattr(value, "shape"):
+            name, layout = names[path]
+            out[name] = _to_torch(np.asarray(value), layout)
+    return out
+
+
+def _to_torch(value: np.ndarray, layout: str | None) -> np.ndarray:
+    if layout == "linear":
+        return value.T
+    if layout == "conv":  # Flax (k..., in, out) -> torch (out, in, k...)
+        return value.transpose(value.ndim - 1, value.ndim - 2, *range(value.ndim - 2))
+    return value
+
+
+def moment_trees(state) -> list[tuple[str, Any]]:
+    """(torch's moment name, tree) for every moment in an optax state, found by type inside
+    chains (tuples), wrappers (named tuples) and multi_transform (dicts of states)."""
+    for kind, fields in STATES:
+        if isinstance(state, kind):
+            return [(torch_name, getattr(state, field)) for field, torch_name in fields.items()]
+    if isinstance(state, dict) and not isinstance(state, nnx.State):
+        return [found for value in state.values() for found in moment_trees(value)]
+    if isinstance(state, (tuple, list)):
+        return [found for value in state for found in moment_trees(value)]
+    return []
+
+
+def moments(names: dict, state) -> dict[tuple[str, str], np.ndarray]:
+    found = {}
+    for kind, tree in moment_trees(state):
+        for name, value in neutral(names, tree).items():  # a masked-out leaf (optax.MaskedNode) has no shape and is left out
+            found[(kind, name)] = value
+    return found
+
+
+@contextlib.contextmanager
+def x64(on: bool) -> Iterator[None]:
+    """JAX's 64-bit types for the duration of the block only (a float64 run beside a float32 one:
+    turning them on for good would change the float32 run's numerics, as optax's bias correction
+    1 - b2**t then computes in float64); nothing when `on` is False."""
+    if not on:
+        yield
+        return
+    previous = jax.config.values["jax_enable_x64"]  # the process's setting, not a block's
+    with jax.enable_x64(True):
+        try:
+            yield
+        finally:  # flax_reader.cast turns them on for the whole process
+            jax.config.update("jax_enable_x64", previous)
+
+
+class Trainer:
+    """Trains the port (weights already transferred) in `dtype` with its optax transformation;
+    step(batch) -> StepRecord. A float64 trainer computes with JAX's 64-bit types on during its
+    own calls only."""
+
+    def __init__(self, setup: dict, model: nnx.Module, dtype: str):
+        self.x64 = dtype == "float64"
+        with x64(self.x64):
+            self._start(setup, flax_reader.cast(model, dtype))
+
+    def _start(self, setup, model):
+        self.names = neutral_names(model)
+        self.graphdef, self.params, self.stats, self.rest = nnx.split(model, nnx.Param, nnx.BatchStat, ...)
+        self.tx = setup["optimizer"]
+        self.opt_state = jax.jit(self.tx.init)(self.params)  # one program, not one per leaf shape
+        self.dtype = next(
+            (np.dtype(leaf.dtype) for leaf in jax.tree.leaves(self.params) if jnp.issubdtype(leaf.dtype, jnp.floating)), np.dtype(np.float32)
+        )
+        self._step = jax.jit(_step_function(self.graphdef, self.tx, setup["loss"], setup.get("model_inputs")))
+
+    def step(self, batch: tuple) -> StepRecord:
+        with x64(self.x64):
+            return self._step_once(batch)
+
+    def _step_once(self, batch: tuple) -> StepRecord:
+        # NumPy in: the compiled step takes the arrays as they are, without an eager conversion each
+        arrays = tuple(np.asarray(x, dtype=self.dtype) if np.issubdtype(np.asarray(x).dtype, np.floating) else np.asarray(x) for x in batch)
+        loss, grads, self.params, self.stats, self.rest, self.opt_state = self._step(self.params, self.stats, self.rest, self.opt_state, arrays)
+        params = neutral(self.names, self.params) | neutral(self.names, self.stats)
+        return StepRecord(float(loss), neutral(self.names, grads), params, moments(self.names, self.opt_state))
+
+
+def _step_function(graphdef, tx, loss_fn, model_inputs):
+    def step(params, stats, rest, opt_state, batch):
+        # nnx.value_and_grad on the merged model (not jax's on the parameters): a BatchNorm
+        # writes its statistics during the call, which NNX allows only through its own transforms
+        model = nnx.merge(graphdef, params, stats, rest)
+        value, grads = nnx.value_and_grad(lambda model: loss_fn(model(*batch[:model_inputs]), *batch))(model)
+        _, _, new_stats, new_rest = nnx.split(model, nnx.Param, nnx.BatchStat, ...)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return value, grads, optax.apply_updates(params, updates), new_stats, new_rest, opt_state
+
+    return step
+
+
+def probe(setup: dict, model: nnx.Module, scenarios: list[tuple[float, list[float]]]) -> tuple[list[list[dict]], int]:
+    """Run the transformation on each scenario, as train_torch.probe does: (p0, [g_1, ..., g_n])
+    sets every element of every parameter to p0 and every gradient element at step t to g_t, on
+    the model's own parameter tree (so masks and labels apply). Returns (per scenario, per step:
+    {"update": {name: value}, "param": {name: value after the step}, "moment": {(moment, name):
+    value}}, the number of elements of all parameters together), read at the first element."""
+    names = neutral_names(model)
+    template = nnx.state(model, nnx.Param)
+    tx = setup["optimizer"]
+    update = jax.jit(lambda grads, state, params: _apply(tx, grads, state, params))
+    init = jax.jit(tx.init)
+    runs = []
+    for p0, gradients in scenarios:
+        params = _filled(template, p0)
+        state = init(params)
+        steps = []
+        for g in gradients:
+            updates, params, state = update(_filled(template, g), state, params)
+            steps.append({kind: _first(neutral(names, tree)) for kind, tree in (("update", updates), ("param", params))})
+            steps[-1]["moment"] = _first(moments(names, state))
+        runs.append(steps)
+    return runs, sum(leaf.size for leaf in jax.tree.leaves(template))
+
+
+def _filled(template, value: float):
+    """A tree shaped like `template` with every element `value` (NumPy: no eager JAX operation)."""
+    return jax.tree.map(lambda leaf: np.full(leaf.shape, value, leaf.dtype), template)
+
+
+def _first(arrays: dict) -> dict:
+    return {key: float(value.reshape(-1)[0]) for key, value in arrays.items() if value.size}
+
+
+def _apply(tx, grads, state, params):
+    updates, state = tx.update(grads, state, params)
+    return updates, optax.apply_updates(params, updates), state

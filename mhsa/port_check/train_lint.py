@@ -1,0 +1,383 @@
+"""The optimizer lint of the port check through training: read torch's settings, infer optax's by
+probing, and name every difference in the user's terms.
+
+Both optimizers run on the same probes (train_torch.probe, train_flax.probe): every element of
+every parameter set to p0 and every gradient element at step t to g_t, on the model's own
+parameters (so param groups, masks and labels apply per parameter). The same inference reads
+each side's settings from what it does, per parameter, from its updates and its moments:
+
+    probe        p0   gradients                exposes
+    constant     0    G every step             b1, b2 (moment ratios), the learning rate of every step
+    varying      0    G x (1, -0.5, 2, ...)    momentum against dampening, nesterov
+    zero         1    0                        weight decay: L2 (in the moments) or decoupled (in the update)
+    tiny a, b    0    1e4 eps, eps             eps outside the square root against eps_root inside it
+    large        0    1000                     gradient clipping and its max norm
+
+The learning rates of the two sides are compared step by step: equal, one step apart (a
+schedule off by one), a constant factor, or the factor of a missing bias correction or of
+Nesterov momentum. Torch's optimizers other than SGD, Adam and AdamW are not read: the two
+trainings are then compared by trajectory only, and the lint says so.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from mhsa.port_check import train_flax, train_torch
+from mhsa.port_check.records import map_name
+
+G, LARGE = 0.5, 1000.0
+VARYING = (1.0, -0.5, 2.0, 0.25, -1.0, 1.5)
+RTOL = 1e-4  # optax computes Adam's bias correction in float32: its updates are 7e-6 off torch's
+OPTAX_ADAMW_DECAY, TORCH_ADAMW_DECAY = 1e-4, 1e-2  # the two libraries' defaults
+
+
+@dataclass
+class Inferred:
+    """One side's optimizer for one parameter, as its updates show it."""
+
+    family: str  # "adam" (exp_avg, exp_avg_sq), "momentum" (momentum_buffer) or "plain" (no moments)
+    lr: list[float] = field(default_factory=list)  # the learning rate of each step of the constant probe
+    b1: float = 0.0
+    b2: float = 0.0
+    eps: float = 0.0
+    eps_root: float = 0.0
+    l2: float = 0.0  # weight decay added to the gradient (plain SGD: its one weight decay)
+    decoupled: float = 0.0  # weight decay applied to the weights, times the learning rate
+    momentum: float = 0.0
+    dampening: float = 0.0
+    nesterov: bool = False
+    amsgrad: bool = False
+    clip: float | None = None  # the max global norm the gradients are clipped to
+
+
+def scenarios(steps: int, tiny: float) -> list[tuple[float, list[float]]]:
+    n = min(max(steps, len(VARYING)), 100)
+    return [(0.0, [G] * n), (0.0, [G * c for c in VARYING]), (1.0, [0.0] * 3), (0.0, [1e4 * tiny]), (0.0, [tiny]), (0.0, [LARGE])]
+
+
+def infer(runs: list[list[dict]], name: str, size: int, tiny: float) -> Inferred:
+    """What the probes' runs (scenarios(...)'s order) say about the optimizer of parameter
+    `name`; size: the number of elements of all parameters (the clip's norm is over all)."""
+    moments = runs[0][0]["moment"]
+    if ("exp_avg", name) in moments and ("exp_avg_sq", name) in moments:
+        found = _adam(runs, name)
+    elif ("momentum_buffer", name) in moments:
+        found = _momentum(runs, name)
+    else:
+        found = _plain(runs, name)
+    found.clip = _clip(found, runs, name, size, tiny)
+    return found
+
+
+def _get(run, t, kind, name) -> float:
+    return run[t][kind][name]
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b != 0 else float("nan")
+
+
+def _adam(runs, name) -> Inferred:
+    const, _, zero, tiny_a, tiny_b, _ = runs
+    m = [_get(run, 0, "moment", ("exp_avg", name)) for run in (const, zero)] + [_get(const, 1, "moment", ("exp_avg", name))]
+    v = [_get(const, t, "moment", ("exp_avg_sq", name)) for t in range(2)]
+    found = Inferred("adam", amsgrad=("max_exp_avg_sq", name) in const[0]["moment"])
+    # m_1 = (1 - b1) g, m_2 = b1 m_1 + (1 - b1)(g + l2 p_1) and the zero probe's m = (1 - b1) l2
+    # (L2 decay of p0 = 1) give b1 in closed form; then v_2 = b2 v_1 + (1 - b2) g_2**2 gives b2
+    found.b1 = _ratio(m[2] - m[0] - m[1] * _get(const, 0, "param", name), m[0])
+    found.l2 = m[1] / (1 - found.b1)
+    g2 = (m[0] + m[1] * _get(const, 0, "param", name)) / (1 - found.b1)
+    found.b2 = _ratio(v[1] - g2**2, v[0] - g2**2)
+
+    def gradient(run):  # the gradient the moments saw at step 1 (clipped, L2 added)
+        return _get(run, 0, "moment", ("exp_avg", name)) / (1 - found.b1)
+
+    # the tiny probes at step 1 (bias-corrected): -update / lr = g / (sqrt(g**2 + eps_root) + eps)
+    lr1 = -_get(const, 0, "update", name)
+    q = [gradient(run) / _ratio(-_get(run, 0, "update", name), lr1) for run in (tiny_a, tiny_b)]
+    found.eps, found.eps_root = _eps(q, [gradient(run) for run in (tiny_a, tiny_b)])
+
+    def direction(run, t):  # m_hat / (sqrt(v_hat + eps_root) + eps), from the moments
+        m_hat = _get(run, t, "moment", ("exp_avg", name)) / (1 - found.b1 ** (t + 1))
+        v_hat = _get(run, t, "moment", ("exp_avg_sq", name)) / (1 - found.b2 ** (t + 1))
+        denominator = math.sqrt(max(v_hat + found.eps_root, 0.0)) + found.eps
+        return m_hat / denominator if denominator > 0 else 0.0
+
+    return _decays_and_rates(found, const, zero, name, direction)
+
+
+def _eps(q: list[float], g: list[float]) -> tuple[float, float]:
+    """(eps, eps_root) from q = sqrt(g**2 + eps_root) + eps at a gradient g_a = 1e4 g_b and at
+    g_b: the rule, eps alone or eps_root alone, that from g_b's q best predicts g_a's."""
+    outside, inside = q[1] - g[1], q[1] ** 2 - g[1] ** 2
+    miss_outside = abs(g[0] + outside - q[0])
+    miss_inside = abs(math.sqrt(max(g[0] ** 2 + inside, 0.0)) - q[0])
+    return (max(outside, 0.0), 0.0) if miss_outside <= miss_inside else (0.0, max(inside, 0.0))
+
+
+def _decays_and_rates(found: Inferred, const, zero, name, direction) -> Inferred:
+    """The decoupled decay (the zero probe's update beyond its direction) and the learning rate
+    of each step: update_t = -lr_t (direction_t + decoupled p_(t-1))."""
+    rate1 = -_get(const, 0, "update", name) / direction(const, 0)
+    found.decoupled = _ratio(-_get(zero, 0, "update", name), rate1) - direction(zero, 0)
+    before = 0.0
+    for t in range(len(const)):
+        found.lr.append(_ratio(-_get(const, t, "update", name), direction(const, t) + found.decoupled * before))
+        before = _get(const, t, "param", name)
+    return found
+
+
+def _momentum(runs, name) -> Inferred:
+    const, varying, zero, _, _, _ = runs
+    trace = [[_get(run, t, "moment", ("momentum_buffer", name)) for t in range(2)] for run in (const, varying)]
+    found = Inferred("momentum", l2=_get(zero, 0, "moment", ("momentum_buffer", name)))
+    # each probe's second gradient: clipped as the first was (the first trace is that gradient),
+    # plus the L2 decay of the first update
+    scale = trace[0][0] / G
+    second = [trace[0][0], -0.5 * G * min(1.0, 2 * scale)]
+    second = [g + found.l2 * _get(run, 0, "param", name) for g, run in zip(second, (const, varying))]
+    # trace_2 = momentum trace_1 + (1 - dampening) g_2 in both probes: two equations, two unknowns
+    det = trace[0][0] * second[1] - second[0] * trace[1][0]
+    found.momentum = (trace[0][1] * second[1] - second[0] * trace[1][1]) / det
+    found.dampening = 1 - (trace[0][0] * trace[1][1] - trace[0][1] * trace[1][0]) / det
+
+    def rate(run, gradient, nesterov):  # the second step's learning rate, under each hypothesis
+        buffer = _get(run, 1, "moment", ("momentum_buffer", name))
+        return _ratio(-_get(run, 1, "update", name), gradient + found.momentum * buffer if nesterov else buffer)
+
+    # the right hypothesis gives both probes one learning rate
+    spread = {n: abs(_ratio(rate(const, second[0], n), rate(varying, second[1], n)) - 1) for n in (False, True)}
+    found.nesterov = spread[True] < spread[False]
+
+    def direction(run, t):
+        buffer = _get(run, t, "moment", ("momentum_buffer", name))
+        if not found.nesterov:
+            return buffer
+        gradient = _get(run, 0, "moment", ("momentum_buffer", name)) if t == 0 else trace[0][0] + found.l2 * _get(run, t - 1, "param", name)
+        return gradient + found.momentum * buffer
+
+    return _decays_and_rates(found, const, zero, name, direction)
+
+
+def _plain(runs, name) -> Inferred:
+    const, _, zero, _, _, _ = runs
+    found = _decays_and_rates(Inferred("plain"), const, zero, name, lambda run, t: G if run is const else 0.0)
+    found.l2, found.decoupled = found.decoupled, 0.0  # plain SGD: L2 and decoupled decay are one rule
+    return found
+
+
+def _clip(found: Inferred, runs, name, size, tiny) -> float | None:
+    """The max global norm, from the large probe's first gradient against the unclipped one."""
+    large = runs[5]
+    if found.family == "adam":
+        factor = _get(large, 0, "moment", ("exp_avg", name)) / (1 - found.b1) / LARGE
+    elif found.family == "momentum":
+        factor = _get(large, 0, "moment", ("momentum_buffer", name)) / LARGE
+    else:
+        factor = _ratio(_get(large, 0, "update", name) / LARGE, _get(runs[4], 0, "update", name) / tiny)
+    return factor * LARGE * math.sqrt(size) if factor < 1 - 1e-3 else None
+
+
+def _differ(a: float, b: float, rtol: float = RTOL, atol: float = 0.0) -> bool:
+    return not abs(a - b) <= atol + rtol * max(abs(a), abs(b))
+
+
+FAMILIES = {
+    "adam": "keeps two moments (exp_avg, exp_avg_sq: optax.ScaleByAdamState)",
+    "momentum": "keeps a momentum buffer (optax.TraceState)",
+    "plain": "keeps no moment the lint knows (plain SGD, or a state of another kind)",
+}
+
+
+def differences(t: Inferred, o: Inferred, cls: str) -> list[str]:
+    """Each setting in which optax's optimizer `o` differs from torch's `t` (class `cls`)."""
+    if t.family != o.family:
+        return [f"update rule: torch {cls} {FAMILIES[t.family]}; the optax transformation {FAMILIES[o.family]}"]
+    found = []
+    rates = _rate_difference(t, o)
+    if t.family == "adam":
+        # without the second moment's correction, eps meets sqrt(v) where torch's meets sqrt(v / (1 - b2)):
+        # the probes read it 1 / sqrt(1 - b2) times larger at step 1, where they read eps
+        uncorrected = rates is not None and rates.startswith(
+            ("bias correction: optax corrects neither", "bias correction: optax does not correct the second")
+        )
+        found += _adam_differences(t, o, math.sqrt(1 - o.b2) if uncorrected else 1.0)
+    if t.family == "momentum":
+        if _differ(t.momentum, o.momentum):
+            found.append(f"momentum: torch momentum={t.momentum:.6g}, optax {o.momentum:.6g} (optax.sgd's momentum, optax.trace's decay)")
+        if _differ(t.dampening, o.dampening, atol=1e-6):
+            found.append(
+                f"dampening: torch dampening={t.dampening:.6g} scales every gradient after the first by {1 - t.dampening:.6g} "
+                "in the momentum buffer; "
+                + ("optax's trace has no dampening (trace = g + momentum * trace)" if abs(o.dampening) < 1e-6 else f"optax {o.dampening:.6g}")
+            )
+        if t.nesterov != o.nesterov:
+            found.append(f"nesterov: torch nesterov={t.nesterov}, optax nesterov={o.nesterov}")
+    found += _decay_differences(t, o, cls)
+    if (t.clip is None) != (o.clip is None) or (t.clip is not None and o.clip is not None and _differ(t.clip, o.clip, 1e-3)):
+        torch_side = (
+            f"torch clips the gradients' global norm to {t.clip:.4g} (the factory's clip)"
+            if t.clip
+            else "torch does not clip (no clip in the factory)"
+        )
+        optax_side = f"optax clips it to {o.clip:.4g} (optax.clip_by_global_norm in the chain)" if o.clip else "optax does not clip"
+        found.append(f"gradient clipping: {torch_side}; {optax_side}")
+    return found + ([rates] if rates else [])
+
+
+def _adam_differences(t: Inferred, o: Inferred, eps_scale: float) -> list[str]:
+    found = []
+    if _differ(t.b1, o.b1):
+        found.append(f"b1: torch betas[0]={t.b1:.6g}, optax b1={o.b1:.6g}")
+    if _differ(t.b2, o.b2):
+        found.append(f"b2: torch betas[1]={t.b2:.6g}, optax b2={o.b2:.6g}")
+    if o.eps_root and not t.eps_root:
+        outside = f"and eps={o.eps:.3g} outside" if o.eps else "and eps=0 outside"
+        found.append(f"eps: torch adds eps={t.eps:.3g} outside the square root; optax adds eps_root={o.eps_root:.3g} inside it, {outside}")
+    elif _differ(t.eps, o.eps * eps_scale, 1e-2, atol=1e-3 * max(t.eps, o.eps * eps_scale, 1e-12)):
+        found.append(f"eps: torch eps={t.eps:.3g}, optax eps={o.eps:.3g} (both outside the square root)")
+    if t.amsgrad != o.amsgrad:
+        side = "torch (amsgrad=True)" if t.amsgrad else "optax (optax.amsgrad)"
+        found.append(f"amsgrad: the maximum of the second moment is kept in {side} only")
+    return found
+
+
+def _decay_differences(t: Inferred, o: Inferred, cls: str) -> list[str]:
+    """Weight decay, in the user's terms: the classic defaults and L2 against decoupled. A decay
+    under 1e-6 counts as none: in float32 the decoupled part is read beside an L2 direction of
+    about 1, to some 1e-7."""
+    atol = 1e-6
+    t_l2, o_l2 = abs(t.l2) > atol, abs(o.l2) > atol
+    t_dec, o_dec = abs(t.decoupled) > atol, abs(o.decoupled) > atol
+    if t_l2 and o_dec and not o_l2 and not t_dec:
+        return [
+            f"weight decay: torch {cls}(weight_decay={t.l2:.3g}) adds {t.l2:.3g} * p to the gradient (L2: it goes through the moments); "
+            f"optax decays the weights directly (decoupled, weight_decay={o.decoupled:.3g}, as optax.adamw does): "
+            "optax.chain(optax.add_decayed_weights(w), optax.adam(...)) is torch's rule, torch.optim.AdamW is optax's"
+        ]
+    if t_dec and o_l2 and not o_dec and not t_l2:
+        return [
+            f"weight decay: torch {cls} decays the weights directly (decoupled, weight_decay={t.decoupled:.3g}); "
+            f"optax adds {o.l2:.3g} * p to the gradient before its moments (L2: optax.add_decayed_weights before the moments, not after)"
+        ]
+    found = []
+    if (t_dec or o_dec) and _differ(t.decoupled, o.decoupled, 1e-3, atol):
+        if abs(o.decoupled - OPTAX_ADAMW_DECAY) < 1e-3 * OPTAX_ADAMW_DECAY and t_dec:
+            found.append(
+                f"weight decay: optax.adamw's default weight_decay is {OPTAX_ADAMW_DECAY:g}, torch AdamW's {TORCH_ADAMW_DECAY:g}; "
+                f"torch decays by {t.decoupled:.3g} here: give optax.adamw weight_decay={t.decoupled:.3g}"
+            )
+        else:
+            found.append(f"decoupled weight decay: torch {t.decoupled:.3g}, optax {o.decoupled:.3g}")
+    if (t_l2 or o_l2) and _differ(t.l2, o.l2, 1e-3, atol):
+        found.append(f"weight decay added to the gradient (L2): torch {t.l2:.3g}, optax {o.l2:.3g}")
+    return found
+
+
+def _rate_difference(t: Inferred, o: Inferred) -> str | None:
+    """The learning rates step by step, explained where a classic explains them."""
+    a, b = t.lr, o.lr[: len(t.lr)]
+    if not any(_differ(x, y) for x, y in zip(a, b)):
+        return None
+    if a[0] < 0 < b[0]:
+        return "maximize: torch maximizes (maximize=True), optax minimizes: negate the loss or optax's learning rate"
+    steps = " ".join(f"{x:.4g}" for x in a[:4])
+    listed = f" (torch from step 1: {steps} ...; optax: {' '.join(f'{y:.4g}' for y in b[:4])} ...)"
+    if len(a) > 2 and not any(_differ(y, x) for y, x in zip(b, a[1:])):
+        return "learning-rate schedule one step ahead in optax: its step t has torch's step t+1 rate" + listed + _SHIFT
+    if len(a) > 2 and not any(_differ(y, x) for y, x in zip(b[1:], a)):
+        return "learning-rate schedule one step behind in optax: its step t+1 has torch's step t rate" + listed + _SHIFT
+    ratios = [_ratio(y, x) for x, y in zip(a, b)]
+    if t.family == "adam":
+        for what, factor in _adam_factors(o).items():
+            if not any(_differ(r, f, 1e-3) for r, f in zip(ratios, factor)):
+                return what + listed
+    if not any(_differ(r, ratios[0]) for r in ratios):
+        return f"learning rate: optax's is {ratios[0]:.6g} x torch's at every step" + listed
+    first = next(i for i, (x, y) in enumerate(zip(a, b)) if _differ(x, y))
+    return f"learning rate differs from step {first + 1}: torch {a[first]:.4g}, optax {b[first]:.4g}" + listed
+
+
+_SHIFT = (
+    ": optax evaluates a schedule at the count of earlier updates (0 at the first step), a torch "
+    "scheduler gives step 1 its initial rate and moves after each optimizer.step()"
+)
+
+
+def _adam_factors(o: Inferred) -> dict[str, list[float]]:
+    """What optax's apparent learning rate is, as a multiple of torch's, when optax's Adam differs in one rule."""
+    b1, b2, n = o.b1, o.b2, len(o.lr)
+    steps = range(1, n + 1)
+    return {
+        "bias correction: optax corrects neither moment (torch divides m by 1 - b1^t and v by 1 - b2^t)": [
+            (1 - b1**t) / math.sqrt(1 - b2**t) for t in steps
+        ],
+        "bias correction: optax does not correct the first moment (torch divides m by 1 - b1^t)": [1 - b1**t for t in steps],
+        "bias correction: optax does not correct the second moment (torch divides v by 1 - b2^t)": [1 / math.sqrt(1 - b2**t) for t in steps],
+        "nesterov: optax's Adam uses Nesterov momentum (optax.nadam, adam(nesterov=True)); torch's Adam does not": [
+            b1 * (1 - b1**t) / (1 - b1 ** (t + 1)) + (1 - b1) / (1 - b1**t) for t in steps
+        ],
+    }
+
+
+def optimizer_lint(reference: dict, port: dict, port_model, steps: int, name_map=None, probes: bool = True) -> tuple[list[str], list[str], list[str]]:
+    """(differences, notes, settings lines) for the two factories' optimizers."""
+    cls, read_as, groups = train_torch.settings(reference["optimizer"])
+    settings = [f"torch {cls}" + (f" (param group {i})" if len(groups) > 1 else "") + ": " + _settings_text(group) for i, group in enumerate(groups)]
+    if reference.get("clip") is not None:
+        settings.append(f"torch gradient clipping: global norm {reference['clip']:g} (clip)")
+    if reference.get("scheduler") is not None:
+        settings.append(f"torch scheduler: {type(reference['scheduler']).__name__}, stepped after optimizer.step()")
+    if read_as is None:
+        return [], [f"torch {cls} is not one the lint reads (SGD, Adam, AdamW): the optimizers are compared by trajectory only"], settings
+    if not probes:
+        return [], ["optimizer probes skipped: the optimizers are compared by trajectory only"], settings
+    tiny = float(groups[0].get("eps") or 1e-8)
+    plan = scenarios(steps, tiny)
+    torch_runs, torch_size = train_torch.probe(reference, plan)
+    optax_runs, optax_size = train_flax.probe(port, port_model, plan)
+    if any(group.get("maximize") for group in groups):
+        return (
+            _maximize(optax_runs, optax_size, tiny),
+            ["torch maximizes: the lint reads no further settings, the trajectories compare them"],
+            settings,
+        )
+    found: dict[str, list[str]] = {}
+    names = [name for name in torch_runs[0][0]["param"] if map_name(name, name_map) in optax_runs[0][0]["param"]]
+    for name in names:
+        theirs = infer(optax_runs, map_name(name, name_map), optax_size, tiny)
+        for text in differences(infer(torch_runs, name, torch_size, tiny), theirs, cls):
+            found.setdefault(text, []).append(name)
+        if name == names[0]:
+            settings.append(f"optax (probed, as {name} sees it): {_inferred_text(theirs)}")
+    return [text + ("" if len(where) == len(names) else f" (on {', '.join(where)})") for text, where in found.items()], [], settings
+
+
+def _maximize(optax_runs, size, tiny) -> list[str]:
+    """A torch optimizer with maximize=True climbs: the same as optax only with a negative learning rate."""
+    name = next(iter(optax_runs[0][0]["param"]))
+    if infer(optax_runs, name, size, tiny).lr[0] < 0:
+        return []
+    return ["maximize: torch maximizes (maximize=True), optax minimizes: negate the loss, or optax's learning rate"]
+
+
+def _settings_text(group: dict) -> str:
+    return " ".join(f"{key}={value!r}" for key, value in group.items())
+
+
+def _inferred_text(o: Inferred) -> str:
+    rates = sorted(set(f"{r:.4g}" for r in o.lr))
+    parts = [{"adam": "Adam", "momentum": "SGD with momentum", "plain": "SGD"}[o.family]]
+    parts.append(f"lr={o.lr[0]:.4g}" if len(rates) == 1 else f"lr from {o.lr[0]:.4g} to {o.lr[-1]:.4g} over {len(o.lr)} steps")
+    if o.family == "adam":
+        parts += [f"b1={o.b1:.4g}", f"b2={o.b2:.4g}", f"eps={o.eps:.3g}", f"eps_root={o.eps_root:.3g}", f"amsgrad={o.amsgrad}"]
+    if o.family == "momentum":
+        parts += [
+            f"momentum={o.momentum:.4g}",
+            "dampening=0" if abs(o.dampening) < 1e-6 else f"dampening={o.dampening:.4g}",
+            f"nesterov={o.nesterov}",
+        ]
+    parts += [f"decoupled weight decay={o.decoupled:.3g}", f"L2 weight decay={o.l2:.3g}"]
+    return " ".join(parts) + (f" clip={o.clip:.4g}" if o.clip else "")

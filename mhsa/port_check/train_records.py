@@ -1,0 +1,105 @@
+"""What the port check through training records: one step of one side, one compared row, the
+report. Framework-neutral: every array is NumPy, named and laid out in the exchange convention
+(torch state_dict names and layouts), every optimizer moment under torch's name for it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mhsa.port_check.records import PortReport, Transfer
+
+# torch's name for each optimizer moment -> optax's (the rows say both)
+MOMENTS = {"exp_avg": "mu", "exp_avg_sq": "nu", "max_exp_avg_sq": "nu_max", "momentum_buffer": "trace"}
+# the order of a step's rows: the order in which a training step computes them
+KINDS = ("loss", "grad", "moment", "param")
+
+
+@dataclass
+class StepRecord:
+    """One training step of one side: the loss and gradients at the weights before the update,
+    the parameters and the optimizer moments after it."""
+
+    loss: float
+    grads: dict[str, np.ndarray]
+    params: dict[str, np.ndarray]
+    moments: dict[tuple[str, str], np.ndarray]  # (torch moment name, parameter name) -> array
+
+
+@dataclass
+class TrainRow:
+    step: int  # 1-based
+    kind: str  # one of KINDS
+    name: str  # the reference's parameter name ("" for the loss)
+    moment: str  # torch's name of the moment ("" unless kind == "moment")
+    abs_diff: float
+    ref_err: float | None  # the reference's own float32-vs-float64 gap; None where the tolerance is fixed
+    tol: float
+    port_err: float | None = None  # the port's own float32-vs-float64 gap
+
+    @property
+    def passed(self) -> bool:
+        return self.abs_diff <= self.tol
+
+    @property
+    def label(self) -> str:
+        if self.kind == "loss":
+            return "loss"
+        if self.kind == "grad":
+            return f"grad {self.name}"
+        if self.kind == "moment":
+            return f"{self.moment} {self.name} (optax {MOMENTS[self.moment]})"
+        return self.name
+
+
+@dataclass
+class StepSummary:
+    """One step of the check, kept whatever the number of steps: its losses, its first failing
+    row, and the row closest to (or furthest beyond) its tolerance."""
+
+    step: int
+    losses: tuple[float, float]  # (reference, port)
+    worst: TrainRow
+    first_failure: TrainRow | None
+    compared: int
+    failing: int
+
+    @classmethod
+    def of(cls, step: int, losses: tuple[float, float], rows: list[TrainRow]) -> StepSummary:
+        worst = max(rows, key=lambda row: row.abs_diff / row.tol if row.tol > 0 else float("inf"))
+        first = next((row for row in rows if not row.passed), None)
+        return cls(step, losses, worst, first, len(rows), sum(not row.passed for row in rows))
+
+
+@dataclass
+class TrainReport:
+    title: str
+    sides: tuple[str, str]  # backend names: reference, port
+    dtype: str
+    steps: int
+    transfer: Transfer
+    tolerance_note: str
+    config_lint: list[str] = field(default_factory=list)  # module settings, as in the forward check
+    lint: list[str] = field(default_factory=list)  # optimizer settings that differ
+    lint_notes: list[str] = field(default_factory=list)  # what the optimizer lint read and could not read
+    settings: list[str] = field(default_factory=list)  # the optimizer settings of both sides, one line each
+    summaries: list[StepSummary] = field(default_factory=list)  # one per step
+    rows: list[TrainRow] = field(default_factory=list)  # every row of step 1 and of the first failing step
+    only_one_side: list[str] = field(default_factory=list)  # moments or parameters the other side lacks
+    forward: PortReport | None = None  # at the first failing step: the forward and gradient rows
+
+    @property
+    def first_failure(self) -> TrainRow | None:
+        return next((summary.first_failure for summary in self.summaries if summary.first_failure is not None), None)
+
+    @property
+    def uncompared(self) -> int:
+        """Parameters on either side that were not copied, so not compared: two trainings that
+        agree without them prove nothing about them."""
+        t = self.transfer
+        return len(t.unconsumed_source) + len(t.unconsumed_target) + len(t.mismatched) + len(t.transposed_only)
+
+    @property
+    def passed(self) -> bool:
+        return self.first_failure is None and not self.lint and not self.config_lint and not self.uncompared

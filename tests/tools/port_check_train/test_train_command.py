@@ -1,0 +1,75 @@
+"""`mhsa port-check TORCH_FACTORY FLAX_FACTORY --train N`: exit 0 when every step agrees, 1 when
+the trainings part or a setting differs, 2 with one line on a usage error. The parser is the
+forward check's with add_train_arguments, as mhsa port-check builds it."""
+
+import argparse
+import json
+import subprocess
+import sys
+
+import pytest
+
+from mhsa.port_check import command
+from mhsa.port_check.train_command import add_train_arguments, run_train
+from tests.paths import ROOT
+
+MODELS = "tests.tools.port_check_train.models"
+
+
+def port_check(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="mhsa port-check")
+    command.add_arguments(parser)
+    add_train_arguments(parser)
+    args = parser.parse_args(argv)
+    return run_train(args, command.read_map(args.map) if args.map else None)  # as command.run hands it on
+
+
+def test_a_matched_pair_exits_0_and_a_planted_default_exits_1_naming_it(capsys):
+    assert port_check([f"{MODELS}:torch_adamw", f"{MODELS}:flax_adamw", "--train", "3"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("mhsa port-check --train 3 · TorchMLP (torch, AdamW) vs FlaxMLP (jax, optax) · float32")
+    assert "PASS: all 3 steps agree" in out
+    assert port_check([f"{MODELS}:torch_adamw", f"{MODELS}:flax_adamw_default_decay", "--train", "3"]) == 1
+    out = capsys.readouterr().out
+    assert "optimizer lint: 1 difference(s)\n  weight decay: optax.adamw's default weight_decay is 0.0001, torch AdamW's 0.01" in out
+    assert "<- the trainings part here" in out.split("\n|    1 |")[1].splitlines()[0]
+    assert "FAIL: the trainings part at step 1, at ln.weight" in out
+
+
+def test_names_that_do_not_correspond_reach_the_port_through_the_map(tmp_path, capsys):
+    name_map = tmp_path / "map.json"
+    name_map.write_text(json.dumps({"ln": "norm"}))
+    assert port_check([f"{MODELS}:torch_adamw", f"{MODELS}:flax_adamw_renamed", "--train", "2", "--map", str(name_map), "--no-probes"]) == 0
+    assert "weights: 6 parameters copied torch -> jax" in capsys.readouterr().out
+    assert port_check([f"{MODELS}:torch_adamw", f"{MODELS}:flax_adamw_renamed", "--train", "2", "--no-probes"]) == 1
+    out = capsys.readouterr().out
+    assert "not copied (unconsumed in torch): ln.weight" in out and "not copied (unconsumed in jax): norm.weight" in out
+    # both norms start at ones and zeros, so the trainings agree: what was never compared still fails the check
+    assert "FAIL: all 2 steps agree on what was compared, but 4 parameter(s) were not copied and so not compared" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["examples.torch_block:block", f"{MODELS}:flax_adamw", "--train", "2"],
+            "the reference factory returned tuple; with --train it must return a mapping",
+        ),
+        ([f"{MODELS}:torch_adamw", f"{MODELS}:flax_adamw", "--train", "2", "--input-shape", "3,7"], "--input-shape: not with --train"),
+        ([f"{MODELS}:torch_adamw", f"{MODELS}:flax_adamw", "--train", "2", "--no-transfer", "--grads"], "--no-transfer, --grads: not with --train"),
+        ([f"{MODELS}:torch_adamw", f"{MODELS}:nothing", "--train", "2"], f"cannot load factory '{MODELS}:nothing'"),
+        ([f"{MODELS}:torch_adamw", f"{MODELS}:flax_adamw", "--train", "0"], "argument --train: expected an integer in [1, 100000], got 0"),
+    ],
+)
+def test_a_usage_error_exits_2_with_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as exited:
+        port_check(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and err.strip().splitlines()[-1].startswith("mhsa port-check: error: ")
+
+
+def test_the_commands_parser_takes_the_train_flag_without_starting_a_framework():
+    code = "import sys, mhsa.port_check.train_command; print(sorted(m for m in ('torch', 'jax', 'flax', 'optax') if m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr

@@ -1,0 +1,255 @@
+"""Ctrl-C keeps what it can and says what is on disk: during training with --save, the last
+complete epoch as a bound checkpoint that --resume continues exactly (mhsa/epoch_keeper.py);
+after training, the run's own checkpoint; a second Ctrl-C during that save leaves no half pair.
+
+The keeping needs a trainer whose train() hands over its model and optimizer at every epoch's end
+(on_epoch). Where a registered trainer lacks the hook, these tests give it one the honest way: the
+real trainer run one epoch at a time, each part resuming the last through the public resume
+protocol, with on_epoch called between the parts (epoch_by_epoch)."""
+
+import dataclasses
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from mhsa import registry
+from mhsa.epoch_keeper import has_on_epoch
+from shared import checkpoint, files, weights
+from shared.history import History
+from shared.training import epoch_means
+from tests.backends import names
+from tests.commands import run_cli
+from tests.paths import ROOT
+
+SMALL_RUN = ["--n-sequences", "48", "--batch-size", "16", "--seq-len", "5", "--vocab-size", "11", "--d-model", "24"]  # 3 steps per epoch
+STEPS_PER_EPOCH = 3
+
+
+def epoch_by_epoch(real):
+    """`real` (a trainer's train) with on_epoch: the real trainer itself where it has the hook,
+    else the real trainer run one epoch at a time, each part resuming the one before from its
+    weights and Adam's state (the resume protocol every trainer keeps exactly), and
+    on_epoch(epochs_done, model, optimizer) called between the parts."""
+    if has_on_epoch(real):
+        return real
+    module = sys.modules[real.__module__]
+    model_module = sys.modules[real.__module__.rsplit(".", 1)[0] + ".model"]
+
+    def train(model_config, train_config, init="shared", on_step=None, resume=None, on_epoch=None, **options):
+        done = 0 if resume is None else resume.epochs_done
+        first_step, losses = done * train_config.steps_per_epoch, []
+        while done < train_config.epochs:
+            part_config = dataclasses.replace(train_config, epochs=done + 1)
+            part = real(model_config, part_config, init=init, on_step=on_step, resume=resume, **options)
+            losses += part.losses
+            done += 1
+            resume = module.optimizer_to_exchange(part.optimizer, part.model, part_config)
+            init = weights.Loaded(ROOT / f"epoch-{done}", model_module.to_exchange(part.model), model_config, train_config.dtype, "")
+            if on_epoch is not None:
+                on_epoch(done, part.model, part.optimizer)
+        return dataclasses.replace(
+            part,
+            train_config=train_config,
+            losses=losses,
+            epoch_losses=epoch_means(losses, train_config),
+            first_step=first_step,
+            model=part.model,
+            optimizer=part.optimizer,
+        )
+
+    return train
+
+
+def interrupting_at(real, step):
+    """`real` with a KeyboardInterrupt raised as step `step` is reported: a Ctrl-C landing there."""
+
+    def train(*args, on_step=None, **options):
+        def report(at, loss):
+            on_step(at, loss)
+            if at == step:
+                raise KeyboardInterrupt
+
+        return real(*args, on_step=report, **options)
+
+    train.__signature__ = __import__("inspect").signature(real)  # has_on_epoch sees the hook it has
+    return train
+
+
+@pytest.fixture
+def hooked(monkeypatch):
+    """hooked(name, interrupt_at=None): the trainer of `name`, with on_epoch, and a Ctrl-C at that step."""
+
+    def install(name, interrupt_at=None):
+        module = registry.get(name).train
+        trainer = epoch_by_epoch(module.train)
+        if interrupt_at is not None:
+            trainer = interrupting_at(trainer, interrupt_at)
+        monkeypatch.setattr(module, "train", trainer)
+
+    return install
+
+
+def uninterrupted_losses(name, epochs, tmp_path):
+    result = run_cli(name, "--quiet", *SMALL_RUN, "--epochs", str(epochs), "--history", "whole.json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    return History.load(tmp_path / "whole.json").losses
+
+
+@pytest.mark.parametrize("name", names("train"))
+def test_ctrl_c_in_an_epoch_saves_the_last_complete_one_and_resume_continues_exactly(tmp_path, hooked, monkeypatch, name):
+    hooked(name, interrupt_at=2 * STEPS_PER_EPOCH + 1)  # the second step of epoch 3
+    result = run_cli(name, *SMALL_RUN, "--epochs", "1000", "--save", "run.safetensors", "--history", "run.json", cwd=tmp_path)
+    assert result.returncode == 130
+    assert result.stderr == (
+        "interrupted in epoch 3/1000: saved epoch 2 (step 6) to run.safetensors and run.adam.safetensors, its history to run.json "
+        "(--resume run.safetensors continues it)\n"
+    )
+    loaded, state = checkpoint.load(tmp_path / "run.safetensors")
+    assert (state.epochs_done, state.step) == (2, 6)
+    part = History.load(tmp_path / "run.json")
+    assert part.first_step == 0 and len(part.losses) == 6
+    monkeypatch.undo()  # the command's own trainer from here on
+    resumed = run_cli(name, "--quiet", *SMALL_RUN, "--epochs", "4", "--resume", "run.safetensors", "--history", "rest.json", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    whole = uninterrupted_losses(name, 4, tmp_path)
+    rest = History.load(tmp_path / "rest.json")
+    assert part.losses == whole[:6]
+    assert rest.first_step == 6 and rest.losses == whole[6:], f"{name}: the resumed run's losses differ from the uninterrupted run's"
+
+
+def test_ctrl_c_before_the_first_epoch_ends_saves_nothing_and_says_why(tmp_path, hooked):
+    name = names("train")[0]
+    hooked(name, interrupt_at=1)
+    result = run_cli(name, *SMALL_RUN, "--epochs", "1000", "--save", "run.safetensors", cwd=tmp_path)
+    assert result.returncode == 130 and result.stderr == "interrupted in epoch 1/1000: nothing was saved (no epoch was complete)\n"
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_trainer_without_on_epoch_keeps_nothing_as_before(tmp_path, monkeypatch):
+    name = names("train")[0]
+    module = registry.get(name).train
+    real = module.train
+
+    def without_hook(model_config, train_config, init="shared", on_step=None, resume=None):
+        return interrupting_at(real, STEPS_PER_EPOCH + 1)(model_config, train_config, init=init, on_step=on_step, resume=resume)
+
+    monkeypatch.setattr(module, "train", without_hook)
+    result = run_cli(name, *SMALL_RUN, "--epochs", "1000", "--save", "run.safetensors", cwd=tmp_path)
+    assert result.returncode == 130
+    assert result.stderr == "interrupted in epoch 2/1000: nothing was saved (this trainer hands over its model only at the end)\n"
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    "fail_at, message",
+    [
+        (
+            0,
+            "epoch 2 could not be saved: [Errno 28] cannot write 'run.safetensors': No space left on device; "
+            "nothing was replaced: a checkpoint saved there before is whole",
+        ),
+        (
+            6,
+            "saved epoch 2 (step 6) to run.safetensors and run.adam.safetensors (--resume run.safetensors continues it); "
+            "its history was not written: [Errno 28] cannot write 'run.json': No space left on device",
+        ),
+    ],
+    ids=["the pair", "the history"],
+)
+def test_a_full_disk_while_the_kept_epoch_is_saved_is_said_with_what_is_on_disk(tmp_path, hooked, monkeypatch, fail_at, message):
+    from tests.contract.test_checkpoint import FailingOs
+
+    name = names("train")[0]
+    hooked(name, interrupt_at=2 * STEPS_PER_EPOCH + 1)
+    monkeypatch.setattr(files, "os", FailingOs(fail_at))  # the pair's 6 writes, fsyncs and renames, then the history's
+    result = run_cli(name, *SMALL_RUN, "--epochs", "1000", "--save", "run.safetensors", "--history", "run.json", cwd=tmp_path)
+    monkeypatch.undo()
+    assert result.returncode == 130 and result.stderr == f"interrupted in epoch 3/1000: {message}\n"
+    assert sorted(os.listdir(tmp_path)) == ([] if fail_at == 0 else ["run.adam.safetensors", "run.safetensors"])
+
+
+def ctrl_c_after(real):
+    """`real` (files.write_temporary or files.commit), then a Ctrl-C: landing while a pair's
+    temporaries are written, or between its two renames."""
+
+    def call(*args):
+        result = real(*args)
+        os.kill(os.getpid(), signal.SIGINT)
+        return result
+
+    return call
+
+
+@pytest.mark.parametrize("landing", ["write_temporary", "commit"], ids=["while the temporaries are written", "between the renames"])
+def test_a_second_ctrl_c_while_the_kept_epoch_is_saved_is_held_until_the_pair_is_whole(tmp_path, hooked, monkeypatch, landing):
+    name = names("train")[0]
+    hooked(name, interrupt_at=STEPS_PER_EPOCH + 1)
+    monkeypatch.setattr(files, landing, ctrl_c_after(getattr(files, landing)))
+    result = run_cli(name, *SMALL_RUN, "--epochs", "1000", "--save", "run.safetensors", "--history", "run.json", cwd=tmp_path)
+    assert result.returncode == 130
+    assert result.stderr == (
+        "interrupted in epoch 2/1000: saved epoch 1 (step 3) to run.safetensors and run.adam.safetensors, its history to run.json "
+        "(--resume run.safetensors continues it)\n"
+    )
+    monkeypatch.undo()
+    assert checkpoint.load(tmp_path / "run.safetensors")[1].epochs_done == 1 and len(History.load(tmp_path / "run.json").losses) == 3
+
+
+def test_ctrl_c_during_the_save_after_training_says_what_was_written(tmp_path, monkeypatch):
+    # each file is renamed into place with Ctrl-C held: it is whole, and the message names it
+    monkeypatch.setattr(files, "commit", ctrl_c_after(files.commit))
+    name = names("train")[0]
+    result = run_cli(name, "--quiet", *SMALL_RUN, "--epochs", "1", "--save", "run.safetensors", "--history", "run.json", cwd=tmp_path)
+    assert result.returncode == 130
+    assert result.stderr == "interrupted after training: saved run.safetensors and run.adam.safetensors, run.json\n"
+    monkeypatch.undo()
+    assert checkpoint.load(tmp_path / "run.safetensors")[1].epochs_done == 1 and History.load(tmp_path / "run.json").losses
+
+
+# --- a real Ctrl-C in a real process ------------------------------------------------------------
+
+REAL_RUN = textwrap.dedent("""
+    import atexit, sys, time
+    from mhsa import registry, train_cli
+    from tests.tools.test_interrupt import epoch_by_epoch
+
+    name = sys.argv.pop(1)
+    module = registry.get(name).train
+    module.train = epoch_by_epoch(module.train)
+    atexit.register(time.sleep, 1.0)  # an exit as slow as a framework's teardown: a Ctrl-C lands in it
+    sys.exit(train_cli.main(name))  # its own command line, as a launcher runs it
+""")
+
+
+@pytest.mark.timeout(180)
+def test_a_real_ctrl_c_keeps_the_last_complete_epoch_and_more_of_them_change_nothing(tmp_path):
+    name = names("train")[0]
+    path = tmp_path / "run.safetensors"
+    argv = [sys.executable, "-c", REAL_RUN, name, *SMALL_RUN, "--epochs", "100000", "--save", str(path)]
+    child = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        while not child.stdout.readline().startswith("epoch 2/"):
+            pass
+        child.send_signal(signal.SIGINT)
+        time.sleep(0.01)
+        child.send_signal(signal.SIGINT)  # a second one, landing while it saves or says so
+        line = child.stderr.readline()
+        child.send_signal(signal.SIGINT)  # and a third while it exits
+        out, rest = child.communicate(timeout=120)
+    finally:
+        child.kill()
+    assert child.returncode == 130 and rest == "", line + rest  # one line, no traceback from a Ctrl-C while exiting
+    saved = re.fullmatch(rf"interrupted in epoch (\d+)/100000: saved epoch (\d+) \(step \d+\) to {re.escape(str(path))} and .*\n", line)
+    assert saved is not None, line
+    # epoch 2 was printed; it is kept unless the Ctrl-C came before the trainer handed it over
+    assert int(saved.group(2)) >= 1 and int(saved.group(1)) > int(saved.group(2))
+    assert sorted(os.listdir(tmp_path)) == ["run.adam.safetensors", "run.safetensors"]
+    _, state = checkpoint.load(path)
+    assert state.epochs_done == int(saved.group(2)) and np.isfinite(state.exp_avg["lm_head.bias"]).all()
