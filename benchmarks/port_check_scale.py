@@ -136,9 +136,9 @@ def report(results: dict[str, list[tuple[float, int]]], verdicts: dict[str, set[
         what = "build, transfer, forward + backward each" if grads else "build, transfer, one forward each"
         rows.append([f"floor{suffix}: {what}", "-", f"{floor_s:.1f}", gib(floor_b), "-", "-", "-"])
         within = "within" if check_s <= limit * floor_s and check_b <= limit * floor_b else "OVER"
-        rows.append(
-            [f"port-check --no-probes{suffix}", "/".join(sorted(verdicts["check" + suffix])), f"{check_s:.1f}", gib(check_b), f"{check_s / floor_s:.2f}x", f"{check_b / floor_b:.2f}x", f"{limit}x: {within}"]
-        )
+        verdict = "/".join(sorted(verdicts["check" + suffix]))
+        ratios = [f"{check_s / floor_s:.2f}x", f"{check_b / floor_b:.2f}x", f"{limit}x: {within}"]
+        rows.append([f"port-check --no-probes{suffix}", verdict, f"{check_s:.1f}", gib(check_b), *ratios])
     columns = ["process", "verdict", "wall s (median)", "peak RSS GiB (median)", "time / floor", "memory / floor", "limit"]
     runs = f"{len(results['floor'])} rounds, interleaved"
     return f"\n\n### GPT-2-{args.size} pair, batch {args.batch} x {args.length} tokens, float32 ({runs})\n\n" + table(columns, rows)

@@ -212,14 +212,16 @@ def check_port(source, target, inputs, *, target_inputs=None, name_map=None, tra
 def _compare(report: PortReport, source: Side, target: Side, asked: str, name_map, grads: bool, probes: bool) -> None:
     """Run both models, fill the rows, the precision findings, the hints and the probes."""
     sides, pairing = report.sides, report.transfer
-    source_outputs = _running(
-        f"running the reference ({sides[0]}) on the inputs ({describe_inputs(source.inputs)})", source.reader.capture, source.model, source.inputs
+    doing = "running and differentiating" if grads else "running"  # one forward (and backward) pass per side
+    source_outputs, source_grads = _running(
+        f"{doing} the reference ({sides[0]}) on the inputs ({describe_inputs(source.inputs)})", source.reader.run, source.model, source.inputs, grads
     )
-    target_outputs = _running(
-        f"running the port ({sides[1]}) on the inputs ({describe_inputs(target.inputs)})",
-        target.reader.capture,
+    target_outputs, target_grads = _running(
+        f"{doing} the port ({sides[1]}) on the inputs ({describe_inputs(target.inputs)})",
+        target.reader.run,
         target.model,
         target.inputs,
+        grads,
         also=_shape_advice(pairing),
     )
     report.rows, report.unmatched_source, report.unmatched_target, skipped = output_rows(
@@ -239,9 +241,8 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
         report.precision[0] += f"; {precision.consequence(min(floors), asked)}"
     if grads:
         transposed = frozenset(name for name, _, _, flipped in pairing.filled if flipped)
-        source_grads = _running(f"differentiating the reference ({sides[0]})", source.reader.gradients, source.model, source.inputs)
-        target_grads = _running(f"differentiating the port ({sides[1]})", target.reader.gradients, target.model, target.inputs)
         report.rows += gradient_rows(source_grads, target_grads, min(floors), sides, name_map, transposed)
+    del target_outputs, target_grads  # compared: a large port's outputs are not held any longer
     paths = call_paths(source_outputs)
     report.hints = hints(report.rows, paths, source.desc, sides, asked, pairing.differing)
     first = report.first_failure

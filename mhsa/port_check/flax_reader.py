@@ -322,7 +322,8 @@ def tied(model: Model) -> dict[str, str]:
 
 def cast(model: Model, dtype: str) -> tuple[Model, list[str]]:
     """A copy of `model` with every floating-point variable in `dtype`, and its compute dtype
-    too: a layer built with dtype=float32 would otherwise compute in float32. NNX: every
+    too: a layer built with dtype=float32 would otherwise compute in float32 (a copy of the
+    structure: the arrays already in `dtype` are shared, JAX arrays being immutable). NNX: every
     submodule's `dtype` and `param_dtype` attributes; Linen (frozen dataclasses): the top
     module's `dtype` field, which library models hand down to their submodules. Returns the copy
     and one line per attribute changed. float64 turns on jax_enable_x64, without which JAX
@@ -332,8 +333,8 @@ def cast(model: Model, dtype: str) -> tuple[Model, list[str]]:
     target = DTYPES[dtype]
 
     def convert(leaf):  # in NumPy: an XLA convert would compile once per shape
-        if not jnp.issubdtype(jnp.result_type(leaf), jnp.floating):
-            return leaf  # integers, booleans, PRNG keys
+        if not jnp.issubdtype(jnp.result_type(leaf), jnp.floating) or jnp.result_type(leaf) == target:
+            return leaf  # integers, booleans, PRNG keys; and what is in the dtype already, shared with the model
         return jnp.asarray(_numpy(leaf).astype(target))
 
     changed = []
@@ -377,6 +378,14 @@ def capture(model: Model, inputs: Inputs) -> list[Output]:
     times slower for a first call); a model that cannot be traced, say one that reads a value
     with float(), runs eagerly instead. A module called through a method other than __call__ is
     not seen."""
+    return run(model, inputs)[0]
+
+
+def run(model: Model, inputs: Inputs, grads: bool = False, each=None) -> tuple[list[Output], dict[str, np.ndarray] | None]:
+    """(capture's outputs, with `grads` gradients' too), computed as one compiled program: the
+    forward pass once, its outputs and (with `grads`) d sum(output) / d every parameter. Each
+    recorded leaf goes through `each(output) -> Output` once the program has run (to reduce it
+    and keep only the result)."""
     arrays, rebuild = _arrays(model, inputs)
     labels: list[tuple[int, str, str, str]] = []  # (call, path, label, dtype or kind) of every leaf, at trace time
 
@@ -389,26 +398,49 @@ def capture(model: Model, inputs: Inputs) -> list[Output]:
                     values.append(value)
         return values
 
+    def total(output):
+        outputs = float_leaves(output, _is_array)
+        if not outputs:
+            raise ValueError("the model's output holds no floating-point array to differentiate")
+        return sum(value.sum() for value in outputs)
+
     if _is_linen(model):
         module, variables = model
+        variables = _unfreeze(dict(variables))
 
-        def linen(variables, arrays):
-            calls, _ = _linen_run((module, variables), rebuild(arrays))
-            return record(calls)
+        def linen_forward(params, arrays):
+            calls, _ = _linen_run((module, {**variables, "params": params}), rebuild(arrays))
+            return total(calls[-1][1]) if grads else 0.0, record(calls)
 
-        values = _compiled_or_eager(jax.jit(linen), linen, _unfreeze(dict(variables)), arrays)
+        def linen(params, arrays):
+            return jax.grad(linen_forward, has_aux=True)(params, arrays)[::-1] if grads else (linen_forward(params, arrays)[1], None)
+
+        values, gradients = _compiled_or_eager(jax.jit(linen), linen, variables.get("params", {}), arrays)
     else:
 
-        def run(model, arrays):
-            calls = []  # (path, output) of every call, filled by the wrappers
+        def forward(model, arrays):
+            calls: list = []  # (path, output) of every call, filled by the wrappers
             with _wrapped(model, calls):
                 call = rebuild(arrays)
-                model(*call.args, **call.kwargs)
-            return record(calls)
+                output = model(*call.args, **call.kwargs)
+            return total(output) if grads else 0.0, record(calls)
 
-        values = _compiled_or_eager(nnx.jit(run), run, model, arrays)
-    floats = iter(values)
-    return [Output(call, path, label, _numpy(next(floats)) if is_float_dtype(kind) else None, kind) for call, path, label, kind in labels]
+        def nnx_run(model, arrays):
+            if not grads:
+                return forward(model, arrays)[1], None
+            gradients, values = nnx.grad(forward, has_aux=True)(model, arrays)
+            return values, nnx.to_pure_dict(gradients)
+
+        values, gradients = _compiled_or_eager(nnx.jit(nnx_run), nnx_run, model, arrays)
+    outputs, position = [], 0
+    for call, path, label, kind in labels:
+        value = None
+        if is_float_dtype(kind):
+            value, values[position] = _numpy(values[position]), None  # with `each`, each array is let go once reduced
+            position += 1
+        output = Output(call, path, label, value, kind)
+        outputs.append(output if each is None else each(output))
+    return outputs, None if gradients is None else {name: _numpy(value) for name, value in _neutral(model, gradients).items()}
 
 
 def _is_array(value) -> bool:
@@ -416,8 +448,9 @@ def _is_array(value) -> bool:
 
 
 def _numpy(value) -> np.ndarray:
-    # NumPy computes nothing in bfloat16 (ml_dtypes stores it): float32 holds every such value exactly
-    array = np.array(value)
+    """A NumPy view of a JAX array (read-only, no copy on the CPU); bfloat16 and float16 as float32
+    copies: NumPy computes nothing in bfloat16 (ml_dtypes stores it), and float32 holds every such value exactly."""
+    array = np.asarray(value)
     return array.astype(np.float32) if array.dtype.kind == "V" or dtype_name(array.dtype) in ("bfloat16", "float16") else array
 
 
@@ -515,31 +548,9 @@ def _arrays(model, inputs: Inputs) -> tuple[list, Any]:
 def gradients(model: Model, inputs: Inputs) -> dict[str, np.ndarray]:
     """d (sum of every floating-point leaf of the output) / d every parameter, neutral names and
     layout (compiled as one function, as capture is)."""
-    arrays, rebuild = _arrays(model, inputs)
-
-    def total(output):
-        outputs = float_leaves(output, _is_array)
-        if not outputs:
-            raise ValueError("the model's output holds no floating-point array to differentiate")
-        return sum(value.sum() for value in outputs)
-
-    if _is_linen(model):
-        module, variables = model
-        variables = _unfreeze(dict(variables))
-
-        def linen(params, arrays):
-            call = rebuild(arrays)
-            return jax.grad(lambda p: total(module.apply({**variables, "params": p}, *call.args, **call.kwargs)))(params)
-
-        grads = _compiled_or_eager(jax.jit(linen), linen, variables["params"], arrays)
-        return {name: _numpy(value) for name, value in _neutral(model, grads).items()}
-
-    def run(model, arrays):
-        call = rebuild(arrays)
-        return nnx.grad(lambda m: total(m(*call.args, **call.kwargs)))(model)
-
-    grads = _compiled_or_eager(nnx.jit(run), run, model, arrays)
-    return {name: _numpy(value) for name, value in _neutral(model, nnx.to_pure_dict(grads)).items()}
+    grads = run(model, inputs, grads=True, each=lambda output: output._replace(value=None))[1]
+    assert grads is not None
+    return grads
 
 
 def switched(model: Model, switch: str, path: str, value: Any = None) -> Model | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from mhsa.port_check import precision
+from mhsa.port_check.chunks import largest, largest_abs
 from mhsa.port_check.records import Row, map_name
 from mhsa.port_check.structure import Output
 from shared.tolerances import max_abs_diff, tolerance
@@ -34,12 +35,12 @@ def compare_arrays(a: np.ndarray, b: np.ndarray, sides: tuple[str, str]) -> tupl
                 return float("nan"), float("nan"), "shape", f"shape {a.shape} in {sides[0]}, {b.shape} in {sides[1]}: they do not broadcast"
             note = f"compared after broadcasting: {a.shape} in {sides[0]}, {b.shape} in {sides[1]}"
             a, b = np.broadcast_to(a, shape), np.broadcast_to(b, shape)
-    nan_a, nan_b = bool(np.isnan(a).any()), bool(np.isnan(b).any())
+    nan_a, nan_b = (largest(lambda block: float(np.isnan(block).any()), x) > 0 for x in (a, b))
     if nan_a or nan_b:
         where = "both outputs" if nan_a and nan_b else f"{sides[0] if nan_a else sides[1]}'s output only"
         return float("nan"), float("nan"), "nan", f"NaN in {where}" + (f"; {note}" if note else "")
-    diff = max_abs_diff(a, b)
-    scale = float(np.max(np.abs(a))) if a.size else 0.0
+    diff = largest(max_abs_diff, a, b)
+    scale = largest_abs(a)
     return diff, diff / scale if scale > 0 else (0.0 if diff == 0 else float("inf")), "", note
 
 

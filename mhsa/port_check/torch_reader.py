@@ -125,8 +125,18 @@ def tied(model: nn.Module) -> dict[str, str]:
 
 def parameters(model: nn.Module) -> dict[str, np.ndarray]:
     """Every floating-point parameter and persistent buffer (BatchNorm's running statistics), named
-    and laid out as in state_dict: the neutral form itself."""
-    return {name: _numpy(value) for name, value in model.state_dict().items() if value.is_floating_point()}
+    and laid out as in state_dict: the neutral form itself. Read-only views of the tensors (no
+    copy: a large model's weights are not held twice); bfloat16 and float16 as float32 copies."""
+    return {name: _view(value) for name, value in model.state_dict().items() if value.is_floating_point()}
+
+
+def _view(tensor: torch.Tensor) -> np.ndarray:
+    tensor = tensor.detach().cpu()
+    if tensor.dtype not in (torch.float32, torch.float64):
+        return _numpy(tensor)
+    array = tensor.numpy()
+    array.flags.writeable = False
+    return array
 
 
 def load_parameters(model: nn.Module, arrays: dict[str, np.ndarray]) -> nn.Module:
@@ -140,34 +150,79 @@ def load_parameters(model: nn.Module, arrays: dict[str, np.ndarray]) -> nn.Modul
 
 
 def cast(model: nn.Module, dtype: str) -> tuple[nn.Module, list[str]]:
-    """A copy of `model` with every floating-point parameter and buffer in `dtype`, and what was
-    changed beyond them (nothing here: a torch module holds no compute dtype of its own)."""
-    return copy.deepcopy(model).to(DTYPES[dtype]), []
+    """`model` itself when every floating-point parameter and buffer is in `dtype` already (the
+    check changes nothing of it: gradients() leaves its .grad as it was), else a copy with every
+    one of them in `dtype`, each converted straight into the copy (no second copy in the old
+    dtype); and what was changed beyond them (nothing here: a torch module holds no compute
+    dtype of its own)."""
+    target = DTYPES[dtype]
+    tensors = [*model.parameters(), *model.buffers()]
+    if all(t.dtype == target for t in tensors if t.is_floating_point()):
+        return model, []
+    memo: dict[int, typing.Any] = {}
+    for t in tensors:  # a tied weight is one tensor: one entry, so the copy stays tied
+        if t.is_floating_point() and id(t) not in memo:
+            converted = t.detach().to(target)
+            memo[id(t)] = nn.Parameter(converted, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else converted
+    return copy.deepcopy(model, memo), []
 
 
 def capture(model: nn.Module, inputs: Inputs) -> list[Output]:
     """Call `model(*args, **kwargs)` once and return every leaf of every submodule call's output
     (structure.py), in the order the calls return (a child before its parent; the model itself
     last, path ""). Hooks are removed even on error."""
+    return run(model, inputs)[0]
+
+
+def gradients(model: nn.Module, inputs: Inputs) -> dict[str, np.ndarray]:
+    """d (sum of every floating-point leaf of the output) / d every parameter, neutral names and
+    layout; a parameter the output does not reach gets zeros."""
+    grads = run(model, inputs, grads=True, each=lambda output: output._replace(value=None))[1]
+    assert grads is not None
+    return grads
+
+
+def run(model: nn.Module, inputs: Inputs, grads: bool = False, each=None) -> tuple[list[Output], dict[str, np.ndarray] | None]:
+    """(capture's outputs, with `grads` gradients' too) from one forward pass (and one backward):
+    each recorded leaf goes through `each(output) -> Output` as soon as its call returns (to reduce
+    it and keep only the result: a float64 run compared as it goes). The model's .grad are left
+    as they were."""
     calls: list[Output] = []
     count = [0]
 
     def hook(path):
         def record(module, args, output):
-            calls.extend(leaves(count[0], path, output, _is_tensor, _numpy))
+            found = leaves(count[0], path, output, _is_tensor, _numpy)
+            calls.extend(found if each is None else [each(leaf) for leaf in found])
             count[0] += 1
 
         return record
 
     handles = [module.register_forward_hook(hook(path)) for path, module in model.named_modules()]
+    saved = {p: p.grad for p in model.parameters()}
     try:
-        with torch.no_grad():
+        with torch.set_grad_enabled(grads):
+            for p in saved:
+                p.grad = None
             args, kwargs = _tensors(model, inputs)
-            model(*args, **kwargs)
+            output = model(*args, **kwargs)
+            for handle in handles:
+                handle.remove()
+            if not grads:
+                return calls, None
+            outputs = float_leaves(output, _is_tensor)
+            if not outputs:
+                raise ValueError("the model's output holds no floating-point tensor to differentiate")
+            del output
+            # a sum of tensors is a tensor (sum's start 0 makes the stub say int | Tensor)
+            typing.cast(torch.Tensor, sum(value.sum() for value in outputs)).backward()
+            del outputs
+            return calls, {name: _view(p.grad if p.grad is not None else torch.zeros_like(p)) for name, p in model.named_parameters()}
     finally:
         for handle in handles:
             handle.remove()
-    return calls
+        for p, grad in saved.items():
+            p.grad = grad
 
 
 def _is_tensor(value) -> bool:
@@ -193,21 +248,6 @@ def _tensors(model, inputs: Inputs) -> tuple[list, dict]:
 
     converted = map_inputs(as_inputs(inputs), tensor)
     return list(converted.args), converted.kwargs
-
-
-def gradients(model: nn.Module, inputs: Inputs) -> dict[str, np.ndarray]:
-    """d (sum of every floating-point leaf of the output) / d every parameter, neutral names and
-    layout; a parameter the output does not reach gets zeros."""
-    model.zero_grad(set_to_none=True)
-    args, kwargs = _tensors(model, inputs)
-    outputs = float_leaves(model(*args, **kwargs), _is_tensor)
-    if not outputs:
-        raise ValueError("the model's output holds no floating-point tensor to differentiate")
-    # a sum of tensors is a tensor (sum's start 0 makes the stub say int | Tensor)
-    typing.cast(torch.Tensor, sum(value.sum() for value in outputs)).backward()
-    grads = {name: _numpy(p.grad if p.grad is not None else torch.zeros_like(p)) for name, p in model.named_parameters()}
-    model.zero_grad(set_to_none=True)
-    return grads
 
 
 def switched(model: nn.Module, switch: str, path: str, value: float | str | None = None) -> nn.Module | None:

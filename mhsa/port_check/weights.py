@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mhsa.port_check.chunks import BLOCK, dot, largest, largest_abs, within
 from mhsa.port_check.records import Transfer, map_name
 from shared.tolerances import max_abs_diff
 
@@ -102,7 +103,7 @@ def compare_values(report: Transfer, source_params, target_params, tol: float) -
     evidence, searched, differing = 0, 0, []
     for name, mapped, _, transposed in report.filled:
         reference, port = _view(source_params[name], transposed), target_params[mapped]
-        diff = max_abs_diff(reference, port)
+        diff = largest(max_abs_diff, reference, port)
         informative = bool(reference.size > 1 and np.ptp(reference) > 0 and np.ptp(port) > 0)
         if diff <= tol:
             evidence += informative
@@ -124,7 +125,7 @@ def how_it_differs(reference: np.ndarray, port: np.ndarray, tol: float) -> str |
     flipped along its spatial axes, spatial axes swapped, in and out channels swapped, rounding."""
     if not (np.all(np.isfinite(reference)) and np.all(np.isfinite(port))):
         return None
-    close = lambda a: a.shape == port.shape and max_abs_diff(a, port) <= tol  # noqa: E731
+    close = lambda a: a.shape == port.shape and within(max_abs_diff, tol, a, port)  # noqa: E731
     if reference.ndim == 2 and close(reference.T):
         return "holds its transpose"
     scale = _scale(reference, port)
@@ -144,18 +145,20 @@ def how_it_differs(reference: np.ndarray, port: np.ndarray, tol: float) -> str |
             return "holds the kernel with its two spatial axes swapped"
         if close(reference.swapaxes(0, 1)):
             return "holds the kernel with its in and out channels swapped"
-    scale_of = float(np.max(np.abs(reference))) or 1.0
-    relative = max_abs_diff(reference, port) / scale_of
+    scale_of = largest_abs(reference) or 1.0
+    relative = largest(max_abs_diff, reference, port) / scale_of
     if relative < 1e-2:
         return f"close to the reference's values but not within tolerance ({relative:.1e} relative): rounded through a lower precision?"
     return None
 
 
 def _scale(reference, port) -> float | None:
-    norm = float(np.vdot(reference.ravel().astype(np.float64), reference.ravel().astype(np.float64)))
+    if reference.shape != port.shape:
+        return None
+    norm = dot(reference, reference)
     if norm == 0:
         return None
-    scale = float(np.vdot(port.ravel().astype(np.float64), reference.ravel().astype(np.float64))) / norm
+    scale = dot(port, reference) / norm
     return None if abs(scale) < 1e-6 or abs(scale - 1) < 1e-6 else scale
 
 
@@ -174,17 +177,29 @@ def _reordering(reference, port, axis, tol) -> str | None:
     a, b = np.moveaxis(reference, axis, 0), np.moveaxis(port, axis, 0)
     if a.shape != b.shape or a.shape[0] < 2:
         return None
-    flat_a, flat_b = a.reshape(a.shape[0], -1).astype(np.float64), b.reshape(b.shape[0], -1).astype(np.float64)
-    direction = np.random.default_rng(0).standard_normal(flat_a.shape[1])
-    order_a, order_b = np.argsort(flat_a @ direction, kind="stable"), np.argsort(flat_b @ direction, kind="stable")
-    if max_abs_diff(flat_a[order_a], flat_b[order_b]) > tol:
+    direction = np.random.default_rng(0).standard_normal(int(np.prod(a.shape[1:])))
+    projections = [_project(x, direction) for x in (a, b)]
+    order_a, order_b = (np.argsort(p, kind="stable") for p in projections)
+    # slices equal within tol project within tol * sum |direction|: most candidates end here, in one pass
+    if not within(max_abs_diff, tol * float(np.abs(direction).sum()), projections[0][order_a], projections[1][order_b]):
         return None
+    step = max(1, BLOCK // max(1, direction.size))
+    for start in range(0, len(order_a), step):
+        rows = slice(start, start + step)
+        if not within(max_abs_diff, tol, a[order_a[rows]], b[order_b[rows]]):
+            return None
     source_of = np.empty_like(order_b)
     source_of[order_b] = order_a  # the port's slice i is the reference's slice source_of[i]
     if np.array_equal(source_of, np.arange(len(source_of))):
         return None
     shown = ", ".join(str(int(i)) for i in source_of[:6])
     return shown + (", ..." if len(source_of) > 6 else "")
+
+
+def _project(slices: np.ndarray, direction: np.ndarray) -> np.ndarray:
+    """(n,) the projection of each of the n slices (along the first axis) onto `direction`, in float64, block by block."""
+    step = max(1, BLOCK // max(1, direction.size))
+    return np.concatenate([slices[i : i + step].reshape(-1, direction.size).astype(np.float64) @ direction for i in range(0, len(slices), step)])
 
 
 def decide(report: Transfer, evidence: int, informative: int, transfer: bool | None) -> bool:

@@ -110,6 +110,9 @@ class IdsOnlyFlax(nnx.Module):
 def test_an_output_with_no_floating_point_leaf_cannot_be_differentiated_and_says_so_in_one_line():
     from mhsa.port_check import PortCheckError
 
-    report_error = "differentiating the reference (torch) failed: ValueError: the model's output holds no floating-point tensor to differentiate"
+    report_error = (
+        "running and differentiating the reference (torch) on the inputs ((3, 5, 24) float32) failed: "
+        "ValueError: the model's output holds no floating-point tensor to differentiate"
+    )
     with pytest.raises(PortCheckError, match=report_error.replace("(", r"\(").replace(")", r"\)")):
         check_port(IdsOnly(), IdsOnlyFlax(), models.activations(), grads=True)

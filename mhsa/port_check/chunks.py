@@ -1,0 +1,56 @@
+"""Reductions over large arrays in blocks of about a million elements, so that comparing a
+124M-parameter model's weights, outputs and gradients never makes a float64 copy of a whole array
+(shared.tolerances converts what it compares to float64: for GPT-2 small's logits, 1024 x 50257
+float32, that is 400 MB per copy, several per comparison).
+
+Every reduction here is the largest of its blocks' results, so `largest(max_abs_diff, a, b)` is
+exactly `max_abs_diff(a, b)` (same NaN and infinity rules), in a block's worth of memory; `within`
+stops at the first block beyond the tolerance, which makes a search for a transform of a fresh
+port's random weights cost one block per transform tried."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+BLOCK = 1 << 20  # elements per block: 8 MB of float64
+
+
+def blocks(shape: tuple[int, ...], size: int = BLOCK) -> Iterator[tuple]:
+    """Index tuples that cut an array of `shape` into views of at most about `size` elements (at
+    least one row of the last axes that fit), in order; one empty tuple for an array that fits."""
+    inner, axis = 1, len(shape)
+    while axis > 0 and inner * shape[axis - 1] <= size:
+        inner *= shape[axis - 1]
+        axis -= 1
+    if axis == 0:
+        yield ()
+        return
+    step = max(1, size // inner)
+    for outer in np.ndindex(*shape[: axis - 1]):
+        for start in range(0, shape[axis - 1], step):
+            yield (*outer, slice(start, start + step))
+
+
+def largest(reduce: Callable[..., float], *arrays: np.ndarray, size: int = BLOCK) -> float:
+    """max over blocks of reduce(*the arrays' blocks), the arrays broadcast together first (as
+    views); 0.0 for empty arrays. Exact for any reduction that is a maximum over elements."""
+    views = np.broadcast_arrays(*(np.asarray(array) for array in arrays))
+    return max((reduce(*(view[index] for view in views)) for index in blocks(views[0].shape, size)), default=0.0)
+
+
+def within(reduce: Callable[..., float], tol: float, *arrays: np.ndarray, size: int = BLOCK) -> bool:
+    """Whether largest(reduce, *arrays) <= tol, stopping at the first block beyond it."""
+    views = np.broadcast_arrays(*(np.asarray(array) for array in arrays))
+    return all(reduce(*(view[index] for view in views)) <= tol for index in blocks(views[0].shape, size))
+
+
+def dot(a: np.ndarray, b: np.ndarray, size: int = BLOCK) -> float:
+    """sum(a * b) over every element, accumulated in float64 block by block (arrays of one shape)."""
+    return float(sum(np.vdot(a[index].astype(np.float64), b[index].astype(np.float64)) for index in blocks(a.shape, size)))
+
+
+def largest_abs(array: np.ndarray, size: int = BLOCK) -> float:
+    """max |array| of an array without NaN; 0.0 for an empty one."""
+    return largest(lambda block: float(np.max(np.abs(block))) if block.size else 0.0, array, size=size)
