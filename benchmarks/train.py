@@ -457,14 +457,17 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile row")
     parser.add_argument("--only", choices=["speed", "numpy", "demo", "gap", "dp"], action="append", help="run only this table (repeatable)")
+    bench_common.add_write_flag(parser)
     args = parser.parse_args(argv)
+    if args.write and args.quick:
+        parser.error("--write records the full tables; --quick's are too small to mean anything")
     if args.only == ["dp"]:  # JAX needs its 2 CPU devices before it starts (other tables run without)
         from mhsa.parity import data_parallel as dp_parity
 
         dp_parity.prepare(2)
     repeats = args.repeats or (3 if args.quick else 7)
-    shown = ["benchmarks/train.py"] + (argv if argv is not None else sys.argv[1:])
-    with bench_common.torch_threads(1 if args.quick else None):
+    shown = bench_common.shown_command("benchmarks/train.py", argv if argv is not None else sys.argv[1:])
+    with bench_common.recorded(" ".join(["python", *shown]) if args.write else None), bench_common.torch_threads(1 if args.quick else None):
         run(args, repeats, shown)
     return 0
 
