@@ -338,6 +338,8 @@ def recorded(command: str | None, path: Path | None = None):
     tee = _Tee(sys.stdout)
     with contextlib.redirect_stdout(tee):
         yield
+        # the load of the whole run, not only at its start: other processes may have joined
+        print(f"\n- load average at the end of this run: {', '.join(f'{value:.2f}' for value in os.getloadavg())} (1, 5, 15 min)")
     write_section(path, command, tee.copy.getvalue())
     print(f"\nwrote this table into {path.name}, section `{command}`", file=sys.stderr)
 

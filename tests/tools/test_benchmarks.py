@@ -180,8 +180,10 @@ def test_recorded_prints_the_tables_and_writes_them_only_when_the_run_ends(bench
     with bench_common.recorded("python benchmarks/a.py", results):
         print("## A, measured")
         print("| a | 3 |")
-    assert capsys.readouterr().out == "## A, measured\n| a | 3 |\n"  # still printed
-    assert results.read_text() == RESULTS_TEXT.replace("## A, old\n| a | 1 |\n", "## A, measured\n| a | 3 |\n")
+    out = capsys.readouterr().out
+    assert out.startswith("## A, measured\n| a | 3 |\n\n- load average at the end of this run: ")  # still printed
+    written = RESULTS_TEXT.replace("## A, old\n| a | 1 |\n", out)
+    assert results.read_text() == written and re.search(r"end of this run: [\d.]+, [\d.]+, [\d.]+ \(1, 5, 15 min\)\n<!-- /table -->", written)
     before = results.read_text()
     with pytest.raises(KeyboardInterrupt), bench_common.recorded("python benchmarks/a.py", results):
         print("## A, half")
@@ -210,7 +212,7 @@ def test_each_script_with_write_replaces_its_own_section_named_by_its_command(be
     text = results.read_text()
     assert text.startswith(RESULTS_TEXT)  # the other sections untouched
     section = text[len(RESULTS_TEXT) :]
-    assert section.startswith(f"\n<!-- table: {command} -->\n") and section.endswith(f"{measured}\n<!-- /table -->\n"), section
+    assert section.startswith(f"\n<!-- table: {command} -->\n") and f"{measured}\n\n- load average at the end of this run: " in section, section
     assert measured in capsys.readouterr().out
 
 
@@ -239,4 +241,4 @@ def test_parity_timing_writes_its_ratios_against_the_import_floor(bench_common, 
     assert module.main(["--rounds", "3", "--write"]) == 0
     section = results.read_text()[len(RESULTS_TEXT) :]
     assert section.startswith("\n<!-- table: python benchmarks/parity_timing.py --rounds 3 -->\n## mhsa parity, whole process\n")
-    assert "| floor | 1.10 | 1.00-1.20 | 1.00x |\n| mhsa parity | 3.30 | 3.00-3.60 | 3.00x |\n<!-- /table -->\n" in section
+    assert "| floor | 1.10 | 1.00-1.20 | 1.00x |\n| mhsa parity | 3.30 | 3.00-3.60 | 3.00x |\n" in section
