@@ -408,8 +408,12 @@ def dp_epochs(backend, dp, batch_size, repeats, quick):
 
     # one torch thread per rank, as each DDP rank sets for itself: on 2 busy cores a dp=1 run with
     # 2 threads waits scheduler ticks at every parallel region and would flatter dp=2 (measured: 7 steps/s)
+    chosen = registry.get(backend)
     with bench_common.torch_threads(1 if backend == "torch" else None):
-        registry.get(backend).train.train(ModelConfig(), config, on_step=on_step, dp=dp)
+        if dp == 1:  # the single-device trainer, as `--dp 1` runs it
+            chosen.train.train(ModelConfig(), config, on_step=on_step)
+        else:
+            chosen.module("parallel").train(ModelConfig(), config, dp, on_step=on_step)
     return [b - a for a, b in zip(stamps, stamps[1:])], steps
 
 
@@ -486,7 +490,10 @@ def run(args, repeats, shown):
             print("\n" + dp_table(repeats, args.quick), flush=True)
         else:  # its own process: the JAX device count is fixed when JAX starts
             command = [sys.executable, __file__, "--only", "dp", "--repeats", str(repeats)] + (["--quick"] if args.quick else [])
-            output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+            result = subprocess.run(command, capture_output=True, text=True)
+            if result.returncode != 0:  # its own error, not only that it failed
+                raise RuntimeError(f"{' '.join(command[1:])} exited {result.returncode}:\n{result.stderr[-4000:]}")
+            output = result.stdout
             print("\n" + output[output.index("### ") :].rstrip(), flush=True)  # the table, without its header
     if "gap" in parts:
         print("\n" + gap_table(args.quick), flush=True)

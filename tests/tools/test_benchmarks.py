@@ -242,3 +242,15 @@ def test_parity_timing_writes_its_ratios_against_the_import_floor(bench_common, 
     section = results.read_text()[len(RESULTS_TEXT) :]
     assert section.startswith("\n<!-- table: python benchmarks/parity_timing.py --rounds 3 -->\n## mhsa parity, whole process\n")
     assert "| floor | 1.10 | 1.00-1.20 | 1.00x |\n| mhsa parity | 3.30 | 3.00-3.60 | 3.00x |\n" in section
+
+
+@pytest.mark.timeout(600)
+def test_the_data_parallel_rows_run_the_data_parallel_trainer(bench_common):
+    """train.py --only dp (left out of --quick's tables): dp=2 goes through the backend's
+    parallel.train, dp=1 through its single-device trainer; each gives seconds per epoch."""
+    spec = importlib.util.spec_from_file_location("train_under_test", ROOT / "benchmarks" / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for dp in (1, 2):
+        seconds, steps = module.dp_epochs("torch", dp, 8, 1, quick=True)
+        assert steps == 8 and len(seconds) == 1 and seconds[0] > 0, (dp, seconds)
