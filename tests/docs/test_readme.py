@@ -60,11 +60,6 @@ def _pointers():
             yield path.name, name, re.findall(r"`([^`]+)`", sections)
 
 
-def test_the_readme_points_into_the_diff_of_every_file_the_implementations_share():
-    pointed = {name for document, name, _ in _pointers() if document == "README.md"}
-    assert pointed == set(command.shared_files()), pointed ^ set(command.shared_files())
-
-
 def _titles(name: str, capsys) -> set[str]:
     """The section titles `mhsa diff NAME` shows, on either side, `def `/`class ` dropped."""
     assert cli.main(["diff", name, "--width", "400", "--color", "never"]) == 0
