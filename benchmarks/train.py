@@ -172,7 +172,7 @@ def _trainer_variants(backend, quick, with_compile):
         else f"{name} (the project's trainer: a jax.lax.scan per 16 steps, each queued before the last is read)"
     )
     variants = {label: (None, {})}
-    if entry.framework == "torch":  # XLA reads its threads once, at start: JAX's one-thread figure is in RESULTS.md
+    if entry.framework == "torch":  # XLA reads its threads once, at start: a one-thread JAX row would need a process of its own
         variants[f"{name} on 1 thread (--threads 1)"] = (1, {})
     if not quick:
         variants[f"{name} with ModelConfig(attn_impl='fused')"] = (None, {"attn_impl": "fused"})

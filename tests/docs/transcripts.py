@@ -153,7 +153,7 @@ def run_environment(cache: Path) -> dict[str, str]:
     built once, in this process, not in a command's output); the repository on PYTHONPATH, as
     when the commands run from its root (the port check's `examples.` factories); and one
     OpenMP thread for torch and NumPy's BLAS: the same numbers on these small models, without
-    the hundredfold slowdown a second thread can cost on a busy machine (docs/performance.md)."""
+    the slowdown a second thread can cost on a busy machine (docs/performance.md)."""
     import matplotlib
 
     kept = {key: value for key, value in os.environ.items() if key in ("PATH", "HOME", "USER", "LOGNAME", "TMPDIR") or key.startswith("LC_")}
