@@ -110,13 +110,13 @@ def format_report(report: Report) -> str:
 def tolerance_notes(rows: list[Row]) -> list[str]:
     """What the tolerance column means: derived from the reference's own error, or fixed."""
     notes = []
-    if any(row.reference is not None for row in rows):
+    if any(row.reference_error is not None for row in rows):
         notes.append(
             f"tolerance: {K:g} x {reference_header()} ({reference()} in float32 against {reference()} in float64, the same weights "
             f"cast up and inputs), and at least {K:g} float32 roundings of the largest value compared; a row over steps shows "
             "the step closest to its tolerance"
         )
-    if any(row.reference is None and row.tol > 0 for row in rows):
+    if any(row.reference_error is None and row.tol > 0 for row in rows):
         notes.append(
             "tolerance: a row without the reference's error holds docs/DESIGN.md's fixed tolerance "
             "(float64, which has no higher-precision twin, or a comparison the reference cannot make)"

@@ -40,7 +40,7 @@ class Row:
     diffs: Mapping[str, float | None]  # pair -> max |a - b|, None where a pair does not apply
     tol: float
     note: str = ""
-    reference: float | None = None  # the reference's own float32 error `tol` is derived from; None: a fixed tolerance
+    reference_error: float | None = None  # the reference's own float32 error `tol` is derived from; None: a fixed tolerance
     tols: Mapping[str, float] = field(default_factory=dict)  # a column held to a tolerance of its own (the finite difference's)
     step: int | None = None  # a row over steps: the step it shows (stepwise_row)
 
@@ -77,7 +77,7 @@ def stepwise_row(section: str, name: str, gaps: Mapping[str, np.ndarray | None],
     step = int(np.argmax(beyond)) if beyond.any() else int(np.argmax(closeness))
     shown = {key: None if gap is None else float(np.asarray(gap)[step]) for key, gap in gaps.items()}
     error = None if errors is None else float(np.asarray(errors)[step])
-    return Row(section, name, shown, float(tolerances[step]), note=note, reference=error, step=step)
+    return Row(section, name, shown, float(tolerances[step]), note=note, reference_error=error, step=step)
 
 
 @dataclass

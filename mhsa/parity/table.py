@@ -18,7 +18,7 @@ def table(keys: Sequence[str], rows: Sequence[Row], header_of: Callable[[str], s
     """The lines of one table: `keys` are the gap columns (Row.diffs keys), named by header_of;
     the reference's error column only where some row's tolerance is derived; `first` (the
     report's first failing row) is marked."""
-    derived = any(row.reference is not None for row in rows)
+    derived = any(row.reference_error is not None for row in rows)
     headers = [header_of(key) for key in keys] + ([reference_header()] if derived else [])
     widths = [max(8, len(header)) for header in headers]
     width = max(len(_row_name(row)) for row in rows)
@@ -27,7 +27,7 @@ def table(keys: Sequence[str], rows: Sequence[Row], header_of: Callable[[str], s
         "|" + "-" * (width + 2) + "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|----------:|--------|",
     ]
     for row in rows:
-        values = [row.diffs.get(key) for key in keys] + ([row.reference] if derived else [])
+        values = [row.diffs.get(key) for key in keys] + ([row.reference_error] if derived else [])
         cells = " | ".join(f"{_cell(value):>{w}}" for value, w in zip(values, widths))
         marker = "  <- the implementations part here" if row is first else ""
         lines.append(f"| {_row_name(row):<{width}} | {cells} | {row.tol:>9.1e} | {'PASS' if row.passed else 'FAIL'}   |{marker}")

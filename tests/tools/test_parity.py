@@ -65,7 +65,7 @@ def test_float32_rows_are_held_to_k_times_the_references_own_error_and_float64_r
     assert report.passed, format_report(report)
     stages = {row.name: row for row in report.rows if row.section == "stage"}
     if dtype == "float64":  # no higher-precision twin: the fixed tolerances, and no error column
-        assert all(row.reference is None for row in report.rows)
+        assert all(row.reference_error is None for row in report.rows)
         assert stages["scores"].tol == tolerance("stage", dtype) and stages["weights"].tol == tolerance("weights", dtype)
         assert "own error" not in format_report(report)
         return
@@ -79,10 +79,10 @@ def test_float32_rows_are_held_to_k_times_the_references_own_error_and_float64_r
         reference.model.predict(reference.model.from_exchange(values, config), tokens, trace=traces[name])
     for stage in ("scores", "weights", "logits"):
         error = reference_error(traces["float32"][stage], traces["float64"][stage])
-        assert stages[stage].reference == error > 0
+        assert stages[stage].reference_error == error > 0
         assert stages[stage].tol == derived(error, scale(traces["float64"][stage])) == K * max(error, 2**-24 * scale(traces["float64"][stage]))
     # every float32 row is derived, and shows it; the finite difference stays a float64 check
-    assert all(row.reference is not None for row in report.rows)
+    assert all(row.reference_error is not None for row in report.rows)
     gradients = [row for row in report.rows if row.section == "gradient"]
     assert all(row.tol_of(FD) == tolerance("grad", "float64") and row.diffs[FD] < 1e-10 for row in gradients)
     text = format_report(report)
@@ -175,7 +175,7 @@ def test_a_softmax_with_eps_in_its_denominator_passes_the_fixed_tolerances_and_f
     row = report.first_failure
     assert row is not None and (row.section, row.name, row.failing_pair()) == ("stage", "weights", "jax-numpy"), format_report(report)
     assert row.diffs["torch-numpy"] <= row.tol  # torch is still right
-    assert row.diffs["jax-numpy"] > 8 * row.reference  # about ten times the reference's own error
+    assert row.diffs["jax-numpy"] > 8 * row.reference_error  # about ten times the reference's own error
     # and every stage is inside docs/DESIGN.md's fixed tolerances (the weights' 1e-6, the others' 1e-5)
     for stage in (r for r in report.rows if r.section == "stage"):
         assert max(diff for diff in stage.diffs.values() if diff is not None) <= tolerance(stage_kind(stage.name), "float32"), stage
@@ -387,7 +387,7 @@ def test_float32_trajectory_steps_are_held_to_the_references_own_error_by_that_s
     own = trained(reference, DEFAULT, config, cache=runs).result().losses
     twin, nudged = (future.result().losses for future in reference_twins(DEFAULT, config, cache=runs))
     errors, tols = stepwise(own, twin, running=True, responses=[nudged])
-    assert row.name == "loss at each of 192 steps" and (row.reference, row.tol) == (errors[row.step], tols[row.step])
+    assert row.name == "loss at each of 192 steps" and (row.reference_error, row.tol) == (errors[row.step], tols[row.step])
     assert np.all(np.diff(errors) >= 0) and errors[0] < 1e-6 < errors[-1]  # one rounding at the start, Adam's scalars later
     # every trainer's loss within its step's tolerance (jax's too, whose optax takes b2 rounded
     # to float32 in its bias correction when JAX runs without x64: the twin's response covers it)
@@ -409,7 +409,7 @@ def test_the_data_parallel_section_trains_each_dp_backend_with_its_parallel_engi
     report = build_report(SMALL, "float32", seed=3, epochs=1, samples=1, decode=False, dp=2)
     assert sorted(calls) == sorted((name, 2, 1, "float32") for name in registry.names("dp"))
     rows = [row for row in report.rows if row.section == "data-parallel"]
-    assert [row.name for row in rows] == ["loss at each of 64 steps"] and rows[0].reference is not None
+    assert [row.name for row in rows] == ["loss at each of 64 steps"] and rows[0].reference_error is not None
     names = registry.names("dp")
     assert set(rows[0].diffs) == {f"dp {name}" for name in names} | {f"dp {a}-{b}" for a, b in itertools.combinations(names, 2)}
     assert report.passed and all(rows[0].diffs[f"dp {name}"] == 0.0 for name in names), format_report(report)
@@ -419,9 +419,9 @@ def test_a_row_over_steps_shows_its_first_step_beyond_tolerance_or_else_its_clos
     gaps = {"a-b": np.array([1.0, 3.0, 9.0, 2.0]), "a-c": None, "b-c": np.array([0.0, 0.0, 0.0, 5.0])}
     passing = stepwise_row("trajectory", "loss", gaps, [10.0, 10.0, 10.0, 5.0], errors=[1.0, 2.0, 3.0, 4.0])
     assert passing.passed and passing.step == 3 and passing.diffs == {"a-b": 2.0, "a-c": None, "b-c": 5.0}
-    assert (passing.tol, passing.reference) == (5.0, 4.0)
+    assert (passing.tol, passing.reference_error) == (5.0, 4.0)
     failing = stepwise_row("trajectory", "loss", gaps, [10.0, 2.0, 1.0, 1.0])
-    assert not failing.passed and failing.step == 1 and failing.failing_pair() == "a-b" and failing.reference is None
+    assert not failing.passed and failing.step == 1 and failing.failing_pair() == "a-b" and failing.reference_error is None
     fixed = stepwise_row("decode", "ids", {"a-b": np.array([0.0, 0.0])}, 0.0)  # one tolerance for every step, a gap of 0 passes it
     assert fixed.passed and fixed.tol == 0.0
     with pytest.raises(ValueError, match="need one value per step for at least one step"):
