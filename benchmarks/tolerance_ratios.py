@@ -2,7 +2,8 @@
 seeds and configs, as the K it would need (the largest gap of its row in units of the
 reference's own error, floored: K x gap / tolerance). K must stay above the largest of them.
 
-    python benchmarks/tolerance_ratios.py [SEEDS] [EPOCHS]      # default 5 seeds, 3 epochs
+    python benchmarks/tolerance_ratios.py [SEEDS] [EPOCHS] [FIRST_SEED]   # default 5 seeds from 0, 3 epochs
+    python benchmarks/tolerance_ratios.py 20 0 5      # 20 more seeds, stages, gradients and decode only
 """
 
 import statistics
@@ -32,12 +33,13 @@ CONFIGS = {
 def main() -> None:
     seeds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
     epochs = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    first = int(sys.argv[3]) if len(sys.argv) > 3 else 0
     data_parallel.prepare(2)
     needed: dict[str, list[tuple[float, str]]] = defaultdict(list)
     by_row: dict[str, list[float]] = defaultdict(list)
     started = time.perf_counter()
     for label, (config, masked) in CONFIGS.items():
-        for seed in range(seeds):
+        for seed in range(first, first + seeds):
             report = build_report(config, "float32", seed, mask=padding_mask(config) if masked else None, epochs=epochs, samples=1, dp=2)
             for row in report.rows:
                 if row.reference_error is None:
@@ -45,7 +47,7 @@ def main() -> None:
                 gaps = [gap for key, gap in row.diffs.items() if gap is not None and key != FD]
                 needed[row.section].append((K * max(gaps) / row.tol, f"{row.name} ({label}, seed {seed})"))
                 by_row[f"{row.section}: {row.name.split(',')[0]}"].append(K * max(gaps) / row.tol)
-    print(f"{len(CONFIGS)} configs x {seeds} seeds, {epochs} epochs, {time.perf_counter() - started:.0f} s; K = {K:g}\n")
+    print(f"{len(CONFIGS)} configs x {seeds} seeds from {first}, {epochs} epochs, {time.perf_counter() - started:.0f} s; K = {K:g}\n")
     print("| section | rows | median K needed | largest K needed | where |\n|---|---:|---:|---:|---|")
     for section, found in needed.items():
         worst = max(found)
