@@ -344,6 +344,22 @@ def test_a_planted_fault_in_numpys_backward_pass_is_named_at_its_gradient_row(mo
     assert row.diffs[FD] > tolerance("grad", "float64")  # the finite difference, a float64 check in either dtype, sees it too
 
 
+def test_mhsa_parity_sizes_a_float32_report_by_its_float64_reference_runs(capsys, monkeypatch):
+    from shared import checks
+
+    asked = []
+
+    def refuse(*sizes):
+        asked.append(sizes[-1])
+        raise ValueError("planted: this run needs more memory than there is")
+
+    monkeypatch.setattr(checks, "check_training_fits", refuse)
+    with pytest.raises(SystemExit) as exit:
+        mhsa(["parity", "--dtype", "float32"])
+    assert exit.value.code == 2 and asked == [8]  # bytes per value: the reference's float64 twin
+    assert "planted: this run needs more memory than there is" in capsys.readouterr().err
+
+
 def test_mhsa_parity_refuses_a_data_parallel_run_against_itself(capsys):
     with pytest.raises(SystemExit) as exit:
         mhsa(["parity", "--dp", "1"])
