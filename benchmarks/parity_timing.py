@@ -1,42 +1,45 @@
-"""Whole-process timings of `mhsa parity`, interleaved: another checkout's (its own .venv/bin/mhsa)
-against this tree's, each run in turn, with JAX's compilation cache warm (a first run of each
-fills it and is not counted): wall time, and the CPU time of the process and its children (the
-work, which a machine shared with other jobs stretches less than the wall time).
-Usage: python benchmarks/parity_timing.py OTHER_CHECKOUT [ROUNDS] [-- FLAGS].
-
-    python benchmarks/parity_timing.py /work/main 7                  # the default report
-    python benchmarks/parity_timing.py /work/main 5 -- --dtype float64 --mask padding --n-heads 8
-"""
+"""Whole-process timings of `mhsa parity`, interleaved: a checkout of another commit (the round
+start, 49fb4ce, in issue 19) against this tree on a first run (empty JAX cache), a next run, and
+with --no-jax-cache. Usage: python benchmarks/parity_timing.py OTHER_CHECKOUT [ROUNDS]."""
 
 import os
-import resource
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-args = sys.argv[1:]
-flags = args[args.index("--") + 1 :] if "--" in args else []
-args = args[: args.index("--")] if "--" in args else args
-other = Path(args[0]).resolve()
-rounds = int(args[1]) if len(args) > 1 else 5
-here = Path(__file__).resolve().parents[1]
-variants = {f"{other}": other, "this tree": here}
-times: dict[str, list[float]] = {name: [] for name in variants}
-cpu: dict[str, list[float]] = {name: [] for name in variants}
-for round_ in range(rounds + 1):
-    for name, root in variants.items():
-        before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
-        result = subprocess.run([str(root / ".venv" / "bin" / "mhsa"), "parity", *flags], cwd=root, capture_output=True, text=True)
-        elapsed, after = time.perf_counter() - started, resource.getrusage(resource.RUSAGE_CHILDREN)
-        assert result.returncode == 0, (name, result.stdout[-2000:], result.stderr[-2000:])
-        if round_:  # the first round fills JAX's cache
-            times[name].append(elapsed)
-            cpu[name].append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
-base, cpu_base = statistics.median(times[f"{other}"]), statistics.median(cpu[f"{other}"])
-print(f"mhsa parity {' '.join(flags)} · {rounds} rounds · load average at the end {os.getloadavg()}\n")
-print(f"| checkout | median s | fastest-slowest | vs {other} | CPU s (median) | CPU vs {other} |\n|---|---:|---:|---:|---:|---:|")
-for name, values in times.items():
-    median, work = statistics.median(values), statistics.median(cpu[name])
-    print(f"| {name} | {median:.2f} | {min(values):.2f}-{max(values):.2f} | {median / base:.2f}x | {work:.2f} | {work / cpu_base:.2f}x |")
+other = sys.argv[1]
+rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+py = sys.executable
+here = str(Path(__file__).resolve().parents[1])
+cache = tempfile.mkdtemp()
+variants = {
+    f"{other}: mhsa parity": (
+        ["env", f"PYTHONPATH={other}", py, "-c", "import sys; from shared.cli import main; sys.exit(main(['parity']))"],
+        other,
+        None,
+    ),
+    "now, first run (empty JAX cache)": ([py, "-m", "mhsa.parity"], here, "cold"),
+    "now, next run (JAX cache filled)": ([py, "-m", "mhsa.parity"], here, "warm"),
+    "now, --no-jax-cache": ([py, "-m", "mhsa.parity", "--no-jax-cache"], here, None),
+}
+times = {name: [] for name in variants}
+for _ in range(rounds):
+    for name, (argv, cwd, mode) in variants.items():
+        env = dict(os.environ)
+        if mode == "cold":
+            shutil.rmtree(cache, ignore_errors=True)
+        if mode:
+            env["XDG_CACHE_HOME"] = cache
+        t = time.perf_counter()
+        res = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)
+        times[name].append(time.perf_counter() - t)
+        assert res.returncode == 0, (name, res.stderr[-2000:])
+print(f"load average at the end {os.getloadavg()}\n\n| command | median s | middle half | vs {other} |\n|---|---:|---:|---:|")
+base = statistics.median(times[f"{other}: mhsa parity"])
+for name, v in times.items():
+    q = statistics.quantiles(v, n=4) if len(v) >= 4 else (min(v), 0, max(v))
+    print(f"| {name} | {statistics.median(v):.2f} | {q[0]:.2f}-{q[2]:.2f} | {base / statistics.median(v):.2f}x |")
