@@ -114,7 +114,7 @@ def tolerance_notes(rows: list[Row]) -> list[str]:
         notes.append(
             f"tolerance: {K:g} x {reference_header()} ({reference()} in float32 against {reference()} in float64, the same weights "
             f"cast up and inputs), and at least {K:g} float32 roundings of the largest value compared; a row over steps shows "
-            "the step closest to its tolerance"
+            "one step, named in the row: the first beyond its tolerance, or else the one closest to it"
         )
     if any(row.reference_error is None and row.tol > 0 for row in rows):
         notes.append(

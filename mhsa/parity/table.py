@@ -42,7 +42,9 @@ def verdict(row: Row, header_of: Callable[[str], str]) -> str:
 
 
 def _row_name(row: Row) -> str:
-    return f"grad {row.name}" if row.section == "gradient" else row.name
+    name = f"grad {row.name}" if row.section == "gradient" else row.name
+    # a row over steps shows one step's numbers: say which (a failing row's name says it already)
+    return f"{name} (at step {row.step})" if row.step is not None and row.passed else name
 
 
 def _cell(value: float | None) -> str:
