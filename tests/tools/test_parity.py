@@ -191,7 +191,8 @@ def test_mhsa_parity_prints_the_table_and_exits_by_the_result(capsys, monkeypatc
     assert mhsa(["parity", "--epochs", "0", "--samples", "1", "--n-heads", "2", "--d-model", "12", "--seq-len", "5", "--vocab-size", "7"]) == 0
     out = capsys.readouterr().out
     assert "| compared" in out and "| torch vs numpy |" in out and "PASS: all" in out
-    assert max(len(line) for line in out.splitlines() if line.startswith("|")) <= 165  # the decode table's long names, and the step a row over steps shows
+    widest = max(len(line) for line in out.splitlines() if line.startswith("|"))
+    assert widest <= 165  # the decode table's long names, and the step a row over steps shows
     assert asked == ["cache"]
     import torch_impl.attention
     import torch_impl.model
