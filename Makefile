@@ -4,25 +4,33 @@
 #                                           the CPU build of torch on a machine where PyPI's
 #                                           torch wheel is the multi-GB CUDA one (plain Linux)
 #   make demo PIP_ARGS="--index-url ..."     anything else pip needs on your machine
+# Changing one of the three installs again, into a fresh .venv; `make clean` removes it.
 PYTHON ?= python3
 TORCH_INDEX ?=
 PIP_ARGS ?=
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
 PIP_LOG := $(VENV)/pip-install.log
 INDEX := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+# The stamp's name carries a checksum of the three variables, so a change of any of them is a
+# missing stamp, and so an install; an install removes the stamps of other values (back to the
+# old values installs again too). Quotes in the values are escaped for the shell.
+INSTALL_ARGS := PYTHON=$(PYTHON) TORCH_INDEX=$(TORCH_INDEX) PIP_ARGS=$(PIP_ARGS)
+STAMP := $(VENV)/.installed-$(firstword $(shell printf '%s' '$(subst ','\'',$(INSTALL_ARGS))' | cksum))
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test docs docs-update lint bench bench-results clean
 
-# pip's own output goes to a log, shown only when the install fails
+# pip's own output goes to a log, shown only when the install fails. A .venv installed with other
+# values of the variables is made afresh (venv --clear): pip would keep a torch it finds installed
+# whatever the index, and another interpreter's packages would stay behind.
 $(STAMP): pyproject.toml constraints.txt
 	@echo "[1/2] creating $(VENV) with $(PYTHON)"
-	@$(PYTHON) -m venv $(VENV)
+	@$(PYTHON) -m venv $(if $(filter-out $(STAMP),$(wildcard $(VENV)/.installed*)),--clear )$(VENV)
 	@echo "[2/2] installing the pinned versions of constraints.txt (torch, jax, flax, optax, ...): a minute or two"
 	@$(PY) -m pip install --disable-pip-version-check $(INDEX) $(PIP_ARGS) -c constraints.txt -e ".[test,lint]" > $(PIP_LOG) 2>&1 \
 		|| { cat $(PIP_LOG); echo "pip install failed: the log above is also in $(PIP_LOG)"; exit 1; }
-	@touch $(STAMP)
+	@rm -f $(VENV)/.installed*
+	@printf '%s\n' '$(subst ','\'',$(INSTALL_ARGS))' > $(STAMP)
 	@echo "installed: $(VENV)/bin/mhsa --help lists every command"
 
 install: $(STAMP)
@@ -31,9 +39,18 @@ demo: $(STAMP)
 	$(VENV)/bin/mhsa demo
 
 # two pytest-xdist workers (a 2-core machine's), each module whole in one worker: its module-scoped
-# fixtures (a default training run, say) are built once, not once per worker
+# fixtures (a default training run, say) are built once, not once per worker. The quick transcripts
+# of the README and docs/ run here; the slow ones in `make docs`.
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadscope
+
+# the slow transcripts of the README and docs/ (tests/docs/), one document per worker
+docs: $(STAMP)
+	$(PY) -m pytest -q -n 2 --dist load -m docs_slow tests/docs/test_transcripts.py
+
+# every transcript re-taken: each command's real output written into its document
+docs-update: $(STAMP)
+	MHSA_DOCS_UPDATE=1 $(PY) -m pytest -q -n 2 --dist load tests/docs/test_transcripts.py
 
 # the checks CI runs before the tests (without make: bash scripts/lint.sh)
 lint: $(STAMP)
@@ -41,6 +58,11 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/mhsa bench
+
+# every table of benchmarks/RESULTS.md measured again and written into its section
+bench-results: $(STAMP)
+	$(VENV)/bin/mhsa bench --write
+	$(PY) benchmarks/parity_timing.py --write
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -338,7 +338,10 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--memory-probe", choices=["torch", "jax"], help=argparse.SUPPRESS)
     parser.add_argument("--lengths", type=int, nargs="+", help=argparse.SUPPRESS)
+    bench_common.add_write_flag(parser)
     args = parser.parse_args(argv)
+    if args.write and args.quick:
+        parser.error("--write records the full tables; --quick's are too small to mean anything")
     if args.memory_probe:
         _probe(args.memory_probe, args.lengths)
         return 0
@@ -349,8 +352,8 @@ def main(argv=None) -> int:
     if args.keep_freed_memory and not bench_common.keep_freed_memory():
         parser.error("--keep-freed-memory needs glibc's malloc (mallopt), which this system does not have")
     repeats = args.repeats or (3 if args.quick else 7)
-    shown = ["benchmarks/attention.py"] + (argv if argv is not None else sys.argv[1:])
-    with bench_common.torch_threads(1 if args.quick else None):
+    shown = bench_common.shown_command("benchmarks/attention.py", argv if argv is not None else sys.argv[1:])
+    with bench_common.recorded(" ".join(["python", *shown]) if args.write else None), bench_common.torch_threads(1 if args.quick else None):
         run(args, repeats, shown)
     return 0
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import gc
+import io
 import os
 import platform
 import random
@@ -21,6 +22,7 @@ if str(ROOT) not in sys.path:  # run as `python benchmarks/x.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
 PACKAGES = ("numpy", "torch", "jax", "jaxlib", "flax", "optax")
+RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 
 
 @contextlib.contextmanager
@@ -261,3 +263,91 @@ def peak_extra_bytes(fn) -> int:
 
 def mib(nbytes: float) -> str:
     return f"{nbytes / 2**20:,.0f}" if nbytes >= 2**20 else f"{nbytes / 2**20:.2f}"
+
+
+# --- RESULTS.md ------------------------------------------------------------------------------
+# Each script run with --write replaces its own section of RESULTS.md: the lines between
+# `<!-- table: COMMAND -->` and the next `<!-- /table -->`, COMMAND being the command line that
+# made them (without --write). A command without a section yet gets one at the end of the file.
+
+SECTION_END = "<!-- /table -->"
+
+
+def section_start(command: str) -> str:
+    return f"<!-- table: {command} -->"
+
+
+def replace_section(text: str, command: str, body: str) -> str:
+    """`text` (a RESULTS.md) with the section of `command` holding `body`, every other line as
+    it was; the section is appended at the end when `text` has none. A start marker without
+    its end, or a command with two sections, is a ValueError: nothing is guessed."""
+    start = section_start(command)
+    lines = text.splitlines(keepends=True)
+    starts = [n for n, line in enumerate(lines) if line.rstrip("\n") == start]
+    if len(starts) > 1:
+        raise ValueError(f"{command!r} has {len(starts)} sections in RESULTS.md; expected one")
+    section = [start + "\n", body.rstrip("\n") + "\n", SECTION_END + "\n"]
+    if not starts:
+        gap = "" if not text else ("\n" if text.endswith("\n") else "\n\n")
+        return text + gap + "".join(section)
+    ends = [n for n in range(starts[0] + 1, len(lines)) if lines[n].rstrip("\n") == SECTION_END]
+    nested = [n for n in range(starts[0] + 1, ends[0] if ends else len(lines)) if lines[n].startswith("<!-- table: ")]
+    if not ends or nested:
+        raise ValueError(f"the section of {command!r} in RESULTS.md has no {SECTION_END} before the next section or the end")
+    return "".join(lines[: starts[0]] + section + lines[ends[0] + 1 :])
+
+
+def write_section(path: Path, command: str, body: str) -> None:
+    """Replace `command`'s section of the file at `path` (replace_section), through a temporary
+    file renamed into place: an interrupted write leaves the old file whole."""
+    text = path.read_text(encoding="utf-8")
+    new = replace_section(text, command, body)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        temporary.write_text(new, encoding="utf-8")
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+class _Tee(io.TextIOBase):
+    """A text stream that writes to `stream` and keeps a copy."""
+
+    def __init__(self, stream):
+        self.stream, self.copy = stream, io.StringIO()
+
+    def write(self, text: str) -> int:
+        self.copy.write(text)
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+@contextlib.contextmanager
+def recorded(command: str | None, path: Path | None = None):
+    """What the block prints goes to stdout as usual and, when `command` is given and the block
+    ends without an exception, into `command`'s section of `path` (default RESULTS.md, through
+    write_section): a run stopped halfway writes nothing."""
+    if command is None:
+        yield
+        return
+    path = path or RESULTS
+    if not path.is_file():
+        raise FileNotFoundError(f"--write: {path} does not exist; run the benchmarks from a checkout")
+    tee = _Tee(sys.stdout)
+    with contextlib.redirect_stdout(tee):
+        yield
+        # the load of the whole run, not only at its start: other processes may have joined
+        print(f"\n- load average at the end of this run: {', '.join(f'{value:.2f}' for value in os.getloadavg())} (1, 5, 15 min)")
+    write_section(path, command, tee.copy.getvalue())
+    print(f"\nwrote this table into {path.name}, section `{command}`", file=sys.stderr)
+
+
+def add_write_flag(parser) -> None:
+    parser.add_argument("--write", action="store_true", help="also write the tables into benchmarks/RESULTS.md, replacing this command's own section")
+
+
+def shown_command(script: str, argv: list[str]) -> list[str]:
+    """The command line a table names (what regenerates it): the script and its flags, without --write."""
+    return [script] + [arg for arg in argv if arg != "--write"]

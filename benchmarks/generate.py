@@ -73,17 +73,21 @@ def main(argv=None) -> int:
         help="torch intra-op threads (default 1: on a busy 2-core machine a second thread made "
         "the cached step 30x slower, waiting for scheduler ticks at every small op)",
     )
+    bench_common.add_write_flag(parser)
     args = parser.parse_args(argv)
+    if args.write and args.quick:
+        parser.error("--write records the full tables; --quick's are too small to mean anything")
     repeats = args.repeats or (3 if args.quick else 7)
     lengths, sizes = (QUICK_LENGTHS, QUICK_SIZES) if args.quick else (LENGTHS, SIZES)
-    shown = ["benchmarks/generate.py"] + (argv if argv is not None else sys.argv[1:])
+    shown = bench_common.shown_command("benchmarks/generate.py", argv if argv is not None else sys.argv[1:])
 
     from mhsa import registry
 
     frameworks = [name for name in registry.names("generate") if name in registry.names("layers")]
     import torch  # noqa: F401  (imported first, so that the header names its thread count)
 
-    with bench_common.torch_threads(args.torch_threads):
+    command = " ".join(["python", *shown]) if args.write else None
+    with bench_common.recorded(command), bench_common.torch_threads(args.torch_threads):
         print(
             bench_common.header("Generation with and without the KV cache" + (" (--quick: too small to mean anything)" if args.quick else ""), shown)
         )
@@ -94,11 +98,17 @@ def main(argv=None) -> int:
                 functions.update(candidates(name, T, sizes))
             times = interleaved(functions, repeats, min_time=0.0 if args.quick else 0.05)
             seconds[T] = {label: median(values) for label, values in times.items()}
-    print(
-        f"\nB={sizes['batch']} sequences, d_model={sizes['d_model']}, n_heads={sizes['n_heads']}, "
-        f"vocab_size={sizes['vocab_size']}, max_len = T, float32; tokens/s = B / median seconds per step "
-        f"over {repeats} interleaved runs.\n"
-    )
+        print(
+            f"\nB={sizes['batch']} sequences, d_model={sizes['d_model']}, n_heads={sizes['n_heads']}, "
+            f"vocab_size={sizes['vocab_size']}, max_len = T, float32; tokens/s = B / median seconds per step "
+            f"over {repeats} interleaved runs.\n"
+        )
+        print(speed_table(frameworks, lengths, sizes, seconds))
+    return 0
+
+
+def speed_table(frameworks: list[str], lengths: list[int], sizes: dict, seconds: dict) -> str:
+    """The markdown table of tokens per second, cached and uncached, for each framework and T."""
     columns = ["T"]
     for name in frameworks:
         columns += [
@@ -122,8 +132,7 @@ def main(argv=None) -> int:
                 f"{uncached * 1e3:.2f} ms ({uncached / first_uncached:.1f}x)",
             ]
         rows.append(row)
-    print(table(columns, rows))
-    return 0
+    return table(columns, rows)
 
 
 if __name__ == "__main__":

@@ -1,45 +1,80 @@
-"""Whole-process timings of `mhsa parity`, interleaved: a checkout of another commit (the round
-start, 49fb4ce, in issue 19) against this tree on a first run (empty JAX cache), a next run, and
-with --no-jax-cache. Usage: python benchmarks/parity_timing.py OTHER_CHECKOUT [ROUNDS]."""
+"""`mhsa parity`, whole process from start to exit, interleaved: a first run (JAX's compilation
+cache empty), a next run (the cache holds the report's programs) and --no-jax-cache, against
+their floor, a process that only imports the libraries the report compares.
 
+    python benchmarks/parity_timing.py               # 5 interleaved rounds (a few minutes on 2 cores)
+    python benchmarks/parity_timing.py --rounds 2    # fewer rounds
+"""
+
+from __future__ import annotations
+
+import argparse
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-other = sys.argv[1]
-rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
-py = sys.executable
-here = str(Path(__file__).resolve().parents[1])
-cache = tempfile.mkdtemp()
-variants = {
-    f"{other}: mhsa parity": (
-        ["env", f"PYTHONPATH={other}", py, "-c", "import sys; from shared.cli import main; sys.exit(main(['parity']))"],
-        other,
-        None,
-    ),
-    "now, first run (empty JAX cache)": ([py, "-m", "mhsa.parity"], here, "cold"),
-    "now, next run (JAX cache filled)": ([py, "-m", "mhsa.parity"], here, "warm"),
-    "now, --no-jax-cache": ([py, "-m", "mhsa.parity", "--no-jax-cache"], here, None),
-}
-times = {name: [] for name in variants}
-for _ in range(rounds):
-    for name, (argv, cwd, mode) in variants.items():
-        env = dict(os.environ)
-        if mode == "cold":
-            shutil.rmtree(cache, ignore_errors=True)
-        if mode:
-            env["XDG_CACHE_HOME"] = cache
-        t = time.perf_counter()
-        res = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)
-        times[name].append(time.perf_counter() - t)
-        assert res.returncode == 0, (name, res.stderr[-2000:])
-print(f"load average at the end {os.getloadavg()}\n\n| command | median s | middle half | vs {other} |\n|---|---:|---:|---:|")
-base = statistics.median(times[f"{other}: mhsa parity"])
-for name, v in times.items():
-    q = statistics.quantiles(v, n=4) if len(v) >= 4 else (min(v), 0, max(v))
-    print(f"| {name} | {statistics.median(v):.2f} | {q[0]:.2f}-{q[2]:.2f} | {base / statistics.median(v):.2f}x |")
+import bench_common
+from bench_common import median, middle_half, table
+
+from mhsa.flags import int_flag  # noqa: E402  (after bench_common puts the repository on sys.path)
+
+FLOOR = "import torch, jax, flax.nnx, optax"
+
+
+def variants(cache: str) -> dict[str, tuple[list[str], str | None]]:
+    """name -> (argv, what to do with the JAX cache folder first: 'empty', 'keep' or None)."""
+    python = sys.executable
+    return {
+        f"floor: python -c '{FLOOR}'": ([python, "-c", FLOOR], None),
+        "mhsa parity, first run (JAX cache empty)": ([python, "-m", "mhsa.parity"], "empty"),
+        "mhsa parity, next run (JAX cache filled)": ([python, "-m", "mhsa.parity"], "keep"),
+        "mhsa parity --no-jax-cache": ([python, "-m", "mhsa.parity", "--no-jax-cache"], None),
+    }
+
+
+def measure(rounds: int) -> dict[str, list[float]]:
+    """Seconds of each variant in `rounds` interleaved rounds, each in a fresh process."""
+    cache = tempfile.mkdtemp(prefix="mhsa-parity-timing-")
+    seconds: dict[str, list[float]] = {}
+    try:
+        for round_ in range(rounds):
+            bench_common.progress(f"round {round_ + 1}/{rounds}")
+            for name, (argv, mode) in variants(cache).items():
+                env = dict(os.environ, XDG_CACHE_HOME=cache)
+                if mode == "empty":
+                    shutil.rmtree(cache, ignore_errors=True)
+                start = time.perf_counter()
+                result = subprocess.run(argv, env=env, capture_output=True, text=True)
+                seconds.setdefault(name, []).append(time.perf_counter() - start)
+                if result.returncode != 0:
+                    raise RuntimeError(f"{name} exited {result.returncode}: {result.stderr[-2000:]}")
+    finally:
+        bench_common.progress(None)
+        shutil.rmtree(cache, ignore_errors=True)
+    return seconds
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int_flag("--repeats"), default=5, help="interleaved rounds, in [1, 1000] (default 5)")
+    bench_common.add_write_flag(parser)
+    args = parser.parse_args(argv)
+    shown = bench_common.shown_command("benchmarks/parity_timing.py", argv if argv is not None else sys.argv[1:])
+    with bench_common.recorded(" ".join(["python", *shown]) if args.write else None):
+        print(bench_common.header("mhsa parity, whole process", shown))
+        seconds = measure(args.rounds)
+        floor = median(seconds[next(iter(seconds))])
+        rows = []
+        for name, values in seconds.items():
+            low, high = middle_half(values)
+            rows.append([name, f"{median(values):.2f}", f"{low:.2f}-{high:.2f}", f"{median(values) / floor:.2f}x"])
+        print(f"\n### Process start to exit, median of {args.rounds} interleaved rounds, in seconds\n")
+        print(table(["command", "median s", "middle half", "vs floor"], rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

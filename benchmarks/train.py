@@ -177,7 +177,7 @@ def _trainer_variants(backend, quick, with_compile):
         else f"{name} (the project's trainer: a jax.lax.scan per 16 steps, each queued before the last is read)"
     )
     variants = {label: (None, {})}
-    if entry.framework == "torch":  # XLA reads its threads once, at start: JAX's one-thread figure is in RESULTS.md
+    if entry.framework == "torch":  # XLA reads its threads once, at start: a one-thread JAX row would need a process of its own
         variants[f"{name} on 1 thread (--threads 1)"] = (1, {})
     if not quick:
         variants[f"{name} with ModelConfig(attn_impl='fused')"] = (None, {"attn_impl": "fused"})
@@ -413,8 +413,12 @@ def dp_epochs(backend, dp, batch_size, repeats, quick):
 
     # one torch thread per rank, as each DDP rank sets for itself: on 2 busy cores a dp=1 run with
     # 2 threads waits scheduler ticks at every parallel region and would flatter dp=2 (measured: 7 steps/s)
+    chosen = registry.get(backend)
     with bench_common.torch_threads(1 if backend == "torch" else None):
-        registry.get(backend).train.train(ModelConfig(), config, on_step=on_step, dp=dp)
+        if dp == 1:  # the single-device trainer, as `--dp 1` runs it
+            chosen.train.train(ModelConfig(), config, on_step=on_step)
+        else:
+            chosen.module("parallel").train(ModelConfig(), config, dp, on_step=on_step)
     return [b - a for a, b in zip(stamps, stamps[1:])], steps
 
 
@@ -462,14 +466,17 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile row")
     parser.add_argument("--only", choices=["speed", "numpy", "demo", "gap", "dp"], action="append", help="run only this table (repeatable)")
+    bench_common.add_write_flag(parser)
     args = parser.parse_args(argv)
+    if args.write and args.quick:
+        parser.error("--write records the full tables; --quick's are too small to mean anything")
     if args.only == ["dp"]:  # JAX needs its 2 CPU devices before it starts (other tables run without)
         from mhsa.parity import data_parallel as dp_parity
 
         dp_parity.prepare(2)
     repeats = args.repeats or (3 if args.quick else 7)
-    shown = ["benchmarks/train.py"] + (argv if argv is not None else sys.argv[1:])
-    with bench_common.torch_threads(1 if args.quick else None):
+    shown = bench_common.shown_command("benchmarks/train.py", argv if argv is not None else sys.argv[1:])
+    with bench_common.recorded(" ".join(["python", *shown]) if args.write else None), bench_common.torch_threads(1 if args.quick else None):
         run(args, repeats, shown)
     return 0
 
@@ -488,7 +495,10 @@ def run(args, repeats, shown):
             print("\n" + dp_table(repeats, args.quick), flush=True)
         else:  # its own process: the JAX device count is fixed when JAX starts
             command = [sys.executable, __file__, "--only", "dp", "--repeats", str(repeats)] + (["--quick"] if args.quick else [])
-            output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+            result = subprocess.run(command, capture_output=True, text=True)
+            if result.returncode != 0:  # its own error, not only that it failed
+                raise RuntimeError(f"{' '.join(command[1:])} exited {result.returncode}:\n{result.stderr[-4000:]}")
+            output = result.stdout
             print("\n" + output[output.index("### ") :].rstrip(), flush=True)  # the table, without its header
     if "gap" in parts:
         print("\n" + gap_table(args.quick), flush=True)

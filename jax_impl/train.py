@@ -20,6 +20,7 @@ if __name__ == "__main__":  # the command line belongs to the tools layer: parse
 import functools
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -55,6 +56,7 @@ def train(
     init: str = "shared",
     on_step: Callable[[int, float], object] | None = None,
     resume: AdamState | None = None,
+    on_epoch: Callable[[int, Any, Any], object] | None = None,
     device: str = "cpu",
 ) -> History:
     """Train from `init` ("shared", "native" or a weights file); returns the History with the
@@ -63,6 +65,9 @@ def train(
     resume: an AdamState saved with those weights (by either backend): the run continues
     where it stopped, with the same moments, step count and remaining batches.
     on_step(step, loss) is called for every step once its run of steps has finished.
+    on_epoch(epochs_done, model, optimizer), if given, is called after every epoch's last step
+    (epochs_done counted over the whole run) with the live model and optimizer, valid only during
+    the call: the tools copy them to keep the last complete epoch when a run is interrupted.
     device: "cpu" or "cuda" (JAX's first CUDA device); the returned model and optimizer live
     there, and everything that takes a model (predict, attend, generate, to_exchange) runs there.
     Data parallel is jax_impl.parallel.train, which runs this file's train_step over a mesh.
@@ -95,12 +100,14 @@ def train(
     losses: list[float] = []
     finish_epoch = functools.partial(training.finish_epoch, losses, train_config=train_config, start_epoch=start_epoch, on_step=on_step)
     with compiled.read_one_run_late(finish_epoch) as finish:  # a run's losses are read once the next run is queued
-        for batches in training.epochs(model_config, train_config, start=start_epoch):
+        for epochs_done, batches in enumerate(training.epochs(model_config, train_config, start=start_epoch), start=start_epoch + 1):
             checks.check_batches(batches, model_config.vocab_size, model_config.max_len)  # once per epoch, on the host: jit sees no ids
             for chunk in training.chunks(batches):  # a few steps at a time: progress as it happens
                 with checks.checked_by_caller():
                     state, epoch_losses = train_epoch(graphdef, state, chunk)
                 finish(epoch_losses)
+            if on_epoch is not None:  # the next run donates these buffers: on_epoch copies what it keeps
+                on_epoch(epochs_done, *nnx.merge(graphdef, state))
     model, optimizer = nnx.merge(graphdef, state)
     return training.history("jax", model_config, train_config, losses, started, model, optimizer, start_epoch)
 

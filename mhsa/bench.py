@@ -1,5 +1,6 @@
 """`mhsa bench`: run the benchmarks of benchmarks/ (a folder of the repository, not an
-installed package) and print their markdown tables."""
+installed package) and print their markdown tables; with --write each script also replaces its
+own section of benchmarks/RESULTS.md."""
 
 from __future__ import annotations
 
@@ -23,9 +24,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("which", nargs="?", choices=["all", *SCRIPTS], default="all", help="which benchmark to run (default: all)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes and few runs: seconds, checks that they run")
     parser.add_argument("--repeats", type=int_flag("--repeats"), help="runs per median, in [1, 1000] (default 7, 3 with --quick)")
+    parser.add_argument("--write", action="store_true", help="also write each script's tables into its own section of benchmarks/RESULTS.md")
 
 
 def run(args) -> int:
+    if args.write and args.quick:
+        print("mhsa bench: --write records the full tables; --quick's are too small to mean anything", file=sys.stderr)
+        return 2
     folder = benchmarks_folder()
     names = list(SCRIPTS) if args.which == "all" else [args.which]
     missing = [SCRIPTS[name] for name in names if not (folder / SCRIPTS[name]).is_file()]
@@ -36,7 +41,7 @@ def run(args) -> int:
             file=sys.stderr,
         )
         return 1
-    argv = (["--quick"] if args.quick else []) + (["--repeats", str(args.repeats)] if args.repeats else [])
+    argv = (["--quick"] if args.quick else []) + (["--repeats", str(args.repeats)] if args.repeats else []) + (["--write"] if args.write else [])
     sys.path.insert(0, str(folder))  # the scripts import bench_common beside them
     try:
         for index, name in enumerate(names):

@@ -21,6 +21,7 @@ if __name__ == "__main__":  # the command line belongs to the tools layer: parse
 
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -51,12 +52,16 @@ def train(
     init: str = "shared",
     on_step: Callable[[int, float], object] | None = None,
     resume: AdamState | None = None,
+    on_epoch: Callable[[int, Any, Any], object] | None = None,
 ) -> History:
     """Train from `init` ("shared" or a weights file); returns the History with the model and optimizer.
 
     resume: an AdamState saved with those weights (by any backend): the run continues
     where it stopped, with the same moments, step count and remaining batches.
     on_step(step, loss) is called for every step once its epoch has finished.
+    on_epoch(epochs_done, model, optimizer), if given, is called after every epoch's last step
+    (epochs_done counted over the whole run) with the live model and optimizer, valid only during
+    the call: the tools copy them to keep the last complete epoch when a run is interrupted.
     Raises ValueError naming the first batch with an id out of range before its epoch's first
     step, training.NonFiniteLossError naming the first step whose loss was NaN or infinite, and
     ValueError for init="native": NumPy has no initializers of its own, "shared" is the
@@ -84,12 +89,14 @@ def train(
     # 3. epochs: the same batches as every other backend
     # (an overflow is not warned about: finish_epoch names the first non-finite step, as in torch and JAX)
     losses: list[float] = []
-    for batches in training.epochs(model_config, train_config, start=start_epoch):
+    for epochs_done, batches in enumerate(training.epochs(model_config, train_config, start=start_epoch), start=start_epoch + 1):
         checks.check_batches(batches, model_config.vocab_size, model_config.max_len)  # once per epoch, not at every step
         for chunk in training.chunks(batches):  # a few steps at a time: progress as it happens
             with checks.checked_by_caller(), np.errstate(over="ignore", invalid="ignore"):
                 epoch_losses = train_epoch(model, optimizer, chunk)
             training.finish_epoch(losses, epoch_losses, train_config, start_epoch, on_step)
+        if on_epoch is not None:
+            on_epoch(epochs_done, model, optimizer)
     return training.history("numpy", model_config, train_config, losses, started, model, optimizer, start_epoch)
 
 

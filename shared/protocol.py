@@ -42,9 +42,14 @@ numpy_ref.attention.attention over the exchange dict)
                              NumPy in, NumPy out: the loss and d loss / d every exchange array.
 
 `train`, where the registry lists "train"
-    train(model_config, train_config, init="shared", on_step=None, resume=None, device="cpu") -> History
+    train(model_config, train_config, init="shared", on_step=None, resume=None, on_epoch=None, device="cpu") -> History
                              the copy task on shared.training's batch stream, on one device;
                              init is "shared", "native" or a weights file; resume an AdamState;
+                             on_step(step, loss) after each run of steps; on_epoch(epochs_done,
+                             model, optimizer) after every epoch's last step, epochs_done counted
+                             over the whole run, with the live objects that to_exchange and
+                             optimizer_to_exchange take, valid only during the call (mhsa's
+                             train command keeps the last complete epoch for Ctrl-C with them);
                              device "cuda" only where the registry lists "device" (checked first
                              by shared.training.check_device; refused before any work where the
                              framework sees no GPU). Data parallel is parallel.train's.

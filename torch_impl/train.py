@@ -19,6 +19,7 @@ if __name__ == "__main__":  # the command line belongs to the tools layer: parse
 
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 import torch
@@ -60,6 +61,7 @@ def train(
     init: str = "shared",
     on_step: Callable[[int, float], object] | None = None,
     resume: AdamState | None = None,
+    on_epoch: Callable[[int, Any, Any], object] | None = None,
     device: str = "cpu",
     compile: bool = False,
 ) -> History:
@@ -69,6 +71,9 @@ def train(
     resume: an AdamState saved with those weights (by either backend): the run continues
     where it stopped, with the same moments, step count and remaining batches.
     on_step(step, loss) is called for every step once its run of steps has finished.
+    on_epoch(epochs_done, model, optimizer), if given, is called after every epoch's last step
+    (epochs_done counted over the whole run) with the live model and optimizer, valid only during
+    the call: the tools copy them to keep the last complete epoch when a run is interrupted.
     device: "cpu" or "cuda" (torch's first CUDA device); the returned model and optimizer live
     there, and everything that takes a model (predict, attend, generate, to_exchange) runs there.
     compile: every step runs as one graph of torch.compile (forward, backward and Adam's update:
@@ -101,12 +106,14 @@ def train(
 
     # 3. epochs: the same batches as every other backend
     losses: list[float] = []
-    for batches in training.epochs(model_config, train_config, start=start_epoch):
+    for epochs_done, batches in enumerate(training.epochs(model_config, train_config, start=start_epoch), start=start_epoch + 1):
         checks.check_batches(batches, model_config.vocab_size, model_config.max_len)  # once per epoch, on the host: no sync per step
         for chunk in training.chunks(batches):  # a few steps at a time: progress as it happens
             with checks.checked_by_caller():
                 epoch_losses = train_epoch(model, optimizer, chunk, step)
             training.finish_epoch(losses, epoch_losses, train_config, start_epoch, on_step)
+        if on_epoch is not None:
+            on_epoch(epochs_done, model, optimizer)
     return training.history("torch", model_config, train_config, losses, started, model, optimizer, start_epoch, compile_seconds)
 
 

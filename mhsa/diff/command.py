@@ -1,6 +1,9 @@
 """`mhsa diff NAME [--left BACKEND] [--right BACKEND]`: `<package>/NAME.py` of two registered
 backends side by side (default: the first two with the "layers" capability, torch_impl and
 jax_impl), as plain text into a pipe, in colour on a terminal, or as one HTML page (--html).
+
+NAME is any file that two or more backends' packages have, read from the folders on disk
+(shared_files), so a file added to the packages is covered without a change here.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ from mhsa.flags import int_at_least
 from shared import checks
 from shared.files import write_atomically
 
-NAMES = ("attention", "model", "train")
 MIN_WIDTH = 40
+DEFAULT_NAME = "attention"
 
 
 def default_sides() -> tuple[str, str]:
@@ -33,10 +36,29 @@ def repo_root() -> Path:
     return Path(shared.__file__).resolve().parent.parent
 
 
+def shared_files() -> dict[str, list[str]]:
+    """NAME -> the registered backends whose package holds NAME.py, for every NAME that two or
+    more of them hold (`__init__` aside), sorted by name: what `mhsa diff` can show."""
+    root = repo_root()
+    found: dict[str, list[str]] = {}
+    for backend in registry.names():
+        folder = root / registry.get(backend).package
+        for path in sorted(folder.glob("*.py")) if folder.is_dir() else []:
+            if path.stem != "__init__":
+                found.setdefault(path.stem, []).append(backend)
+    return {name: sides for name, sides in sorted(found.items()) if len(sides) >= 2}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     left, right = default_sides()
+    files = shared_files()
     parser.add_argument(
-        "name", nargs="?", default="attention", choices=NAMES, help="which file: PACKAGE/NAME.py of each backend (default: attention)"
+        "name",
+        nargs="?",
+        default=DEFAULT_NAME,
+        choices=list(files),
+        help=f"which file: PACKAGE/NAME.py of each backend (default: {DEFAULT_NAME}); the backends that have each: "
+        + "; ".join(f"{name}: {', '.join(sides)}" for name, sides in files.items()),
     )
     parser.add_argument("--left", choices=registry.names(), default=left, help=f"the backend in the left column (default: {left})")
     parser.add_argument("--right", choices=registry.names(), default=right, help=f"the backend in the right column (default: {right})")
@@ -83,7 +105,9 @@ def run(args) -> int:
     paths = [root / name for name in names]
     missing = [name for name, path in zip(names, paths) if not path.is_file()]
     if missing:
-        print(f"mhsa diff: {' and '.join(missing)} not found under {root}; nothing to compare", file=sys.stderr)
+        holders = shared_files().get(args.name, [])
+        hint = f" ({args.name}.py is in {', '.join(holders)}: choose two with --left and --right)" if len(holders) >= 2 else ""
+        print(f"mhsa diff: {' and '.join(missing)} not found under {root}; nothing to compare{hint}", file=sys.stderr)
         return 1
     if args.html is not None:
         try:  # never write the page over one of the files it shows

@@ -18,8 +18,10 @@ import numpy as np
 
 from mhsa import registry
 from mhsa.parity.lanes import Lanes
-from mhsa.parity.rows import Row
+from mhsa.parity.rows import Row, stepwise_row
 from mhsa.parity.runs import trained
+from mhsa.parity.table import table, verdict
+from mhsa.parity.trajectory import step_tolerances
 from shared.config import DTYPES, ModelConfig, TrainConfig
 from shared.tolerances import max_abs_diff, tolerance
 
@@ -69,28 +71,29 @@ def columns(names: list[str], dp: int) -> dict[str, str]:
     return headers
 
 
-def rows(found: dict[str, dict[int, tuple]], dtype: str, dp: int) -> list[Row]:
+def rows(found: dict[str, dict[int, tuple]], dtype: str, dp: int, tolerances: tuple | None = None) -> list[Row]:
     """The section's rows from runs(): the loss at every step (a failing row names the first
-    step beyond tolerance) and, in float64, the final weights."""
+    step beyond tolerance) and, in float64, the final weights. tolerances: the trajectory's
+    per-step (tolerances, reference errors, note) (mhsa.parity.trajectory.step_tolerances);
+    None: the fixed trajectory tolerance."""
     names = list(found)
     compared = {f"dp {name}": (found[name][dp], found[name][1]) for name in names}
     compared.update({f"dp {a}-{b}": (found[a][dp], found[b][dp]) for a, b in itertools.combinations(names, 2)})
     steps = len(found[names[0]][1][0])
-    tol = tolerance("trajectory", dtype)
+    tols, errors, _ = tolerances or (tolerance("trajectory", dtype), None, "")
     gaps = {key: np.abs(np.asarray(a[0], np.float64) - np.asarray(b[0], np.float64)) for key, (a, b) in compared.items()}
-    name = f"loss at each of {steps} steps"
-    beyond = [int(np.argmax(~(gap <= tol))) for gap in gaps.values() if not np.all(gap <= tol)]
-    if beyond:
-        name += f", first beyond tolerance at step {min(beyond)}"
-    result = [
-        Row(
-            SECTION,
-            name,
-            {key: float(gap.max()) for key, gap in gaps.items()},
-            tol,
-            note=f"{SECTION}: dp={dp} splits every global batch into {dp} shards; dp=1 is the single-device trainer",
-        )
-    ]
+    # the tolerances are the single-device trajectory's: its section's note says how they are derived
+    row = stepwise_row(
+        SECTION,
+        f"loss at each of {steps} steps",
+        gaps,
+        tols,
+        errors,
+        note=f"{SECTION}: dp={dp} splits every global batch into {dp} shards; dp=1 is the single-device trainer",
+    )
+    if not row.passed:
+        row.name += f", first beyond tolerance at step {row.step}"
+    result = [row]
     if dtype in WEIGHTS_TOL:
         worst = {key: max(max_abs_diff(a[1][array], b[1][array]) for array in a[1]) for key, (a, b) in compared.items()}
         result.append(Row(SECTION, f"weights after {steps} steps", worst, WEIGHTS_TOL[dtype]))
@@ -104,28 +107,23 @@ def section(model_config: ModelConfig, dtype="float32", seed=0, epochs=3, dp=2, 
 
 
 def start(model_config: ModelConfig, dtype="float32", seed=0, epochs=3, dp=2, cache: dict | None = None, lanes: Lanes | None = None, **train):
-    """section() in two steps: the runs are submitted to `lanes` now; the returned function
-    waits for them and builds the rows."""
-    found = start_runs(model_config, TrainConfig(epochs=epochs, seed=seed, dtype=dtype, **train), dp, cache, lanes)
-    return lambda: rows(found(), dtype, dp)
+    """section() in two steps: the runs (and in float32 the reference's float64 twins of the
+    dp=1 run, which the trajectory section shares) are submitted to `lanes` now; the returned
+    function waits for them and builds the rows."""
+    train_config = TrainConfig(epochs=epochs, seed=seed, dtype=dtype, **train)
+    found = start_runs(model_config, train_config, dp, cache, lanes)
+    tolerances = step_tolerances(model_config, train_config, cache=cache, lanes=lanes)
+    return lambda: rows(found(), dtype, dp, tolerances())
 
 
 def format_rows(found_rows: list[Row], headers: dict[str, str]) -> str:
     """The section as a markdown table, with the verdict line naming the first failing row."""
-    width = max(len(row.name) for row in found_rows)
-    lines = [
-        f"| {'compared':<{width}} | " + " | ".join(f"{header:>16}" for header in headers.values()) + " | tolerance | result |",
-        "|" + "-" * (width + 2) + "|" + "|".join(["-" * 17 + ":"] * len(headers)) + "|----------:|--------|",
-    ]
-    for row in found_rows:
-        cells = " | ".join(f"{'—' if row.diffs.get(key) is None else f'{row.diffs[key]:.2e}':>16}" for key in headers)
-        lines.append(f"| {row.name:<{width}} | {cells} | {row.tol:>9.0e} | {'PASS' if row.passed else 'FAIL'}   |")
     failed = next((row for row in found_rows if not row.passed), None)
+    lines = table(list(headers), found_rows, headers.__getitem__)
     if failed is None:
         lines.append(f"PASS: all {len(found_rows)} data-parallel comparisons within tolerance")
     else:
-        key = next(key for key in headers if (diff := failed.diffs.get(key)) is not None and not diff <= failed.tol)
-        lines.append(f"FAIL: {SECTION} '{failed.name}': {headers[key]} {failed.diffs[key]:.2e} > {failed.tol:.0e}")
+        lines.append(f"FAIL: {SECTION} '{failed.name}': {verdict(failed, headers.__getitem__)}")
     return "\n".join(lines)
 
 

@@ -6,7 +6,9 @@ each backend's cached logits (the whole (B, t, V) tensor of the new positions) a
 a full forward over the whole prefix in the same backend; the cached logits and the cache
 contents (K and V at every filled slot) across backends; the greedy ids generate() picks; and,
 where a backend has a fused kernel, its decode step on the fused path (the offset mask passed
-explicitly) against its own full forward. Tolerances are docs/DESIGN.md's (shared.tolerances).
+explicitly) against its own full forward. In float32 each step's tolerance is derived from the
+reference's own error at that step (its decode_run again with the weights cast to float64);
+float64 keeps docs/DESIGN.md's (shared.tolerances).
 
 A row compares two backends per column (mhsa.parity.rows.pairs()); a row about one backend
 alone (its cache against its own full forward) shows its value in the columns of that backend
@@ -22,10 +24,10 @@ import numpy as np
 
 from mhsa import registry
 from mhsa.parity.lanes import Lanes
-from mhsa.parity.rows import Row, pair_key, pairs
-from mhsa.parity.runs import inputs
+from mhsa.parity.rows import Row, pair_key, pairs, reference, stepwise_row
+from mhsa.parity.runs import inputs, lane64
 from shared.config import ModelConfig
-from shared.tolerances import max_abs_diff, tolerance
+from shared.tolerances import max_abs_diff, stepwise, tolerance
 from shared.weights import init_weights
 
 SECTION = "decode"
@@ -53,15 +55,14 @@ def decode_run(name: str, arrays: dict, config: ModelConfig, tokens: np.ndarray,
     return run
 
 
-def _worst(pairs_of_arrays, tol: float = float("inf")) -> tuple[float, int | None]:
-    """The largest max |a - b| over the steps, and the first step beyond `tol` (None if none)."""
-    diffs = [max_abs_diff(a, b) for a, b in pairs_of_arrays]
-    return max(diffs), next((step for step, diff in enumerate(diffs) if not diff <= tol), None)
-
-
-def _one_backend(name: str, value: float) -> dict:
+def _one_backend(name: str, value):
     # a value about one backend goes into the columns that name it
     return {pair_key(a, b): value if name in (a, b) else None for a, b in pairs()}
+
+
+def _gaps(first: list[np.ndarray], second: list[np.ndarray]) -> np.ndarray:
+    """(steps,): max |a - b| at each step."""
+    return np.array([max_abs_diff(a, b) for a, b in zip(first, second)])
 
 
 def decode_rows(
@@ -92,7 +93,35 @@ def decode_section(
     fused = registry.names("fused")
     lanes = lanes or Lanes(inline=True)
     futures = {name: lanes.submit(name, _backend_runs, name, arrays, config, tokens, prompt_len, name in fused) for name in names}
-    return lambda: _rows({name: future.result() for name, future in futures.items()}, config, dtype, prompt_len)
+    ref, twin = reference(), None
+    if dtype == "float32" and ref in registry.names("generate"):  # the reference's own error: its runs again in float64
+        twin = lanes.submit(lane64(ref), _reference_runs, arrays, config, tokens, prompt_len, ref not in names)
+
+    def rows() -> list[Row]:
+        found = {name: future.result() for name, future in futures.items()}
+        if twin is None:
+            return _rows(found, config, dtype, prompt_len, None)
+        own, float64 = twin.result()
+        return _rows(found, config, dtype, prompt_len, (own or found[ref]["explicit"], float64))
+
+    return rows
+
+
+def _reference_runs(arrays: dict, config: ModelConfig, tokens: np.ndarray, prompt_len: int, also_float32: bool) -> tuple[dict | None, dict]:
+    """The reference's decode_run with the weights cast to float64 and, where the section does
+    not run it anyway, with the float32 weights."""
+    float64 = decode_run(reference(), {name: value.astype(np.float64) for name, value in arrays.items()}, config, tokens, prompt_len)
+    return (decode_run(reference(), arrays, config, tokens, prompt_len) if also_float32 else None), float64
+
+
+def _step_tolerances(twins: tuple[dict, dict] | None, dtype: str, *keys: str) -> tuple[np.ndarray | float, np.ndarray | None]:
+    """(tolerances (steps,), reference errors (steps,)) of a comparison of the runs' `keys`:
+    derived from the reference's own error at each step in the largest of them; (fixed, None)
+    without the float64 twin (float64)."""
+    if twins is None:
+        return tolerance("stage", dtype), None
+    derived = [stepwise(twins[0][key], twins[1][key]) for key in keys]
+    return np.max([tols for _, tols in derived], axis=0), np.max([errors for errors, _ in derived], axis=0)
 
 
 def _backend_runs(name: str, arrays: dict, config: ModelConfig, tokens: np.ndarray, prompt_len: int, fused: bool) -> dict:
@@ -108,54 +137,39 @@ def _backend_runs(name: str, arrays: dict, config: ModelConfig, tokens: np.ndarr
     return found
 
 
-def _rows(found: dict[str, dict], config: ModelConfig, dtype: str, prompt_len: int) -> list[Row]:
-    """The section's rows from every backend's _backend_runs."""
+def _rows(found: dict[str, dict], config: ModelConfig, dtype: str, prompt_len: int, twins: tuple[dict, dict] | None) -> list[Row]:
+    """The section's rows from every backend's _backend_runs; twins: the reference's
+    decode_run in float32 and float64, which the tolerances at each step are derived from."""
     names = list(found)
     runs = {name: found[name]["explicit"] for name in names}
     steps = config.max_len - prompt_len + 1  # the prefill and one call per further token
-    stage, step_note = tolerance("stage", dtype), f"decode: prompt of {prompt_len} in one call, then {steps - 1} single tokens"
+    step_note = f"decode: prompt of {prompt_len} in one call, then {steps - 1} single tokens"
+    logits_tols, logits_errors = _step_tolerances(twins, dtype, "cached", "full")
 
     rows = []
     # each backend against itself: the cache must not change the logits
     for name in names:
-        worst, at = _worst(zip(runs[name]["cached"], runs[name]["full"]), stage)
-        rows.append(
-            Row(
-                SECTION,
-                f"{name}: cached logits vs its full forward, {steps} steps",
-                _one_backend(name, worst),
-                stage,
-                note=step_note if at is None else f"decode: {name} parts from its full forward at step {at} (0 = the prefill)",
-            )
+        row = stepwise_row(
+            SECTION,
+            f"{name}: cached logits vs its full forward, {steps} steps",
+            _one_backend(name, _gaps(runs[name]["cached"], runs[name]["full"])),
+            logits_tols,
+            logits_errors,
+            note=step_note,
         )
+        if not row.passed:
+            row.note = f"decode: {name} parts from its full forward at step {row.step} (0 = the prefill)"
+        rows.append(row)
 
     # across backends: the cached logits and the cache contents, step by step
     def across(key):
-        diffs = {}
-        for first, second in pairs():
-            diffs[pair_key(first, second)] = _worst(zip(runs[first][key], runs[second][key]))[0] if first in runs and second in runs else None
-        return diffs
+        return {pair_key(a, b): _gaps(runs[a][key], runs[b][key]) if a in runs and b in runs else None for a, b in pairs()}
 
-    filled = config.max_len
-    rows.append(Row(SECTION, f"cached logits, {steps} steps", across("cached"), stage, note=step_note))
-    rows.append(
-        Row(
-            SECTION,
-            f"cache K, {filled} filled slots at the end",
-            across("k"),
-            stage,
-            note="decode: cache K and V compared at every filled slot after every step",
-        )
-    )
-    rows.append(
-        Row(
-            SECTION,
-            f"cache V, {filled} filled slots at the end",
-            across("v"),
-            stage,
-            note="decode: cache K and V compared at every filled slot after every step",
-        )
-    )
+    rows.append(stepwise_row(SECTION, f"cached logits, {steps} steps", across("cached"), *_step_tolerances(twins, dtype, "cached"), note=step_note))
+    cache_note = "decode: cache K and V compared at every filled slot after every step"
+    for key in ("k", "v"):
+        name = f"cache {key.upper()}, {config.max_len} filled slots at the end"
+        rows.append(stepwise_row(SECTION, name, across(key), *_step_tolerances(twins, dtype, key), note=cache_note))
 
     # the ids generate() picks greedily from the prompt alone: identical, not close
     generated = {name: found[name]["generated"] for name in names}
@@ -175,19 +189,14 @@ def _rows(found: dict[str, dict], config: ModelConfig, dtype: str, prompt_len: i
 
     # the fused kernel on the decode step: the offset mask goes in explicitly
     for name in [name for name in names if "fused" in found[name]]:
-        run = found[name]["fused"]
-        explicit = runs[name]["full"]
-        worst, at = _worst(zip(run["cached"], explicit), stage)
         note = "decode: fused rows compare the fused cached step with the explicit full forward"
         if dtype == "float64":
             note += " (a kernel whose softmax is float32, JAX's, is not used in float64: that row is explicit)"
-        rows.append(
-            Row(
-                SECTION,
-                f"{name} fused: cached logits vs explicit full forward, {steps} steps",
-                _one_backend(name, worst),
-                stage,
-                note=note if at is None else f"decode: {name} fused parts from its full forward at step {at} (0 = the prefill)",
-            )
+        gaps = _one_backend(name, _gaps(found[name]["fused"]["cached"], runs[name]["full"]))
+        row = stepwise_row(
+            SECTION, f"{name} fused: cached logits vs explicit full forward, {steps} steps", gaps, logits_tols, logits_errors, note=note
         )
+        if not row.passed:
+            row.note = f"decode: {name} fused parts from its full forward at step {row.step} (0 = the prefill)"
+        rows.append(row)
     return rows

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from mhsa.port_check import torch_reader, train_flax, train_lint, train_torch
-from mhsa.port_check.compare import lint, output_rows, transfer_weights
+from mhsa.port_check.compare import check_port, lint, transfer_weights
 from mhsa.port_check.records import PortReport, backend_of, map_name
 from mhsa.port_check.train_records import MOMENTS, StepRecord, StepSummary, TrainReport, TrainRow
 from mhsa.port_check.train_tolerances import FLOOR_ULPS, K, derived
@@ -104,7 +104,7 @@ def check_training(reference, port, steps: int, *, dtype: str = "float32", name_
     (ref_name, ref_reader), (port_name, port_reader) = backend_of(reference["model"]), backend_of(port["model"])
     ref32 = train_torch.Trainer(reference, dtype)
     ref64 = train_torch.Trainer(reference, "float64") if dtype != "float64" else None
-    port_model, transfer = transfer_weights(ref32.model, port_reader.cast(port["model"], dtype), name_map)
+    port_model, transfer = transfer_weights(ref32.model, port_reader.cast(port["model"], dtype)[0], name_map)
     port32 = train_flax.Trainer(port, port_model, dtype)
     port64 = train_flax.Trainer(port, port_model, "float64") if dtype != "float64" else None
     sides = (ref_name, port_name)
@@ -201,22 +201,19 @@ def _one_sided(ref: StepRecord, port: StepRecord, sides) -> list[str]:
 
 
 def forward_rows(ref32, port_template, weights, setups, step, dtype, name_map) -> PortReport:
-    """The per-module forward rows at the reference's weights before the failing step, both
-    models holding them, on that step's batch; each row's tolerance derived from the reference's
-    own float32 error at that output (its float64 copy on the same weights)."""
+    """The forward check (compare.check_port) at the reference's weights before the failing step,
+    both models holding them, on that step's batch: which module parts first."""
     reference, port = setups
     index = (step - 1) % len(reference["inputs"])
-    ref_model = ref32.model_at(weights)
-    (ref_name, ref_reader), (port_name, port_reader) = backend_of(ref_model), backend_of(port_template)
-    port_model, transfer = transfer_weights(ref_model, port_reader.cast(port_template, dtype), name_map)
-    x_ref, x_port = _model_inputs(reference, index), _model_inputs(port, index)
-    ref_calls = ref_reader.capture(ref_model, x_ref)
-    ref64_calls = ref_reader.capture(ref_reader.cast(ref_model, "float64"), x_ref) if dtype != "float64" else ref_calls
-    rows, unmatched_source, unmatched_target = output_rows(
-        ref_calls, port_reader.capture(port_model, x_port), ref_reader.describe(ref_model, x_ref), dtype, name_map
+    report = check_port(
+        ref32.model_at(weights),
+        port_template,
+        _model_inputs(reference, index),
+        target_inputs=_model_inputs(port, index),
+        name_map=name_map,
+        transfer=True,
+        dtype=dtype,
+        probes=False,
     )
-    for row in rows:
-        row.tol, error = derived(ref_calls[row.position][1], ref64_calls[row.position][1], dtype)
-        row.note = "; ".join(filter(None, [row.note, f"reference's own error {error:.2e}" if error is not None else "fixed"]))
-    title = f"step {step}: the forward pass at the reference's weights before the step, on the step's batch"
-    return PortReport(title, (ref_name, port_name), transfer, rows=rows, unmatched_source=unmatched_source, unmatched_target=unmatched_target)
+    report.title = f"step {step}: the forward pass at the reference's weights before the step, on the step's batch"
+    return report

@@ -20,12 +20,12 @@ import sys
 from mhsa.flags import int_in
 
 MAX_STEPS = 100_000
-# flags of the forward check that a training check refuses, and why
+# flags of the forward check that a training check refuses: attribute -> {value given: flag}
 REFUSED = {
     "input_shape": "--input-shape",
     "inputs": "--inputs",
     "int_range": "--int-range",
-    "no_transfer": "--no-transfer",
+    "transfer": {True: "--transfer", False: "--no-transfer"},
     "grads": "--grads",
 }
 
@@ -54,6 +54,13 @@ def call_factory(spec: str):
         raise ValueError(f"cannot load factory {spec!r}: {error}") from None
 
 
+def _given(flag, value) -> str | None:
+    """The flag the user gave for a refused attribute's value, or None where it was not given."""
+    if isinstance(flag, dict):
+        return flag.get(value) if value is not None else None
+    return flag if value else None
+
+
 def run_train(args, name_map: dict[str, str] | None = None) -> int:
     """The command with --train N (args as the forward check's parser and add_train_arguments
     give them; name_map: the --map file, already read by the command): the report on stdout;
@@ -62,7 +69,8 @@ def run_train(args, name_map: dict[str, str] | None = None) -> int:
     from mhsa.port_check.train_check import check_setup, check_training
     from mhsa.port_check.train_report import format_train_report
 
-    refused = [flag for attribute, flag in REFUSED.items() if getattr(args, attribute, None)]
+    given = [_given(flag, getattr(args, attribute, None)) for attribute, flag in REFUSED.items()]
+    refused = [flag for flag in given if flag is not None]
     if refused:
         args.parser.error(f"{', '.join(refused)}: not with --train (its batches and weights come from the factories)")
     try:

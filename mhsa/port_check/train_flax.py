@@ -135,7 +135,7 @@ class Trainer:
     def __init__(self, setup: dict, model: nnx.Module, dtype: str):
         self.x64 = dtype == "float64"
         with x64(self.x64):
-            self._start(setup, flax_reader.cast(model, dtype))
+            self._start(setup, flax_reader.cast(model, dtype)[0])
 
     def _start(self, setup, model):
         self.names = neutral_names(model)

@@ -53,8 +53,8 @@ FILE_SIGNATURES = {
             "the split state through a compiled scan (splitting the objects at every run of steps would cost ~10% of a run)",
         ),
         "train": (
-            ("model_config", "train_config", "init", "on_step", "resume", "device", "compile"),
-            ("model_config", "train_config", "init", "on_step", "resume", "device"),
+            ("model_config", "train_config", "init", "on_step", "resume", "on_epoch", "device", "compile"),
+            ("model_config", "train_config", "init", "on_step", "resume", "on_epoch", "device"),
             "torch's compiler is opt-in (torch.compile); every JAX run is compiled (its scanned steps)",
         ),
     },

@@ -67,9 +67,12 @@ def test_cuda_where_the_framework_sees_no_gpu_is_refused_before_any_work(monkeyp
     with pytest.raises(ValueError, match=f"^device 'cuda': {name} sees no CUDA device \\({name} "):
         trainer.train(SMALL, TrainConfig(), on_step=_no_work, device="cuda")
     capsys.readouterr()
-    assert main(["train", "--backend", name, "--device", "cuda", "--quiet"]) == 1  # and the command line says so in one line
+    with pytest.raises(SystemExit) as exit:  # and the command line refuses it before any work, as a bad flag
+        main(["train", "--backend", name, "--device", "cuda", "--quiet"])
+    assert exit.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"error: device 'cuda': {name} sees no CUDA device") and err.count("\n") == 1, err
+    assert err.startswith("usage: mhsa train "), err
+    assert err.splitlines()[-1].startswith(f"mhsa train: error: device 'cuda': {name} sees no CUDA device"), err
 
 
 def _no_work(*args, **kwargs):

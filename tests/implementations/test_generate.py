@@ -253,7 +253,7 @@ def test_a_nan_weight_gets_the_heatmaps_nan_mark_not_a_traceback(tmp_path, capsy
     assert attention_row(np.array([np.nan, 1.0]), [7, 3]).splitlines()[1] == f"   0    7     nan  {NAN}"
     huge = {key: value * 1e30 if "qkv" in key else value for key, value in init_weights(SMALL, 10).items()}
     weights.save(tmp_path / "huge.safetensors", huge, SMALL)
-    argv = ["generate", "--backend", GENERATORS[0], "--load", str(tmp_path / "huge.safetensors"), "--prompt", "1,2", "--max-new-tokens", "2"]
+    argv = ["generate", "--backend", GENERATORS[0], "--load", str(tmp_path / "huge.safetensors"), "--prompt", "1,2", "--max-new-tokens", "0"]
     assert main([*argv, "--heatmap-head", "0"]) == 0
     assert f"     nan  {NAN}" in capsys.readouterr().out
 

@@ -30,7 +30,7 @@ def default_runs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("default")
     runs = {}
     for backend in TRAINERS:
-        result = run_cli(backend, "--quiet", "--history", f"{backend}.json", "--save", f"{backend}.safetensors", cwd=folder)
+        result = run_cli(backend, "--history", f"{backend}.json", "--save", f"{backend}.safetensors", cwd=folder)
         assert result.returncode == 0, result.stderr
         runs[backend] = (result, History.load(folder / f"{backend}.json"), folder)
     return runs

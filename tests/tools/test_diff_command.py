@@ -81,17 +81,42 @@ def test_unknown_name_is_a_usage_error(capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "invalid choice: 'atention'" in err
-    for name in ("attention", "model", "train"):
+    for name in ("attention", "model", "train", "generate", "parallel"):
         assert name in err
 
 
-def test_missing_file_is_a_clear_error(repo, capsys):
+def test_missing_file_is_a_clear_error_that_names_the_backends_that_have_it(repo, capsys):
     (repo / "jax_impl" / "attention.py").unlink()
     assert cli.main(["diff", "attention"]) == 1
     err = capsys.readouterr().err
-    assert "jax_impl/attention.py not found" in err
-    assert cli.main(["diff", "model"]) == 1
-    assert "torch_impl/model.py and jax_impl/model.py not found" in capsys.readouterr().err
+    assert err.count("\n") == 1 and "jax_impl/attention.py not found" in err
+    assert "(attention.py is in numpy, torch: choose two with --left and --right)" in err
+
+
+def test_the_choices_are_the_files_two_backends_share_on_disk(repo, capsys):
+    """A file added to two packages (a speed module, say) is a choice without a change to the
+    command; a file of one package, and the packages' __init__.py, are not."""
+    for package in ("torch_impl", "jax_impl"):
+        (repo / package / "speed.py").write_text(TORCH if package == "torch_impl" else FLAX)
+        (repo / package / "__init__.py").write_text("")
+    (repo / "numpy_ref" / "backward.py").write_text(NUMPY)
+    assert list(command.shared_files()) == ["attention", "speed"]
+    assert command.shared_files()["speed"] == [LEFT, RIGHT]
+    assert cli.main(["diff", "speed", "--width", "100"]) == 0
+    assert "torch_impl/speed.py" in capsys.readouterr().out.splitlines()[0]
+    for refused in ("backward", "__init__"):
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main(["diff", refused])
+        assert exit_info.value.code == 2 and f"invalid choice: '{refused}'" in capsys.readouterr().err
+
+
+def test_help_names_the_backends_that_have_each_file(repo, capsys):
+    (repo / "torch_impl" / "speed.py").write_text(TORCH)
+    (repo / "jax_impl" / "speed.py").write_text(FLAX)
+    with pytest.raises(SystemExit):
+        cli.main(["diff", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert f"attention: numpy, {LEFT}, {RIGHT}; speed: {LEFT}, {RIGHT}" in help_text
 
 
 def test_too_narrow_width_is_refused(capsys):
@@ -101,12 +126,19 @@ def test_too_narrow_width_is_refused(capsys):
     assert "expected a width of at least 40" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name", command.NAMES)
-def test_the_real_files_render(name, capsys):
+def test_every_file_the_implementations_share_is_a_choice():
     root = Path(command.repo_root())
-    paths = [root / registry.get(side).package / f"{name}.py" for side in (LEFT, RIGHT)]
-    assert all(path.is_file() for path in paths), f"{paths} should all exist (tests/architecture/test_mirroring.py)"
-    assert cli.main(["diff", name, "--width", "160", "--color", "never"]) == 0
+    packages = {name: {path.stem for path in (root / registry.get(name).package).glob("*.py")} - {"__init__"} for name in registry.names()}
+    shared = {stem for a in packages for b in packages if a != b for stem in packages[a] & packages[b]}
+    assert set(command.shared_files()) == shared and {"attention", "model", "train", "generate", "parallel"} <= shared
+
+
+@pytest.mark.parametrize("name, sides", list(command.shared_files().items()))
+def test_the_real_files_render(name, sides, capsys):
+    left, right = (LEFT, RIGHT) if {LEFT, RIGHT} <= set(sides) else sides[:2]
+    root = Path(command.repo_root())
+    paths = [root / registry.get(side).package / f"{name}.py" for side in (left, right)]
+    assert cli.main(["diff", name, "--left", left, "--right", right, "--width", "160", "--color", "never"]) == 0
     out = capsys.readouterr().out
     assert not ANSI.search(out) and "sections" in out.splitlines()[-1]
     page = render_html(*(command.read_lines(path) for path in paths), "a", "b")

@@ -3,6 +3,7 @@ handed from torch to JAX mid-way continues exactly, and the report names where a
 fault makes them part."""
 
 import inspect
+import itertools
 import json
 import os
 import subprocess
@@ -11,12 +12,14 @@ import sys
 import numpy as np
 import pytest
 
+from mhsa import registry
 from mhsa.cli import main as mhsa
 from mhsa.parity.report import build_report, format_report
-from mhsa.parity.runs import padding_mask, trained
+from mhsa.parity.rows import FD, stepwise_row
+from mhsa.parity.runs import inputs, padding_mask, reference_twins, trained
 from shared import adam_state, weights
 from shared.config import ModelConfig, TrainConfig
-from shared.tolerances import assert_close, tolerance
+from shared.tolerances import K, assert_close, derived, reference_error, scale, stage_kind, stepwise, tolerance
 from tests.backends import SMALL
 from tests.paths import ROOT
 
@@ -55,6 +58,37 @@ def test_every_stage_and_gradient_agrees(dtype, config, masked):
     assert all(diff is not None for row in report.rows for diff in row.diffs.values())
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_float32_rows_are_held_to_k_times_the_references_own_error_and_float64_rows_to_design_md(dtype):
+    config, seed = SMALL, 1
+    report = build_report(config, dtype, seed=seed, epochs=0, samples=2, decode=False)
+    assert report.passed, format_report(report)
+    stages = {row.name: row for row in report.rows if row.section == "stage"}
+    if dtype == "float64":  # no higher-precision twin: the fixed tolerances, and no error column
+        assert all(row.reference_error is None for row in report.rows)
+        assert stages["scores"].tol == tolerance("stage", dtype) and stages["weights"].tol == tolerance("weights", dtype)
+        assert "own error" not in format_report(report)
+        return
+    # the reference in float32 and again in float64 from the same weights cast up: its own error
+    reference = registry.get(registry.names()[0])
+    arrays = weights.init_weights(config, seed, dtype)
+    tokens, _ = inputs(config, seed)
+    traces = {}
+    for name, values in [("float32", arrays), ("float64", {key: value.astype(np.float64) for key, value in arrays.items()})]:
+        traces[name] = {}
+        reference.model.predict(reference.model.from_exchange(values, config), tokens, trace=traces[name])
+    for stage in ("scores", "weights", "logits"):
+        error = reference_error(traces["float32"][stage], traces["float64"][stage])
+        assert stages[stage].reference_error == error > 0
+        assert stages[stage].tol == derived(error, scale(traces["float64"][stage])) == K * max(error, 2**-24 * scale(traces["float64"][stage]))
+    # every float32 row is derived, and shows it; the finite difference stays a float64 check
+    assert all(row.reference_error is not None for row in report.rows)
+    gradients = [row for row in report.rows if row.section == "gradient"]
+    assert all(row.tol_of(FD) == tolerance("grad", "float64") and row.diffs[FD] < 1e-10 for row in gradients)
+    text = format_report(report)
+    assert "| numpy own error |" in text and "numpy f64 vs FD" in text and f"tolerance: {K:g} x numpy own error (numpy in float32 against" in text
+
+
 def test_float64_default_run_trajectories_and_final_weights_agree(runs):
     report = build_report(DEFAULT, "float64", seed=0, epochs=3, samples=2, decode=False, runs=runs)
     trajectory = [row for row in report.rows if row.section == "trajectory"]
@@ -77,7 +111,11 @@ def first_failure(config=SMALL, dtype="float64"):
     return report, report.first_failure
 
 
-def test_an_untransposed_kernel_is_found_at_attn_out(monkeypatch):
+DTYPES = pytest.mark.parametrize("dtype", ["float64", "float32"])  # fixed tolerances, then derived ones
+
+
+@DTYPES
+def test_an_untransposed_kernel_is_found_at_attn_out(monkeypatch, dtype):
     import jax_impl.model
 
     # out_proj is square, so loading its weight untransposed raises nothing: only numbers show it
@@ -87,23 +125,25 @@ def test_an_untransposed_kernel_is_found_at_attn_out(monkeypatch):
         '"attn.out_proj.weight": (("attn", "out_proj", "kernel"), False),',
     )
     monkeypatch.setattr(jax_impl.model, "from_exchange", copy["from_exchange"])
-    report, row = first_failure()
+    report, row = first_failure(dtype=dtype)
     assert (row.section, row.name, row.failing_pair()) == ("stage", "attn_out", "jax-numpy")
     assert row.diffs["torch-numpy"] <= row.tol  # torch is still right
     assert "FAIL: first difference at stage 'attn_out': jax vs numpy" in format_report(report)
 
 
-def test_a_dropped_scale_is_found_at_scores(monkeypatch):
+@DTYPES
+def test_a_dropped_scale_is_found_at_scores(monkeypatch, dtype):
     import torch_impl.attention
     import torch_impl.model
 
     copy = faulty(torch_impl.attention, " * (1.0 / math.sqrt(self.d_head))", "")
     monkeypatch.setattr(torch_impl.model, "MultiHeadSelfAttention", copy["MultiHeadSelfAttention"])
-    _, row = first_failure()
+    _, row = first_failure(dtype=dtype)
     assert (row.section, row.name, row.failing_pair()) == ("stage", "scores", "torch-numpy")
 
 
-def test_a_mask_shifted_by_one_is_found_at_weights(monkeypatch):
+@DTYPES
+def test_a_mask_shifted_by_one_is_found_at_weights(monkeypatch, dtype):
     import jax_impl.attention
     import jax_impl.model
 
@@ -114,9 +154,32 @@ def test_a_mask_shifted_by_one_is_found_at_weights(monkeypatch):
         "CausalMask(jnp.tril(jnp.ones((max_len, max_len), dtype=bool), k=1))",
     )
     monkeypatch.setattr(jax_impl.model, "MultiHeadSelfAttention", copy["MultiHeadSelfAttention"])
-    report, row = first_failure()
+    report, row = first_failure(dtype=dtype)
     assert (row.section, row.name, row.failing_pair()) == ("stage", "weights", "jax-numpy")
     assert all(r.passed for r in report.rows[: report.rows.index(row)])  # scores (before the mask) still agree
+
+
+def test_a_softmax_with_eps_in_its_denominator_passes_the_fixed_tolerances_and_fails_the_derived_ones(monkeypatch):
+    import jax_impl.attention
+    import jax_impl.model
+
+    # issue 31's hand-written LayerNorm with eps 1e-6, in this model: a hand-written softmax with
+    # "+ 1e-6 for stability"; a row with one allowed key comes out 1 / (1 + 1e-6), not 1
+    copy = faulty(
+        jax_impl.attention,
+        "weights = nnx.softmax(scores, axis=-1)",
+        "weights = (lambda e: e / (e.sum(axis=-1, keepdims=True) + 1e-6))(jnp.exp(scores - scores.max(axis=-1, keepdims=True)))",
+    )
+    monkeypatch.setattr(jax_impl.model, "MultiHeadSelfAttention", copy["MultiHeadSelfAttention"])
+    report = build_report(DEFAULT, "float32", seed=2, epochs=0, samples=1, decode=False)
+    row = report.first_failure
+    assert row is not None and (row.section, row.name, row.failing_pair()) == ("stage", "weights", "jax-numpy"), format_report(report)
+    assert row.diffs["torch-numpy"] <= row.tol  # torch is still right
+    assert row.diffs["jax-numpy"] > 8 * row.reference_error  # about ten times the reference's own error
+    # and every stage is inside docs/DESIGN.md's fixed tolerances (the weights' 1e-6, the others' 1e-5)
+    for stage in (r for r in report.rows if r.section == "stage"):
+        assert max(diff for diff in stage.diffs.values() if diff is not None) <= tolerance(stage_kind(stage.name), "float32"), stage
+    assert "FAIL: first difference at stage 'weights': jax vs numpy 9.54e-07 > " in format_report(report)
 
 
 def test_mhsa_parity_prints_the_table_and_exits_by_the_result(capsys, monkeypatch):
@@ -128,6 +191,8 @@ def test_mhsa_parity_prints_the_table_and_exits_by_the_result(capsys, monkeypatc
     assert mhsa(["parity", "--epochs", "0", "--samples", "1", "--n-heads", "2", "--d-model", "12", "--seq-len", "5", "--vocab-size", "7"]) == 0
     out = capsys.readouterr().out
     assert "| compared" in out and "| torch vs numpy |" in out and "PASS: all" in out
+    widest = max(len(line) for line in out.splitlines() if line.startswith("|"))
+    assert widest <= 165  # the decode table's long names, and the step a row over steps shows
     assert asked == ["cache"]
     import torch_impl.attention
     import torch_impl.model
@@ -255,7 +320,8 @@ def test_mhsa_compare_reports_the_gap_and_plots(tmp_path, capsys):
     History(losses=[3.0, 2.0, 1.0, 0.5, 0.25], **base).save(tmp_path / "a.json")
     History(losses=[3.0, 2.0, 1.1], **base).save(tmp_path / "b1.json")
     History(losses=[0.5, 0.2], first_step=3, **base).save(tmp_path / "b2.json")
-    assert mhsa(["compare", str(tmp_path / "a.json"), str(tmp_path / "b1.json"), str(tmp_path / "b2.json"), "--plot", str(tmp_path / "gap.png")]) == 0
+    files = [str(tmp_path / name) for name in ("a.json", "b1.json", "b2.json")]
+    assert mhsa(["compare", *files, "--plot", str(tmp_path / "gap.png")]) == 1  # the runs differ by 0.1: beyond the tolerance
     out = capsys.readouterr().out
     assert "compared 5 common steps (0..4)" in out
     assert "max |A - B|  1.000e-01 at step 2" in out and "mean |A - B| 3.000e-02" in out
@@ -263,18 +329,37 @@ def test_mhsa_compare_reports_the_gap_and_plots(tmp_path, capsys):
     assert json.loads((tmp_path / "b2.json").read_text())["first_step"] == 3
 
 
-def test_a_planted_fault_in_numpys_backward_pass_is_named_at_its_gradient_row(monkeypatch):
+@DTYPES
+def test_a_planted_fault_in_numpys_backward_pass_is_named_at_its_gradient_row(monkeypatch, dtype):
     from numpy_ref import backward
 
-    # the softmax gradient without the subtraction: w * g instead of w * (g - sum(w * g))
+    # the softmax gradient without the subtraction: w * g instead of w * (g - sum(w * g)); in
+    # float32 the reference's float64 twin carries the fault too, so its own error stays small
     monkeypatch.setattr(backward, "softmax_backward", lambda g_weights, weights: weights * g_weights)
-    report, row = first_failure()
+    report, row = first_failure(dtype=dtype)
     assert row.section == "gradient" and row.name.startswith("attn.qkv_proj."), format_report(report)  # the layer before the softmax
     assert row.failing_pair() in ("torch-numpy", "jax-numpy")
     assert row.diffs["torch-jax"] <= row.tol  # the frameworks still agree with each other
     # every stage, the loss and the gradients the backward pass reaches before the softmax still agree
     assert all(r.passed for r in report.rows if r.section == "stage")
     assert next(r for r in report.rows if r.name == "lm_head.weight").passed
+    assert row.diffs[FD] > tolerance("grad", "float64")  # the finite difference, a float64 check in either dtype, sees it too
+
+
+def test_mhsa_parity_sizes_a_float32_report_by_its_float64_reference_runs(capsys, monkeypatch):
+    from shared import checks
+
+    asked = []
+
+    def refuse(*sizes):
+        asked.append(sizes[-1])
+        raise ValueError("planted: this run needs more memory than there is")
+
+    monkeypatch.setattr(checks, "check_training_fits", refuse)
+    with pytest.raises(SystemExit) as exit:
+        mhsa(["parity", "--dtype", "float32"])
+    assert exit.value.code == 2 and asked == [8]  # bytes per value: the reference's float64 twin
+    assert "planted: this run needs more memory than there is" in capsys.readouterr().err
 
 
 def test_mhsa_parity_refuses_a_data_parallel_run_against_itself(capsys):
@@ -309,3 +394,53 @@ def test_a_failing_job_stops_the_report_with_its_error(monkeypatch):
     adapters = {**ADAPTERS, "jax": Broken(ADAPTERS["jax"].backend)}
     with pytest.raises(RuntimeError, match="planted: no gradient today"):
         build_report(SMALL, "float64", seed=2, epochs=0, samples=1, decode=False, adapters=adapters)
+
+
+def test_float32_trajectory_steps_are_held_to_the_references_own_error_by_that_step(runs):
+    report = build_report(DEFAULT, "float32", seed=0, epochs=3, samples=1, decode=False, runs=runs)
+    assert report.passed, format_report(report)
+    (row,) = [row for row in report.rows if row.section == "trajectory"]
+    config = TrainConfig(dtype="float32")
+    reference, *others = registry.names("train")
+    own = trained(reference, DEFAULT, config, cache=runs).result().losses
+    twin, nudged = (future.result().losses for future in reference_twins(DEFAULT, config, cache=runs))
+    errors, tols = stepwise(own, twin, running=True, responses=[nudged])
+    assert row.name == "loss at each of 192 steps" and (row.reference_error, row.tol) == (errors[row.step], tols[row.step])
+    assert np.all(np.diff(errors) >= 0) and errors[0] < 1e-6 < errors[-1]  # one rounding at the start, Adam's scalars later
+    # every trainer's loss within its step's tolerance (jax's too, whose optax takes b2 rounded
+    # to float32 in its bias correction when JAX runs without x64: the twin's response covers it)
+    for name in others:
+        gap = np.abs(np.subtract(trained(name, DEFAULT, config, cache=runs).result().losses, own))
+        assert np.all(gap <= tols), (name, int(np.argmax(gap / tols)))
+
+
+def test_the_data_parallel_section_trains_each_dp_backend_with_its_parallel_engine(monkeypatch):
+    calls = []
+    for name in registry.names("dp"):
+        backend = registry.get(name)
+
+        def record(config, train_config, dp, *args, backend=backend, **kwargs):
+            calls.append((backend.name, dp, train_config.epochs, train_config.dtype))
+            return backend.train.train(config, train_config)  # the single-device run stands in: no processes, no devices
+
+        monkeypatch.setattr(backend.module("parallel"), "train", record)
+    report = build_report(SMALL, "float32", seed=3, epochs=1, samples=1, decode=False, dp=2)
+    assert sorted(calls) == sorted((name, 2, 1, "float32") for name in registry.names("dp"))
+    rows = [row for row in report.rows if row.section == "data-parallel"]
+    assert [row.name for row in rows] == ["loss at each of 64 steps"] and rows[0].reference_error is not None
+    names = registry.names("dp")
+    assert set(rows[0].diffs) == {f"dp {name}" for name in names} | {f"dp {a}-{b}" for a, b in itertools.combinations(names, 2)}
+    assert report.passed and all(rows[0].diffs[f"dp {name}"] == 0.0 for name in names), format_report(report)
+
+
+def test_a_row_over_steps_shows_its_first_step_beyond_tolerance_or_else_its_closest():
+    gaps = {"a-b": np.array([1.0, 3.0, 9.0, 2.0]), "a-c": None, "b-c": np.array([0.0, 0.0, 0.0, 5.0])}
+    passing = stepwise_row("trajectory", "loss", gaps, [10.0, 10.0, 10.0, 5.0], errors=[1.0, 2.0, 3.0, 4.0])
+    assert passing.passed and passing.step == 3 and passing.diffs == {"a-b": 2.0, "a-c": None, "b-c": 5.0}
+    assert (passing.tol, passing.reference_error) == (5.0, 4.0)
+    failing = stepwise_row("trajectory", "loss", gaps, [10.0, 2.0, 1.0, 1.0])
+    assert not failing.passed and failing.step == 1 and failing.failing_pair() == "a-b" and failing.reference_error is None
+    fixed = stepwise_row("decode", "ids", {"a-b": np.array([0.0, 0.0])}, 0.0)  # one tolerance for every step, a gap of 0 passes it
+    assert fixed.passed and fixed.tol == 0.0
+    with pytest.raises(ValueError, match="need one value per step for at least one step"):
+        stepwise_row("decode", "nothing", {"a-b": np.array([])}, 1.0)

@@ -105,7 +105,7 @@ def test_an_optax_schedule_is_read_at_every_step():
 
 def _lint(torch_side, tx):
     reference, port = check_setup(torch_side, "reference"), check_setup(models.flax_side(tx), "port")
-    return train_lint.optimizer_lint(reference, port, flax_reader.cast(port["model"], "float32"), STEPS)
+    return train_lint.optimizer_lint(reference, port, flax_reader.cast(port["model"], "float32")[0], STEPS)
 
 
 @pytest.mark.parametrize(

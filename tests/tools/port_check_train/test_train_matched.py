@@ -42,6 +42,7 @@ def test_matched_optimizer_pairs_agree_at_every_step_loss_gradient_moment_and_pa
     assert f"PASS: all 20 steps agree: the loss, 6 gradients, {len(moments) * 6} moments and 6 parameters" in format_train_report(report)
 
 
+@pytest.mark.xfail(strict=True, reason="the forward rows come from check_port, whose float32 rows get derived tolerances next (issue 31 part 1)")
 def test_a_layernorm_eps_of_1e6_parts_at_its_forward_row_in_float32_where_a_fixed_tolerance_passes_it():
     # issue 31's example: a hand-written LayerNorm with eps 1e-6 where torch's is 1e-5, inputs of
     # standard deviation 3; the lints cannot read a hand-written eps

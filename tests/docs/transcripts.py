@@ -1,0 +1,229 @@
+"""The transcripts of the README and docs/: read them from Markdown, run them, compare, re-take.
+
+A transcript is a fenced block whose language is `console`: each line that starts with `$ ` is a
+command, and the lines up to the next command are its output, stdout and stderr as a terminal
+shows them. A command continues on the next line after a trailing backslash, and through the
+body of a heredoc (`<<'EOF'` ... `EOF`). A command expected to fail says so at the end of its
+first line: `# exits 1` (any other status fails the check).
+
+Every other block in which a reader could find commands (bash, sh, shell, python) is shown and
+never run, and must say why on the line before it: `<!-- not run: make test runs this suite -->`.
+A document whose commands take more than a few seconds in all says `<!-- transcripts: slow -->`:
+`make docs` runs it, `make test` skips it.
+
+A document's commands run in order, in one fresh folder (so a command can read only what an
+earlier one wrote), through bash, with `.venv/bin/` meaning the running interpreter's folder, in
+an environment of their own (run_environment). Their output is compared with the document's
+line by line, trailing spaces and trailing blank lines aside, after MASKS have replaced what
+differs from run to run in both. Nothing else is masked: a loss or a parity number that moves
+is a failure.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.paths import ROOT
+
+TRANSCRIPT = "console"
+COMMAND_LANGUAGES = {"bash", "sh", "shell", "zsh", "python", "py", "pycon"}  # shown, never run: need a reason
+NOT_RUN = re.compile(r"^<!-- not run: \S.* -->$")
+SLOW = "<!-- transcripts: slow -->"
+PROMPT = "$ "
+EXITS = re.compile(r"\s#\s+exits (\d+)\b[^'\"]*$")
+HEREDOC = re.compile(r"<<-?\s*(['\"]?)([A-Za-z_]\w*)\1")
+VENV_BIN = re.compile(r"(?<![\w./-])\.venv/bin/")
+FENCE = re.compile(r"^(`{3,})\s*([\w+-]*)")
+
+# What changes from one run to the next, replaced in the document's output and in the run's before
+# they are compared: (what it stands for, pattern, replacement).
+MASKS = (
+    ("seconds", re.compile(r"\b\d+(?:\.\d+)? s\b"), "<seconds> s"),
+    ("steps per second", re.compile(r"\b\d[\d,]*(?:\.\d+)? steps/s\b"), "<rate> steps/s"),
+    # a checkpoint's bytes differ from run to run: safetensors writes its metadata in any order
+    ("a file's SHA-256, as messages abbreviate it", re.compile(r"\b[0-9a-f]{12}\.\.\."), "<sha256>..."),
+)
+CACHE_SHOWN = "~/.cache"  # the run's fresh cache folder is shown as the default one
+FOLDER_SHOWN = "."  # and its fresh working folder as the current one
+
+
+@dataclass
+class Command:
+    line: int  # 1-based line of the `$ ` in the document
+    text: str  # what follows the prompt, continuation and heredoc lines included
+    output: list[str]  # the document's output lines
+    output_start: int  # 0-based index of the first output line in the document
+    exits: int = 0
+
+    @property
+    def shown(self) -> str:
+        return self.text.splitlines()[0]
+
+
+@dataclass
+class Document:
+    path: Path
+    lines: list[str]
+    commands: list[Command] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # blocks that are neither run nor marked
+    slow: bool = False
+
+    @property
+    def name(self) -> str:
+        return str(self.path.relative_to(ROOT)) if self.path.is_relative_to(ROOT) else self.path.name
+
+
+def documents() -> list[Path]:
+    """The README and every Markdown page of docs/, in reading order."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def parse(path: Path) -> Document:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    doc = Document(path, lines, slow=SLOW in lines)
+    n = 0
+    while n < len(lines):
+        fence = FENCE.match(lines[n])
+        if not fence:
+            n += 1
+            continue
+        ticks, language = fence.group(1), fence.group(2).lower()
+        end = next((m for m in range(n + 1, len(lines)) if lines[m].startswith(ticks) and not lines[m].strip("`")), len(lines))
+        body = range(n + 1, end)
+        before = next((lines[m].strip() for m in range(n - 1, -1, -1) if lines[m].strip()), "")
+        where = f"{doc.name}:{n + 1}"
+        if language == TRANSCRIPT:
+            _read_transcript(doc, body)
+        elif language in COMMAND_LANGUAGES and not NOT_RUN.match(before):
+            doc.problems.append(f"{where}: a {language} block is neither a transcript (```console) nor marked <!-- not run: why -->")
+        elif language not in COMMAND_LANGUAGES and any(lines[m].startswith(PROMPT) for m in body):
+            doc.problems.append(f"{where}: a {language or 'plain'} block holds `$ ` commands: make it ```console so that they run")
+        n = end + 1
+    return doc
+
+
+def _read_transcript(doc: Document, body: range) -> None:
+    lines = doc.lines
+    n = body.start
+    if n < body.stop and not lines[n].startswith(PROMPT):
+        doc.problems.append(f"{doc.name}:{n + 1}: a transcript starts with output, not with a `$ ` command")
+    while n < body.stop:
+        if not lines[n].startswith(PROMPT):
+            n += 1
+            continue
+        first, text = n, [lines[n][len(PROMPT) :]]
+        heredoc = HEREDOC.search(text[0])
+        while text[-1].endswith("\\") and n + 1 < body.stop:  # a continued line
+            n += 1
+            text.append(lines[n])
+        if heredoc:  # its body, up to and with the line that ends it
+            while n + 1 < body.stop:
+                n += 1
+                text.append(lines[n])
+                if lines[n].strip() == heredoc.group(2):
+                    break
+        n += 1
+        start = n
+        while n < body.stop and not lines[n].startswith(PROMPT):
+            n += 1
+        exits = EXITS.search(text[0])
+        doc.commands.append(Command(first + 1, "\n".join(text), lines[start:n], start, int(exits.group(1)) if exits else 0))
+
+
+def masked(text: str) -> list[str]:
+    for _, pattern, replacement in MASKS:
+        text = pattern.sub(replacement, text)
+    lines = [line.rstrip() for line in text.splitlines()]
+    while lines and not lines[-1]:
+        lines.pop()
+    return lines
+
+
+def run_environment(cache: Path) -> dict[str, str]:
+    """What the commands see: the caller's PATH, home and locale, and nothing else of the
+    caller's environment (no XLA_FLAGS of a test session); a fresh cache folder (JAX's compiled
+    programs: every document starts as a first run); matplotlib's own folder (its font cache
+    built once, in this process, not in a command's output); the repository on PYTHONPATH, as
+    when the commands run from its root (the port check's `examples.` factories); and one
+    OpenMP thread for torch and NumPy's BLAS: the same numbers on these small models, without
+    the slowdown a second thread can cost on a busy machine (docs/performance.md)."""
+    import matplotlib
+
+    kept = {key: value for key, value in os.environ.items() if key in ("PATH", "HOME", "USER", "LOGNAME", "TMPDIR") or key.startswith("LC_")}
+    kept["LANG"] = os.environ.get("LANG", "C.UTF-8")
+    matplotlib_folder = matplotlib.get_cachedir()
+    import matplotlib.font_manager  # noqa: F401  (builds the font cache now, if there is none)
+
+    return {**kept, "XDG_CACHE_HOME": str(cache), "MPLCONFIGDIR": matplotlib_folder, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+@dataclass
+class Outcome:
+    command: Command
+    output: str  # as the document would show it (the fresh folders written as CACHE_SHOWN and FOLDER_SHOWN)
+    status: int
+
+    @property
+    def matches(self) -> bool:
+        """The output is the document's, masks aside (the exit status is checked apart)."""
+        return masked("\n".join(self.command.output)) == masked(self.output)
+
+    @property
+    def ok(self) -> bool:
+        return self.matches and self.status == self.command.exits
+
+    def report(self, doc: Document) -> str:
+        head = f"{doc.name}:{self.command.line}: $ {self.command.shown}"
+        if self.status != self.command.exits:
+            return f"{head}\n  exited {self.status}, expected {self.command.exits}; its output:\n{self.output}"
+        diff = difflib.unified_diff(masked("\n".join(self.command.output)), masked(self.output), "the document", "the run", lineterm="", n=2)
+        return head + "\n" + "\n".join(diff)
+
+
+def run(doc: Document, timeout: float = 600) -> list[Outcome]:
+    """Run the document's commands in order in one fresh folder; each one's output and status."""
+    bin_folder = Path(sys.executable).parent
+    outcomes = []
+    with tempfile.TemporaryDirectory(prefix="mhsa-docs-") as scratch:
+        folder, cache = Path(scratch) / "work", Path(scratch) / "cache"
+        folder.mkdir()
+        cache.mkdir()
+        env = run_environment(cache)
+        for command in doc.commands:
+            text = VENV_BIN.sub(f"{bin_folder}/", command.text)
+            try:
+                result = subprocess.run(
+                    ["bash", "-c", text],
+                    cwd=folder,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    timeout=timeout,
+                )
+                output, status = result.stdout.decode("utf-8", errors="replace"), result.returncode
+            except subprocess.TimeoutExpired as expired:
+                output, status = (expired.stdout or b"").decode("utf-8", errors="replace") + f"\n[timed out after {timeout:.0f} s]", -1
+            for real, shown in ((str(cache), CACHE_SHOWN), (str(folder), FOLDER_SHOWN), (f"{bin_folder}/", ".venv/bin/")):
+                output = output.replace(real, shown)
+            outcomes.append(Outcome(command, output, status))
+    return outcomes
+
+
+def rewritten(doc: Document, outcomes: list[Outcome]) -> str:
+    """The document with each command's output replaced by what the run printed."""
+    lines = list(doc.lines)
+    for outcome in sorted(outcomes, key=lambda o: o.command.output_start, reverse=True):
+        command = outcome.command
+        new = [line.rstrip() for line in outcome.output.splitlines()]
+        while new and not new[-1]:
+            new.pop()
+        lines[command.output_start : command.output_start + len(command.output)] = new
+    return "\n".join(lines) + "\n"
