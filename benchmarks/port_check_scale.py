@@ -14,6 +14,7 @@ ratios against the targets: time and memory at most 1.5x the floor without gradi
     python benchmarks/port_check_scale.py                 # GPT-2 small, 5 rounds (about 20 min on 2 cores)
     python benchmarks/port_check_scale.py --rounds 3 --length 256
     python benchmarks/port_check_scale.py --size tiny --rounds 1   # the zoo's tiny pair: seconds, a smoke test
+    python benchmarks/port_check_scale.py --breakdown     # and the check without its float64 twin
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ SIZES = {
 }
 LIMITS = {False: 1.5, True: 2.0}  # issue 28 point 9: the check's time and peak memory / the floor's
 KINDS = ("floor", "check", "floor --grads", "check --grads")
+# --breakdown: the check again with its float64 twin of the reference cut out (the tolerances fixed),
+# to say what the twin costs; not a way to run the check (issue 31: fixed only where float64 cannot run)
+FIXED = ("check, no float64 twin", "check, no float64 twin --grads")
 
 
 def _resolve(spec: str):
@@ -112,6 +116,7 @@ def measure(argv: list[str]) -> tuple[float, int, int, str]:
 
 
 CHECK = "import sys; from mhsa.cli import main; sys.exit(main(sys.argv[1:]))"
+NO_TWIN = "import sys; from mhsa.port_check import compare; compare._derive = lambda *args: None; " + CHECK.partition("; ")[2]
 
 
 def argv_of(kind: str, args) -> list[str]:
@@ -119,7 +124,7 @@ def argv_of(kind: str, args) -> list[str]:
     if kind.startswith("floor"):
         sizes = ["--size", args.size, "--batch", str(args.batch), "--length", str(args.length)]
         return [os.path.abspath(__file__), "--child", *sizes] + (["--grads"] if grads else [])
-    return ["-c", CHECK, *check_argv(args.size, args.batch, args.length, grads)]
+    return ["-c", NO_TWIN if "twin" in kind else CHECK, *check_argv(args.size, args.batch, args.length, grads)]
 
 
 def gib(nbytes: float) -> str:
@@ -139,8 +144,24 @@ def report(results: dict[str, list[tuple[float, int]]], verdicts: dict[str, set[
         verdict = "/".join(sorted(verdicts["check" + suffix]))
         ratios = [f"{check_s / floor_s:.2f}x", f"{check_b / floor_b:.2f}x", f"{limit}x: {within}"]
         rows.append([f"port-check --no-probes{suffix}", verdict, f"{check_s:.1f}", gib(check_b), *ratios])
+        fixed = FIXED[grads]
+        if results.get(fixed):
+            fixed_s, fixed_b = (median([r[i] for r in results[fixed]]) for i in (0, 1))
+            verdict = "/".join(sorted(verdicts[fixed]))
+            rows.append(
+                [
+                    f"({fixed}: what the twin costs)",
+                    verdict,
+                    f"{fixed_s:.1f}",
+                    gib(fixed_b),
+                    f"{fixed_s / floor_s:.2f}x",
+                    f"{fixed_b / floor_b:.2f}x",
+                    "-",
+                ]
+            )
     columns = ["process", "verdict", "wall s (median)", "peak RSS GiB (median)", "time / floor", "memory / floor", "limit"]
-    runs = f"{len(results['floor'])} rounds, interleaved"
+    rounds = len(results["floor"])
+    runs = f"{rounds} round{'s' if rounds > 1 else ''}, interleaved"
     return f"\n\n### GPT-2-{args.size} pair, batch {args.batch} x {args.length} tokens, float32 ({runs})\n\n" + table(columns, rows)
 
 
@@ -150,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int_in(1, 64), default=1)
     parser.add_argument("--length", type=int_in(1, 1024), default=1024, help="tokens per row (default 1024)")
     parser.add_argument("--rounds", type=int_in(1, 100), default=5, help="interleaved rounds (default 5)")
+    parser.add_argument("--breakdown", action="store_true", help="also the check without its float64 twin of the reference: what the twin costs")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one floor measurement, in its own process
     parser.add_argument("--grads", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -158,19 +180,21 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.size == "tiny" and args.length > 11:
         parser.error(f"--length: the tiny pair has 11 positions; got {args.length}")
-    results: dict[str, list[tuple[float, int]]] = {kind: [] for kind in KINDS}
-    verdicts: dict[str, set[str]] = {kind: set() for kind in KINDS}
-    order = list(KINDS)
+    kinds = KINDS + (FIXED if args.breakdown else ())
+    results: dict[str, list[tuple[float, int]]] = {kind: [] for kind in kinds}
+    verdicts: dict[str, set[str]] = {kind: set() for kind in kinds}
+    machine = header("Port check at scale", sys.argv)  # the sgemm rate and the load before the runs
+    order = list(kinds)
     for round_ in range(args.rounds):
         random.Random(round_).shuffle(order)
         for kind in order:
             bench_common.progress(f"round {round_ + 1}/{args.rounds}: {kind}")
             seconds, peak, status, stdout = measure(argv_of(kind, args))
             results[kind].append((seconds, peak))
-            if kind.startswith("check"):
+            if not kind.startswith("floor"):
                 verdicts[kind].add(stdout.rstrip().rpartition("\n")[2].partition(":")[0] or f"exit {status}")
     bench_common.progress(None)
-    print(header("Port check at scale", sys.argv) + report(results, verdicts, args))
+    print(machine + report(results, verdicts, args))
     return 0
 
 

@@ -1,6 +1,7 @@
 """What `mhsa port-check` says about every pair of the zoo: one line per faithful pair (converted
-port, float32 and float64, with gradients; fresh port, weights transferred) and per planted bug,
-with the verdict, the first failing row against the place the table expects, and any exception.
+port and fresh port, weights transferred) and per planted bug, each in float32 and float64 with
+gradients, with the verdict, the first failing row against the place the table expects, and any
+exception.
 
     python -m examples.zoo.survey            # the table
     python -m examples.zoo.survey --full     # and every report in full
@@ -17,6 +18,8 @@ import jax
 
 from examples.zoo import catalog
 from mhsa.port_check import check_port, format_report
+
+DTYPES = ("float32", "float64")
 
 
 def row_module(name: str) -> str:
@@ -44,22 +47,20 @@ def verdict(reference_spec: str, port_spec: str, *, dtype: str, grads: bool, por
 def survey(full: bool = False) -> None:
     jax.config.update("jax_enable_x64", True)
     for name, pair in catalog.FAITHFUL.items():
-        for label, spec, dtype in (
-            (f"{name} converted", pair.port, "float32"),
-            (f"{name} converted", pair.port, "float64"),
-            (f"{name} fresh", pair.fresh, "float32"),
-        ):
+        ports = (("converted", pair.port), ("fresh", pair.fresh))
+        for label, spec, dtype in [(f"{name} {kind}", spec, dtype) for kind, spec in ports for dtype in DTYPES]:
             result, where, report = verdict(pair.reference, spec, dtype=dtype, grads=True)
             print(f"faithful {label:<26} {dtype}  expect PASS  got {result:<5} {where}", flush=True)
             if full or result == "CRASH":
                 print(report if result == "CRASH" else format_report(report))
     for name, bug in catalog.BUGS.items():
-        result, where, report = verdict(bug.reference, bug.port, dtype=bug.dtype, grads=bug.section == "gradient")
-        expected = f"{bug.section} '{bug.parts_at or '(model output)'}'"
-        found = result == "FAIL" and names(report, bug)
-        print(f"bug {name:<28} {bug.dtype}  expect {expected:<40} got {result:<5} {'right place' if found else 'WRONG':<11} {where}", flush=True)
-        if full or result == "CRASH":
-            print(report if result == "CRASH" else format_report(report))
+        for dtype in DTYPES:
+            result, where, report = verdict(bug.reference, bug.port, dtype=dtype, grads=True)
+            expected = f"{bug.section} '{bug.parts_at or '(model output)'}'"
+            found = result == "FAIL" and names(report, bug)
+            print(f"bug {name:<28} {dtype}  expect {expected:<40} got {result:<5} {'right place' if found else 'WRONG':<11} {where}", flush=True)
+            if full or result == "CRASH":
+                print(report if result == "CRASH" else format_report(report))
 
 
 def names(report, bug: catalog.Bug) -> bool:

@@ -164,11 +164,13 @@ def run(args) -> int:
             return _error(str(error))
         args.parser.error(str(error))
     try:
-        (source, source_inputs), (target, target_inputs) = factories
+        source_inputs, target_inputs = factories[0][1], factories[1][1]
         inputs, target_inputs = read_inputs(args, source_inputs, target_inputs, from_file)
+        models = [model for model, _ in factories]
+        del factories
         report = check_port(
-            source,
-            target,
+            models.pop(0),  # handed over, not kept here: a fresh port's initial weights go once the check has copied over them
+            models.pop(0),
             inputs,
             target_inputs=target_inputs,
             name_map=name_map,

@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from mhsa.port_check import names, precision, weights
+from mhsa.port_check import derived, names, precision, weights
+from mhsa.port_check.derived import Derived
 from mhsa.port_check.hints import Side, hints, run_probes
 from mhsa.port_check.padding import explain_same
 from mhsa.port_check.records import NORMS, WHY, PortCheckError, PortReport, Transfer, backend_of, map_name
@@ -37,12 +38,19 @@ def transfer_weights(source: Any, target: Any, name_map: dict[str, str] | None =
 
 def _settle(report: Transfer, target, target_reader, source_params, target_params, copy: bool | None):
     """Compare the values (unless a copy is forced), decide, copy if so; returns the port."""
-    dtype = _dtype_of(source_params)
-    evidence = 0 if copy else weights.compare_values(report, source_params, target_params, tolerance("weights", dtype))
-    if weights.decide(report, evidence, weights.informative_count(report, source_params), copy):
-        report.differing = []
+    if _decide(report, source_params, target_params, copy):
         return target_reader.load_parameters(target, weights.arrays_to_copy(report, source_params))
     return target
+
+
+def _decide(report: Transfer, source_params, target_params, copy: bool | None) -> bool:
+    """Compare the values (unless a copy is forced) and decide whether to copy (weights.py)."""
+    dtype = _dtype_of(source_params)
+    evidence = 0 if copy else weights.compare_values(report, source_params, target_params, tolerance("weights", dtype), keep=copy is False)
+    if weights.decide(report, evidence, weights.informative_count(report, source_params), copy):
+        report.differing = []
+        return True
+    return False
 
 
 def lint(source_desc: dict, target_desc: dict, sides: tuple[str, str], name_map=None) -> list[str]:
@@ -173,9 +181,8 @@ def check_port(source, target, inputs, *, target_inputs=None, name_map=None, tra
         inputs, target_inputs = _cast_inputs(inputs, dtype), _cast_inputs(target_inputs, dtype)
     source_params, target_params = source_reader.parameters(source), target_reader.parameters(target)
     asked = dtype or _dtype_of(source_params)
-    for side, params, model in ((f"the reference ({source_name})", source_params, source), (f"the port ({target_name})", target_params, target)):
-        if not params:
-            raise PortCheckError(f"{side} ({_type_name(model)}) has no floating-point parameters: there is nothing to port")
+    _require_parameters(f"the reference ({source_name})", source_params, source)
+    _require_parameters(f"the port ({target_name})", target_params, target)
     source_desc = _running(f"running the reference ({source_name}) on the inputs ({describe_inputs(inputs)})", source_reader.describe, source, inputs)
     target_desc = _running(
         f"running the port ({target_name}) on the inputs ({describe_inputs(target_inputs)})", target_reader.describe, target, target_inputs
@@ -193,10 +200,15 @@ def check_port(source, target, inputs, *, target_inputs=None, name_map=None, tra
         proposal, lines = names.propose_map(pairing, source_params, target_params, *orders, name_map)
         if proposal or not (pairing.filled or pairing.transposed_only or pairing.mismatched):
             return _stopped(report, proposal, lines, name_map)
-    target = _settle(pairing, target, target_reader, source_params, target_params, transfer)
+    copy = _decide(pairing, source_params, target_params, transfer)
     report.lint = lint(source_desc, target_desc, sides, name_map) + _untied(tied, target_params, sides, name_map)
-    views = {name: (mapped, source_params[name].T if flipped else source_params[name]) for name, mapped, _, flipped in pairing.filled}
-    differing = {name: views[name] for name, _, _ in pairing.differing}
+    del target_params  # views of the port's weights: a fresh port's initial values go once overwritten (if no one else holds them)
+    if copy:
+        target = target_reader.load_parameters(target, weights.arrays_to_copy(pairing, source_params))
+    flipped_of = {name: flipped for name, _, _, flipped in pairing.filled}
+    mapped_of = {name: mapped for name, mapped, _, _ in pairing.filled}
+    differing = {name: (mapped_of[name], source_params[name].T if flipped_of[name] else source_params[name]) for name, _, _ in pairing.differing}
+    del source_params
     _compare(
         report,
         Side(source, source_reader, inputs, source_desc),
@@ -209,13 +221,21 @@ def check_port(source, target, inputs, *, target_inputs=None, name_map=None, tra
     return report
 
 
+def _require_parameters(side: str, params: dict, model) -> None:
+    if not params:
+        raise PortCheckError(f"{side} ({_type_name(model)}) has no floating-point parameters: there is nothing to port")
+
+
 def _compare(report: PortReport, source: Side, target: Side, asked: str, name_map, grads: bool, probes: bool) -> None:
-    """Run both models, fill the rows, the precision findings, the hints and the probes."""
+    """Run both models (the reference in float64 too, for float32's tolerances), fill the rows,
+    the precision findings, the hints and the probes."""
     sides, pairing = report.sides, report.transfer
     doing = "running and differentiating" if grads else "running"  # one forward (and backward) pass per side
     source_outputs, source_grads = _running(
         f"{doing} the reference ({sides[0]}) on the inputs ({describe_inputs(source.inputs)})", source.reader.run, source.model, source.inputs, grads
     )
+    if asked == "float32":  # before the port runs: its outputs and the float64 copy are never held together
+        source.derived = _derive(report, source, source_outputs, source_grads)
     target_outputs, target_grads = _running(
         f"{doing} the port ({sides[1]}) on the inputs ({describe_inputs(target.inputs)})",
         target.reader.run,
@@ -224,8 +244,9 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
         grads,
         also=_shape_advice(pairing),
     )
+    tolerances = source.derived or Derived()
     report.rows, report.unmatched_source, report.unmatched_target, skipped = output_rows(
-        source_outputs, target_outputs, source.desc, target.desc, asked, sides, name_map
+        source_outputs, target_outputs, source.desc, target.desc, asked, sides, name_map, tolerances.outputs
     )
     if skipped:
         shown = ", ".join(f"'{name}' ({kind})" for name, kind in skipped[:4]) + (f" and {len(skipped) - 4} more" if len(skipped) > 4 else "")
@@ -241,9 +262,10 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
         report.precision[0] += f"; {precision.consequence(min(floors), asked)}"
     if grads:
         transposed = frozenset(name for name, _, _, flipped in pairing.filled if flipped)
-        report.rows += gradient_rows(source_grads, target_grads, min(floors), sides, name_map, transposed)
-    del target_outputs, target_grads  # compared: a large port's outputs are not held any longer
+        report.rows += gradient_rows(source_grads, target_grads, min(floors), sides, name_map, transposed, asked, tolerances.grads)
+    del target_outputs, target_grads, source_grads  # compared: a large model's outputs are not held any longer
     paths = call_paths(source_outputs)
+    del source_outputs
     report.hints = hints(report.rows, paths, source.desc, sides, asked, pairing.differing)
     first = report.first_failure
     if probes and first is not None and first.section == "output":
@@ -252,6 +274,20 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
             report.hints = hints(probed, paths, source.desc, sides, asked, pairing.differing)
             if report.hints:
                 report.hints.insert(0, "read with the switches of the probes that close a gap (below) in place:")
+
+
+def _derive(report: PortReport, source: Side, outputs, grads) -> Derived | None:
+    """The float32 rows' tolerances from the reference's float64 run (derived.py); None, with a
+    note, when the reference cannot run in float64: its rows then hold the fixed tolerances."""
+    try:
+        found = derived.from_float64_run(source.reader, source.model, source.inputs, outputs, grads)
+    except Exception as error:  # a model that cannot compute in float64: said, and checked all the same
+        report.notes.append(f"the reference cannot run in float64 ({one_line(error)}): its float32 rows hold the fixed tolerances of docs/DESIGN.md")
+        return None
+    if found.fixed:
+        shown = ", ".join(f"'{path}'" for path in dict.fromkeys(found.fixed[:4])) + (" and more" if len(found.fixed) > 4 else "")
+        report.notes.append(f"the reference computes {shown} in float32 even in float64: those rows hold the fixed tolerance")
+    return found
 
 
 def _shape_advice(pairing: Transfer) -> str:

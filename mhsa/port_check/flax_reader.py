@@ -328,7 +328,7 @@ def cast(model: Model, dtype: str) -> tuple[Model, list[str]]:
     module's `dtype` field, which library models hand down to their submodules. Returns the copy
     and one line per attribute changed. float64 turns on jax_enable_x64, without which JAX
     silently keeps float32."""
-    if dtype == "float64":
+    if dtype == "float64" and not jax.config.read("jax_enable_x64"):
         jax.config.update("jax_enable_x64", True)
     target = DTYPES[dtype]
 
@@ -387,15 +387,22 @@ def run(model: Model, inputs: Inputs, grads: bool = False, each=None) -> tuple[l
     recorded leaf goes through `each(output) -> Output` once the program has run (to reduce it
     and keep only the result)."""
     arrays, rebuild = _arrays(model, inputs)
-    labels: list[tuple[int, str, str, str]] = []  # (call, path, label, dtype or kind) of every leaf, at trace time
+    labels: list[tuple] = []  # (call, path, label, dtype or kind, index in the program's outputs or None) of every leaf, at trace time
 
     def record(calls) -> list:
-        values, labels[:] = [], []
+        values: list = []
+        slots: dict[int, int] = {}
+        labels[:] = []
         for call, (path, output) in enumerate(calls):
             for label, value in flatten(output, _is_array):
-                labels.append((call, path, label, dtype_name(value.dtype) if _is_array(value) else type(value).__name__))
+                kind = dtype_name(value.dtype) if _is_array(value) else type(value).__name__
+                slot = None
                 if _is_array(value) and is_float_dtype(value.dtype):
-                    values.append(value)
+                    # a value several calls return (the model's logits are its head's): one output of the program
+                    slot = slots.setdefault(id(value), len(values))
+                    if slot == len(values):
+                        values.append(value)
+                labels.append((call, path, label, kind, slot))
         return values
 
     def total(output):
@@ -432,12 +439,16 @@ def run(model: Model, inputs: Inputs, grads: bool = False, each=None) -> tuple[l
             return values, nnx.to_pure_dict(gradients)
 
         values, gradients = _compiled_or_eager(nnx.jit(nnx_run), nnx_run, model, arrays)
-    outputs, position = [], 0
-    for call, path, label, kind in labels:
+    outputs: list[Output] = []
+    arrays_of: dict[int, np.ndarray | None] = {}
+    last = {slot: index for index, (*_, slot) in enumerate(labels) if slot is not None}
+    for index, (call, path, label, kind, slot) in enumerate(labels):
         value = None
-        if is_float_dtype(kind):
-            value, values[position] = _numpy(values[position]), None  # with `each`, each array is let go once reduced
-            position += 1
+        if slot is not None:
+            value = arrays_of.pop(slot) if slot in arrays_of else _numpy(values[slot])
+            values[slot] = None  # with `each`, each array is let go once reduced
+            if last[slot] > index:
+                arrays_of[slot] = value
         output = Output(call, path, label, value, kind)
         outputs.append(output if each is None else each(output))
     return outputs, None if gradients is None else {name: _numpy(value) for name, value in _neutral(model, gradients).items()}
@@ -581,6 +592,14 @@ def switched(model: Model, switch: str, path: str, value: Any = None) -> Model |
         setattr(module, eps, value)
         return copy
     return None
+
+
+@contextlib.contextmanager
+def float64_twin(model: Model) -> Iterator[Model]:
+    """A float64 copy of `model` for the block (the tolerances' reference run, derived.py), with
+    JAX's float64 on for the block only (a float32 check leaves the process's switch as it was)."""
+    with jax.enable_x64(True):
+        yield cast(model, "float64")[0]
 
 
 @contextlib.contextmanager

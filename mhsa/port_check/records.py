@@ -81,6 +81,7 @@ class Row:
     module: str = ""  # the reference's module path ("" for the model itself; the parameter for a gradient)
     target_module: str = ""  # the port's
     status: str = ""  # "" compared; "shape" (cannot broadcast), "nan" (NaN in an output), "unjudged" (below float32)
+    reference_error: float | None = None  # the reference's own float32 error `tol` is derived from; None: a fixed tolerance
 
     @property
     def passed(self) -> bool:

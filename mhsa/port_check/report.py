@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from mhsa.port_check.records import PortReport, Row, Transfer
+from shared.tolerances import K
 
 SHOWN = 12  # parameters listed per kind of misfit; the rest are counted
 
@@ -33,6 +34,7 @@ def format_report(report: PortReport) -> str:
     lines += [f"hint: {hint}" for hint in report.hints]
     lines += report.probes
     lines.append("note: max rel = max |difference| / max |reference output|; a row passes on max abs <= tolerance")
+    lines += _tolerance_notes(report)
     lines.append(_verdict(report))
     return "\n".join(lines)
 
@@ -95,25 +97,50 @@ def _cells(row: Row) -> tuple[str, str, str]:
 
 
 def _table(report: PortReport) -> list[str]:
+    """Per row: the gap (max abs), max rel, the reference's own float32 error where the
+    tolerance is derived from it ("fixed" where it is not), the tolerance and the result."""
     first = report.first_failure
     names = [row.name if row.section == "output" else f"grad {row.name}" for row in report.rows]
     width = max(len("compared"), *(len(name) for name in names))
     kind_width = max(len("type"), *(len(row.kind) for row in report.rows))
     lines = [
-        f"| {'compared':<{width}} | {'type':<{kind_width}} |   max abs |   max rel | tolerance | result |",
-        f"|{'-' * (width + 2)}|{'-' * (kind_width + 2)}|----------:|----------:|----------:|--------|",
+        f"| {'compared':<{width}} | {'type':<{kind_width}} |   max abs |   max rel | ref error | tolerance | result |",
+        f"|{'-' * (width + 2)}|{'-' * (kind_width + 2)}|----------:|----------:|----------:|----------:|--------|",
     ]
     section = report.rows[0].section
     for name, row in zip(names, report.rows):
         if row.section != section:
-            lines.append(f"| {'':<{width}} | {'':<{kind_width}} |           |           |           |        |")
+            lines.append(f"| {'':<{width}} | {'':<{kind_width}} |           |           |           |           |        |")
             section = row.section
         marker = "  <- the models part here" if row is first else ""
         note = f"  ({row.note})" if row.note else ""
         abs_cell, rel_cell, result = _cells(row)
-        tol = f"{row.tol:>9.0e}" if row.status != "dtype" else f"{'':>9}"
-        lines.append(f"| {name:<{width}} | {row.kind:<{kind_width}} | {abs_cell} | {rel_cell} | {tol} | {result:<6} |{marker}{note}")
+        error = f"{row.reference_error:>9.2e}" if row.reference_error is not None else f"{'fixed':>9}"
+        tol = f"{tolerance_text(row):>9}" if row.status != "dtype" else f"{'':>9}"
+        lines.append(f"| {name:<{width}} | {row.kind:<{kind_width}} | {abs_cell} | {rel_cell} | {error} | {tol} | {result:<6} |{marker}{note}")
     return lines
+
+
+def tolerance_text(row: Row) -> str:
+    """'1e-05' for a fixed tolerance, '4.3e-07' for a derived one."""
+    return f"{row.tol:.1e}" if row.reference_error is not None else f"{row.tol:.0e}"
+
+
+def _tolerance_notes(report: PortReport) -> list[str]:
+    """What the ref error and tolerance columns mean, for the kinds of row the table holds."""
+    notes = []
+    if any(row.reference_error is not None for row in report.rows):
+        notes.append(
+            f"note: ref error = the reference's own float32 error at that row ({report.sides[0]} in float32 against itself in "
+            f"float64, the same weights cast up and inputs); tolerance = {K:g} x ref error, at least {K:g} float32 roundings "
+            "of the largest value compared (shared/tolerances.py)"
+        )
+    if any(row.reference_error is None and row.status in ("", "shape", "nan") for row in report.rows):
+        notes.append(
+            "note: a 'fixed' row holds docs/DESIGN.md's fixed tolerance: float64 has no higher-precision twin, "
+            "or the reference has no float64 twin of that row (see the notes above)"
+        )
+    return notes
 
 
 def _verdict(report: PortReport) -> str:
@@ -122,7 +149,11 @@ def _verdict(report: PortReport) -> str:
     failures = sum(row.failed for row in report.rows)
     if first is not None:
         if first.status == "":
-            what = f"{first.abs_diff:.2e} > {first.tol:.0e}"
+            what = f"{first.abs_diff:.2e} > {tolerance_text(first)}" + (
+                f" ({first.abs_diff / first.reference_error:.1f}x the reference's own error {first.reference_error:.1e})"
+                if first.reference_error
+                else ""
+            )
         else:
             what = first.note
         return (
@@ -140,4 +171,8 @@ def _verdict(report: PortReport) -> str:
     if not report.rows:
         return "FAIL: no output of the reference has a counterpart in the port: nothing was compared"
     lowered = " (some at a lower precision's tolerance: see precision above)" if report.precision else ""
-    return f"PASS: all {len(report.rows)} comparisons ({outputs} outputs) within the tolerances of docs/DESIGN.md{lowered}"
+    derived = sum(row.reference_error is not None for row in report.rows)
+    which = "the tolerances of docs/DESIGN.md"
+    if derived:
+        which = "tolerances derived from the reference's own error" + ("" if derived == len(report.rows) else " (or fixed: see the notes)")
+    return f"PASS: all {len(report.rows)} comparisons ({outputs} outputs) within {which}{lowered}"

@@ -78,10 +78,12 @@ def _pair_leaves(source: list[Output], target: list[Output]) -> tuple[list[tuple
     return pairs, False
 
 
-def output_rows(source_outputs, target_outputs, source_desc, target_desc, asked, sides, name_map=None):
+def output_rows(source_outputs, target_outputs, source_desc, target_desc, asked, sides, name_map=None, derived=None):
     """(rows in the reference's call order, unmatched reference labels, unmatched port labels,
     leaves skipped as not floating-point: [(label, kind)]). *_desc: the readers' describe, for the
-    module types and the compute dtypes (precision.py)."""
+    module types and the compute dtypes (precision.py). derived: {(call, leaf label) of the
+    reference's run: (its own error, tolerance)} for the rows judged in float32 when float32 was
+    asked for (derived.py); every other row holds the fixed tolerance of its dtype."""
     source, target = _calls(source_outputs), _calls(target_outputs)
     counts_s, counts_t = _counts(source), _counts(target)
     index = {(path, call): (position, leaves) for position, (path, call, leaves) in enumerate(target)}
@@ -113,8 +115,8 @@ def output_rows(source_outputs, target_outputs, source_desc, target_desc, asked,
                 )
             if dtype is None and status == "":
                 status = "unjudged"
-            tol = tolerance("stage", dtype or "float32")
-            rows.append(Row("output", name, target_name, kind, abs_diff, rel_diff, tol, note, position, path, key[0], status))
+            error, tol = _tolerance("stage", dtype, asked, (derived or {}).get((s.call, s.label)))
+            rows.append(Row("output", name, target_name, kind, abs_diff, rel_diff, tol, note, position, path, key[0], status, error))
     unmatched_target = [
         label(path, call, counts_t[path], output.label)
         for path, call, leaves in target
@@ -137,17 +139,41 @@ def _counts(calls) -> dict[str, int]:
     return counts
 
 
-def gradient_rows(source_grads, target_grads, rank, sides, name_map=None, transposed=frozenset()) -> list[Row]:
+def gradient_rows(source_grads, target_grads, rank, sides, name_map=None, transposed=frozenset(), asked="float64", derived=None) -> list[Row]:
     """One row per reference parameter with a gradient on both sides; rank: the lowest precision
     any output reached (a gradient runs through every one of them); transposed: the reference
-    parameters whose layout is the port's transposed (weights.py)."""
+    parameters whose layout is the port's transposed (weights.py); derived: {parameter: (the
+    reference's own error, tolerance)}, as output_rows'."""
     dtype = precision.dtype_of(rank)
-    tol = tolerance("grad", dtype or "float32")
     rows = []
     for name, value in source_grads.items():
         mapped = map_name(name, name_map)
         if mapped in target_grads:
             abs_diff, rel_diff, status, note = compare_arrays(value.T if name in transposed else value, target_grads[mapped], sides)
             status = "unjudged" if dtype is None and status == "" else status
-            rows.append(Row("gradient", name, mapped, "", abs_diff, rel_diff, tol, note, module=name, target_module=mapped, status=status))
+            error, tol = _tolerance("grad", dtype, asked, (derived or {}).get(name))
+            rows.append(
+                Row(
+                    "gradient",
+                    name,
+                    mapped,
+                    "",
+                    abs_diff,
+                    rel_diff,
+                    tol,
+                    note,
+                    module=name,
+                    target_module=mapped,
+                    status=status,
+                    reference_error=error,
+                )
+            )
     return rows
+
+
+def _tolerance(kind: str, dtype: str | None, asked: str, twin: tuple[float, float] | None) -> tuple[float | None, float]:
+    """(the reference's own error or None, tolerance) of one row judged at `dtype`: derived where
+    float32 was asked for and the reference's float64 run has the row's twin, else fixed."""
+    if dtype == "float32" and asked == "float32" and twin is not None:
+        return twin
+    return None, tolerance(kind, dtype or "float32")

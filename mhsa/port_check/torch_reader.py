@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import typing
+import weakref
 from collections.abc import Iterator
 
 import numpy as np
@@ -145,7 +146,8 @@ def load_parameters(model: nn.Module, arrays: dict[str, np.ndarray]) -> nn.Modul
     state = model.state_dict()
     with torch.no_grad():
         for name, value in arrays.items():
-            state[name].copy_(torch.as_tensor(np.ascontiguousarray(value)))
+            value = np.ascontiguousarray(value)
+            state[name].copy_(torch.as_tensor(value if value.flags.writeable else value.copy()))  # torch warns on a read-only view
     return model
 
 
@@ -184,16 +186,32 @@ def gradients(model: nn.Module, inputs: Inputs) -> dict[str, np.ndarray]:
 
 def run(model: nn.Module, inputs: Inputs, grads: bool = False, each=None) -> tuple[list[Output], dict[str, np.ndarray] | None]:
     """(capture's outputs, with `grads` gradients' too) from one forward pass (and one backward):
-    each recorded leaf goes through `each(output) -> Output` as soon as its call returns (to reduce
-    it and keep only the result: a float64 run compared as it goes). The model's .grad are left
-    as they were."""
+    each recorded leaf goes through `each(output) -> Output` as soon as its call returns, to reduce
+    it and keep only the result (a float64 run compared as it goes): its value is then a view of
+    the tensor, valid during that call only, and not kept unless `each` copies it. The model's
+    .grad are left as they were."""
     calls: list[Output] = []
     count = [0]
+    copied: dict[int, tuple] = {}  # id(tensor) -> (weak references to it and to its copy, its version)
+
+    def copy_once(tensor: torch.Tensor) -> np.ndarray:
+        """A tensor that several calls return (the model's logits are its head's) is copied once:
+        the same object (alive, so its id is its own) at the same version (no in-place change since),
+        while its copy is still held (by `calls`, or by `each` until it has reduced it)."""
+        known = copied.get(id(tensor))
+        array = known[1]() if known is not None and known[0]() is tensor and known[2] == tensor._version else None
+        if array is not None:
+            return array
+        array = _numpy(tensor)
+        copied[id(tensor)] = (weakref.ref(tensor), weakref.ref(array), tensor._version)
+        return array
 
     def hook(path):
         def record(module, args, output):
-            found = leaves(count[0], path, output, _is_tensor, _numpy)
-            calls.extend(found if each is None else [each(leaf) for leaf in found])
+            if each is None:
+                calls.extend(leaves(count[0], path, output, _is_tensor, copy_once))
+            else:  # reduced at once, before anything can change the tensor in place: a view does
+                calls.extend(each(leaf) for leaf in leaves(count[0], path, output, _is_tensor, _view))
             count[0] += 1
 
         return record
@@ -269,6 +287,17 @@ def switched(model: nn.Module, switch: str, path: str, value: float | str | None
         module.approximate = value
         return model
     return None
+
+
+@contextlib.contextmanager
+def float64_twin(model: nn.Module) -> Iterator[nn.Module]:
+    """A float64 copy of `model` for the block (the tolerances' reference run, derived.py),
+    converted tensor by tensor (cast), and let go after it."""
+    twin, _ = cast(model, "float64")
+    try:
+        yield twin
+    finally:
+        del twin
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mhsa.port_check.chunks import BLOCK, dot, largest, largest_abs, within
+from mhsa.port_check.chunks import BLOCK, blocks, dot, largest, largest_abs, within
 from mhsa.port_check.records import Transfer, map_name
 from shared.tolerances import max_abs_diff
 
@@ -94,28 +94,34 @@ def _view(value: np.ndarray, transposed: bool) -> np.ndarray:
 SEARCHED = 16  # differing parameters searched for a transform while none has shown a converter ran
 
 
-def compare_values(report: Transfer, source_params, target_params, tol: float) -> int:
+def compare_values(report: Transfer, source_params, target_params, tol: float, keep: bool = False) -> int:
     """Fill report.differing with every paired parameter the port holds other values of (and how),
     and return the evidence that a converter ran: how many parameters with non-constant reference
     values hold those values or a recognisable transform of them. While there is no evidence,
     only the first SEARCHED differing parameters are searched for a transform: a fresh port of a
-    large model is not searched parameter by parameter (the rest are said to differ by so much)."""
+    large model is not searched parameter by parameter (the rest are said to differ by so much).
+    keep: the port is kept whatever the evidence (--no-transfer). A fresh port, which is copied
+    over, has report.differing left empty and nothing measured beyond the first block that differs."""
     evidence, searched, differing = 0, 0, []
     for name, mapped, _, transposed in report.filled:
         reference, port = _view(source_params[name], transposed), target_params[mapped]
-        diff = largest(max_abs_diff, reference, port)
         informative = bool(reference.size > 1 and np.ptp(reference) > 0 and np.ptp(port) > 0)
-        if diff <= tol:
+        if within(max_abs_diff, tol, reference, port):
             evidence += informative
         else:
-            differing.append((name, reference, port, diff, informative))
-    for name, reference, port, diff, informative in differing:
+            differing.append((name, reference, port, informative))
+    found = []
+    for name, reference, port, informative in differing:
         how = None
         if evidence or searched < SEARCHED:
             searched += 1
             how = how_it_differs(reference, port, tol)
             evidence += informative and how is not None
-        report.differing.append((name, diff, how or f"differs by {diff:.2e}"))
+        found.append((name, reference, port, how))
+    if evidence or keep:  # the port is kept: every difference is said, with its size
+        for name, reference, port, how in found:
+            diff = largest(max_abs_diff, reference, port)
+            report.differing.append((name, diff, how or f"differs by {diff:.2e}"))
     return evidence
 
 
@@ -146,15 +152,22 @@ def how_it_differs(reference: np.ndarray, port: np.ndarray, tol: float) -> str |
         if close(reference.swapaxes(0, 1)):
             return "holds the kernel with its in and out channels swapped"
     scale_of = largest_abs(reference) or 1.0
-    relative = largest(max_abs_diff, reference, port) / scale_of
-    if relative < 1e-2:
+    if within(max_abs_diff, 1e-2 * scale_of, reference, port):
+        relative = largest(max_abs_diff, reference, port) / scale_of
         return f"close to the reference's values but not within tolerance ({relative:.1e} relative): rounded through a lower precision?"
     return None
 
 
 def _scale(reference, port) -> float | None:
-    if reference.shape != port.shape:
+    """The least-squares scale s of port ~ s * reference, when the first block already fits one
+    (a fresh port's random values end there), else None."""
+    if reference.shape != port.shape or reference.size == 0:
         return None
+    first = next(blocks(reference.shape))
+    a, b = reference[first], port[first]
+    head = dot(a, a)
+    if head > 0 and not within(max_abs_diff, 1e-3 * largest_abs(a), dot(b, a) / head * a, b):
+        return None  # a scaled copy fits one scale in every block, the first included
     norm = dot(reference, reference)
     if norm == 0:
         return None
@@ -177,6 +190,8 @@ def _reordering(reference, port, axis, tol) -> str | None:
     a, b = np.moveaxis(reference, axis, 0), np.moveaxis(port, axis, 0)
     if a.shape != b.shape or a.shape[0] < 2:
         return None
+    if abs(float(a.max()) - float(b.max())) > tol or abs(float(a.min()) - float(b.min())) > tol:
+        return None  # slices in another order hold the same values: a fresh port's random ones end here
     direction = np.random.default_rng(0).standard_normal(int(np.prod(a.shape[1:])))
     projections = [_project(x, direction) for x in (a, b)]
     order_a, order_b = (np.argsort(p, kind="stable") for p in projections)

@@ -87,3 +87,105 @@ def test_the_readers_hand_out_read_only_views_of_the_weights():
         value = next(iter(params.values()))
         with pytest.raises(ValueError, match="read-only"):
             value[...] = 0
+
+
+class TorchHead(torch.nn.Module):
+    def __init__(self, in_place: bool = False):
+        super().__init__()
+        self.head, self.in_place = torch.nn.Linear(4, 3), in_place
+
+    def forward(self, x):
+        y = self.head(x)
+        return y.add_(1.0) if self.in_place else y  # the model returns its head's tensor, changed in place or not
+
+
+def test_a_tensor_several_calls_return_is_copied_once_unless_changed_in_place_in_between():
+    x = np.ones((2, 4), dtype=np.float32)
+    head, model = torch_reader.capture(TorchHead(), x)
+    assert head.value is model.value
+    head, model = torch_reader.capture(TorchHead(in_place=True), x)
+    assert np.array_equal(model.value, head.value + 1.0)
+
+
+def test_a_value_several_calls_return_is_one_output_of_the_flax_program():
+    from flax import nnx
+
+    class FlaxHead(nnx.Module):
+        def __init__(self):
+            self.head = nnx.Linear(4, 3, rngs=nnx.Rngs(0))
+
+        def __call__(self, x):
+            return self.head(x)
+
+    head, model = flax_reader.capture(FlaxHead(), np.ones((2, 4), dtype=np.float32))
+    assert head.value is model.value and head.path == "head" and model.path == ""
+
+
+def test_a_run_that_reduces_each_output_as_it_comes_holds_none_of_them_meanwhile():
+    import weakref
+
+    seen: list = []
+
+    def reduce(output):  # the float64 run's way (derived.py): every earlier copy is gone by now
+        assert all(ref() is None or ref() is output.value for ref in seen), f"an earlier output is still held at {output.path}"
+        seen.append(weakref.ref(output.value))
+        return output._replace(value=None)
+
+    torch.manual_seed(0)
+    for reader, model in ((torch_reader, torch_block.Block().eval()), (flax_reader, flax_block.block()[0])):
+        seen.clear()
+        outputs, _ = reader.run(model, torch_block.example_inputs(), each=reduce)
+        assert len(seen) > 5 and all(output.value is None for output in outputs), reader.__name__
+
+
+def test_the_command_hands_its_models_over_so_a_fresh_ports_initial_weights_go_once_copied_over(monkeypatch, capsys):
+    import gc
+    import weakref
+
+    import jax
+
+    from mhsa.cli import main
+    from mhsa.port_check import command
+
+    initial, alive = [], {}
+    build, load = command._factories, flax_reader.load_parameters
+
+    def factories(args):
+        built = build(args)
+        initial.extend(weakref.ref(leaf) for leaf in jax.tree.leaves(flax_reader._variables(built[1][0])))
+        return built
+
+    def loaded(model, arrays):
+        model = load(model, arrays)
+        gc.collect()
+        alive["after"] = sum(ref() is not None for ref in initial)
+        return model
+
+    monkeypatch.setattr(command, "_factories", factories)
+    monkeypatch.setattr(flax_reader, "load_parameters", loaded)
+    assert main(["port-check", "examples.torch_block:block", "examples.flax_block:block", "--no-probes"]) == 0, capsys.readouterr().out
+    assert initial and alive == {"after": 0}
+
+
+def scale_benchmark(monkeypatch):
+    """benchmarks/port_check_scale.py as a module (the benchmarks are scripts, not a package)."""
+    import importlib.util
+
+    from tests.paths import ROOT
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("port_check_scale_under_test", ROOT / "benchmarks" / "port_check_scale.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_scale_benchmark_measures_a_childs_own_peak_and_runs_its_floor_and_check_on_the_tiny_pair(monkeypatch, capsys):
+    from mhsa.cli import main
+
+    bench = scale_benchmark(monkeypatch)
+    seconds, peak, status, _ = bench.measure(["-c", "x = bytearray(300 << 20); x[::4096] = b'1' * len(x[::4096])"])
+    assert status == 0 and seconds > 0 and peak > 300 << 20  # the child's resident peak, its 300 MiB touched
+    bench.floor("tiny", 3, 7, grads=True)  # build, transfer, forward and backward each, in this process
+    assert main(bench.check_argv("tiny", 3, 7, grads=True)) == 0, capsys.readouterr().out
+    assert capsys.readouterr().out.rstrip().splitlines()[-1].startswith("PASS: all 59 comparisons")

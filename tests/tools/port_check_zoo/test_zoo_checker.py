@@ -1,6 +1,9 @@
-"""`mhsa port-check` on the zoo: PASS on every faithful pair (float32 and float64, with gradients;
-with our converter's weights, and as a fresh port whose weights it transfers), and every planted
-bug named where the table says (examples/zoo/catalog.py)."""
+"""`mhsa port-check` on the zoo: PASS on every faithful pair with gradients, with our converter's
+weights in float32 (every row held to K times the reference's own error) and as a fresh port whose
+weights it transfers in float64 (the fixed 1e-10 family), and every planted bug named where the
+table says (examples/zoo/catalog.py). The keyword pair (the Llama pair called with keyword
+arguments) runs once: the property it adds is the keywords. `python -m examples.zoo.survey`
+runs every pair and bug in both dtypes."""
 
 import pytest
 
@@ -8,7 +11,7 @@ from examples.zoo import catalog, survey
 from mhsa.port_check import check_port, format_report
 
 
-@pytest.mark.parametrize(("name", "dtype"), [(n, d) for n in catalog.FAITHFUL for d in ("float32", "float64")])
+@pytest.mark.parametrize(("name", "dtype"), [(name, "float32") for name in catalog.FAITHFUL])
 def test_port_check_passes_every_faithful_pair_with_its_converted_weights_and_gradients(name, dtype):
     pair = catalog.FAITHFUL[name]
     (reference, x), (port, y) = catalog.build(pair.reference), catalog.build(pair.port)
@@ -16,7 +19,7 @@ def test_port_check_passes_every_faithful_pair_with_its_converted_weights_and_gr
     assert report.passed, format_report(report)
 
 
-@pytest.mark.parametrize(("name", "dtype"), [(n, "float64") for n in catalog.FAITHFUL])
+@pytest.mark.parametrize(("name", "dtype"), [(name, "float64") for name in catalog.FAITHFUL if name != "llama_keywords"])
 def test_port_check_passes_every_fresh_port_once_it_has_the_references_weights(name, dtype):
     pair = catalog.FAITHFUL[name]
     (reference, x), (port, y) = catalog.build(pair.reference), catalog.build(pair.fresh)
@@ -24,7 +27,7 @@ def test_port_check_passes_every_fresh_port_once_it_has_the_references_weights(n
     assert report.passed, format_report(report)
 
 
-@pytest.mark.parametrize(("name", "dtype"), [(n, "float64") for n in catalog.BUGS])
+@pytest.mark.parametrize(("name", "dtype"), [(name, "float64") for name in catalog.BUGS])
 def test_port_check_names_every_planted_bug_where_the_models_part(name, dtype):
     bug = catalog.BUGS[name]
     (reference, x), (port, y) = catalog.build(bug.reference), catalog.build(bug.port)

@@ -1,0 +1,72 @@
+"""The float32 rows' tolerances, derived from the reference's own error (issue 31, part 1;
+shared/tolerances.py): the reference runs once more, in float64, on the same weights (its float32
+ones cast up) and inputs, and each output leaf and gradient of that run is reduced at once against
+its float32 twin, to the reference's own float32 error there and the largest value compared. A
+row is then held to derived(error, scale): K times that error, with a floor of K float32
+roundings of the largest value (an exact stage, an embedding lookup, has no error of its own).
+
+Nothing of the float64 run is kept but those two numbers per row: a large model's float64 copy
+lives only while it runs, and its outputs one at a time. A leaf that the reference computes in
+float32 even in its float64 run (a cast in its code) has no float64 twin: its row keeps the fixed
+tolerance, and says so; so do all rows when the reference cannot run in float64 at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mhsa.port_check.chunks import largest
+from mhsa.port_check.structure import Inputs, Output, is_float_dtype, map_inputs
+from shared.tolerances import derived, reference_error, scale
+
+
+@dataclass
+class Derived:
+    """The tolerances of one check's float32 rows: (error, tolerance) per output leaf, by (call,
+    leaf label) of the reference's run, and per reference parameter's gradient; `fixed`: the
+    output leaves computed in float32 in the float64 run; `note`: why nothing was derived."""
+
+    outputs: dict[tuple[int, str], tuple[float, float]] = field(default_factory=dict)
+    grads: dict[str, tuple[float, float]] = field(default_factory=dict)
+    fixed: list[str] = field(default_factory=list)
+    note: str = ""
+
+
+def _twin(value32: np.ndarray, value64: np.ndarray) -> tuple[float, float]:
+    """(the reference's own error, its tolerance) of one leaf or gradient, in blocks."""
+    error = largest(reference_error, value32, value64)
+    return error, derived(error, largest(scale, value64))
+
+
+def from_float64_run(reader, model, inputs, outputs32: list[Output], grads32: dict | None) -> Derived:
+    """Run `model` (the reference, its reader) in float64 and derive every float32 row's
+    tolerance from it against `outputs32` and `grads32` (its float32 run). Errors of the float64
+    run are the caller's to report."""
+    found = Derived()
+    by_key = {(output.call, output.label): output for output in outputs32 if output.value is not None}
+
+    def reduce(output64: Output) -> Output:
+        twin = by_key.get((output64.call, output64.label))
+        value32, value64 = None if twin is None else twin.value, output64.value
+        if twin is None or value32 is None or value64 is None or twin.path != output64.path or value32.shape != value64.shape:
+            return output64._replace(value=None)
+        if output64.dtype != "float64":
+            found.fixed.append(twin.path or "(model output)")
+        else:
+            found.outputs[output64.call, output64.label] = _twin(value32, value64)
+        return output64._replace(value=None)
+
+    with reader.float64_twin(model) as twin_model:
+        _, grads64 = reader.run(twin_model, _float64(inputs), grads32 is not None, reduce)
+        for name, grad64 in (grads64 or {}).items():
+            if grads32 is not None and name in grads32 and grads32[name].shape == grad64.shape:
+                found.grads[name] = _twin(grads32[name], grad64)
+        del grads64
+    return found
+
+
+def _float64(inputs: Inputs) -> Inputs:
+    """The inputs with every floating array in float64 (exactly: they are float32 values)."""
+    return map_inputs(inputs, lambda x: np.asarray(x).astype(np.float64) if is_float_dtype(np.asarray(x).dtype) else x)

@@ -1,0 +1,143 @@
+"""Float32 rows held to K times the reference's own error there (issue 31, part 1): the reference
+run again in float64 on the same weights and inputs. A LayerNorm written by hand with eps 1e-6
+where torch's is 1e-5 parts by 1.4e-6 on inputs of standard deviation 3: well inside the fixed
+1e-5, ten times the reference's own float32 error, and named at its row; the faithful one passes.
+Where the reference has no float64 twin of a row, or none at all, the row keeps the fixed
+tolerance and says so; float64 keeps the fixed 1e-10 family."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from flax import nnx
+
+from mhsa.port_check import check_port, format_report
+from shared.tolerances import K, derived, reference_error, scale, tolerance
+
+D = 16
+
+
+class TorchNorm(torch.nn.Module):
+    """(B, T, D) -> (B, T, D): LayerNorm at torch's eps 1e-5, then a Linear."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.ln, self.down = torch.nn.LayerNorm(D), torch.nn.Linear(D, D)
+
+    def forward(self, x):
+        return self.down(self.ln(x))
+
+
+class HandNorm(nnx.Module):
+    """A LayerNorm written by hand, its epsilon a constant in the code: no lint reads it."""
+
+    def __init__(self, eps_in_code: float):
+        self.weight, self.bias = nnx.Param(jnp.ones(D)), nnx.Param(jnp.zeros(D))
+        self.code_eps = eps_in_code  # a float attribute under a name no reader looks for: as good as a literal
+
+    def __call__(self, x):
+        mean = x.mean(-1, keepdims=True)
+        var = ((x - mean) ** 2).mean(-1, keepdims=True)
+        return (x - mean) / jnp.sqrt(var + self.code_eps) * self.weight[...] + self.bias[...]
+
+
+class FlaxNorm(nnx.Module):
+    def __init__(self, eps_in_code: float):
+        self.ln, self.down = HandNorm(eps_in_code), nnx.Linear(D, D, rngs=nnx.Rngs(0))
+
+    def __call__(self, x):
+        return self.down(self.ln(x))
+
+
+def inputs():
+    """(2, 3, D) of standard deviation 3: the issue's example (the reference's own float32 error at
+    'ln' 1.4e-7, a faithful port's gap 2.4e-7, the eps-1e-6 port's 1.2e-6). The bug's gap relative to
+    the reference's error depends on the rounding of the inputs drawn (about 3x to 30x over draws
+    of this size): these inputs are the example, not the rule."""
+    return 3 * np.random.default_rng(8).standard_normal((2, 3, D)).astype(np.float32)
+
+
+@pytest.mark.parametrize(("eps", "passes"), [(1e-5, True), (1e-6, False)])
+def test_a_hand_written_layernorm_with_eps_1e6_fails_at_its_row_in_float32_and_the_faithful_one_passes(eps, passes):
+    report = check_port(TorchNorm(), FlaxNorm(eps), inputs(), grads=True)
+    assert not report.lint and report.passed is passes, format_report(report)
+    ln = next(row for row in report.rows if row.name == "ln")
+    assert ln.reference_error is not None and ln.tol == pytest.approx(K * ln.reference_error, rel=1e-12)
+    if not passes:  # the issue's numbers: a gap the fixed tolerance passes, 8.5 times the reference's own error
+        assert report.first_failure is ln and 1e-6 < ln.abs_diff < tolerance("stage", "float32"), format_report(report)
+        assert ln.abs_diff > 8 * ln.reference_error and 1.3e-7 < ln.reference_error < 1.5e-7
+        assert "FAIL: the models part at output 'ln' (LayerNorm): 1.19e-06 > 8.4e-07 (8.5x the reference's own error 1.4e-07)" in format_report(
+            report
+        )
+    else:
+        assert ln.abs_diff < 2 * ln.reference_error
+
+
+def test_every_float32_row_shows_the_references_own_error_and_its_derived_tolerance():
+    source, x = TorchNorm(), inputs()
+    report = check_port(source, FlaxNorm(1e-5), x, grads=True)
+    with torch.no_grad():  # the reference's own error at 'ln', computed here without the checker
+        ln32 = source.ln(torch.as_tensor(x)).numpy()
+        ln64 = TorchNorm().double().ln(torch.as_tensor(x, dtype=torch.float64)).numpy()
+    ln = next(row for row in report.rows if row.name == "ln")
+    assert ln.reference_error == reference_error(ln32, ln64) and ln.tol == derived(reference_error(ln32, ln64), scale(ln64))
+    assert all(row.reference_error is not None for row in report.rows)  # outputs and gradients alike
+    text = format_report(report)
+    assert "| ref error | tolerance |" in text and f"{ln.reference_error:.2e} |   {ln.tol:.1e} | PASS" in text
+    assert f"tolerance = {K:g} x ref error" in text and "within tolerances derived from the reference's own error" in text
+
+
+def test_float64_rows_keep_the_fixed_tolerances():
+    report = check_port(TorchNorm(), FlaxNorm(1e-5), inputs(), dtype="float64", grads=True)
+    assert report.passed and all(row.reference_error is None and row.tol in (1e-10,) for row in report.rows), format_report(report)
+    assert "    fixed |     1e-10 | PASS" in format_report(report)
+
+
+class Float32LayerNorm(torch.nn.LayerNorm):
+    """A LayerNorm that computes in float32 whatever the dtype: a cast in its code."""
+
+    def forward(self, x):
+        return torch.nn.functional.layer_norm(x.float(), self.normalized_shape, self.weight.float(), self.bias.float(), self.eps)
+
+
+class Float32Inside(TorchNorm):
+    def __init__(self):
+        super().__init__()
+        self.ln = Float32LayerNorm(D)
+
+    def forward(self, x):
+        return self.down(self.ln(x).to(x.dtype))
+
+
+class NoFloat64(TorchNorm):
+    """Multiplies by a float32 matrix that is neither parameter nor buffer: a float64 run cannot."""
+
+    def __init__(self):
+        super().__init__()
+        self.mix = torch.eye(D)
+
+    def forward(self, x):
+        return super().forward(x) @ self.mix
+
+
+def test_rows_without_a_float64_twin_keep_the_fixed_tolerance_and_say_so():
+    report = check_port(NoFloat64(), FlaxNorm(1e-5), inputs())
+    assert report.passed and all(row.reference_error is None for row in report.rows), format_report(report)
+    assert any(note.startswith("the reference cannot run in float64 (RuntimeError") for note in report.notes), report.notes
+    assert "a 'fixed' row holds docs/DESIGN.md's fixed tolerance" in format_report(report)
+
+
+def test_a_row_the_reference_computes_in_float32_even_in_float64_keeps_the_fixed_tolerance():
+    report = check_port(Float32Inside(), FlaxNorm(1e-5), inputs())
+    ln = next(row for row in report.rows if row.name == "ln")
+    assert report.passed and ln.reference_error is None and ln.tol == tolerance("stage", "float32"), format_report(report)
+    assert "the reference computes 'ln' in float32 even in float64: those rows hold the fixed tolerance" in report.notes
+
+
+def test_a_float32_check_of_a_flax_reference_leaves_jaxs_float64_switch_as_it_was():
+    with jax.enable_x64(False):
+        report = check_port(FlaxNorm(1e-5), TorchNorm(), inputs(), transfer=True)
+        assert not jax.config.read("jax_enable_x64")
+    assert any(row.reference_error is not None for row in report.rows), format_report(report)
