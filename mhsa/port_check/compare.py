@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 
 from mhsa.port_check import derived, names, precision, weights
-from mhsa.port_check.derived import Derived
 from mhsa.port_check.hints import Side, hints, run_probes
 from mhsa.port_check.padding import explain_same
 from mhsa.port_check.records import NORMS, WHY, PortCheckError, PortReport, Transfer, backend_of, map_name
@@ -244,7 +243,7 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
         grads,
         also=_shape_advice(pairing),
     )
-    tolerances = source.derived or Derived()
+    tolerances = source.derived or derived.Derived()
     report.rows, report.unmatched_source, report.unmatched_target, skipped = output_rows(
         source_outputs, target_outputs, source.desc, target.desc, asked, sides, name_map, tolerances.outputs
     )
@@ -276,7 +275,7 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
                 report.hints.insert(0, "read with the switches of the probes that close a gap (below) in place:")
 
 
-def _derive(report: PortReport, source: Side, outputs, grads) -> Derived | None:
+def _derive(report: PortReport, source: Side, outputs, grads) -> derived.Derived | None:
     """The float32 rows' tolerances from the reference's float64 run (derived.py); None, with a
     note, when the reference cannot run in float64: its rows then hold the fixed tolerances."""
     try:
@@ -285,9 +284,19 @@ def _derive(report: PortReport, source: Side, outputs, grads) -> Derived | None:
         report.notes.append(f"the reference cannot run in float64 ({one_line(error)}): its float32 rows hold the fixed tolerances of docs/DESIGN.md")
         return None
     if found.fixed:
-        shown = ", ".join(f"'{path}'" for path in dict.fromkeys(found.fixed[:4])) + (" and more" if len(found.fixed) > 4 else "")
-        report.notes.append(f"the reference computes {shown} in float32 even in float64: those rows hold the fixed tolerance")
+        report.notes.append(f"the reference computes {_some(found.fixed)} in float32 even in float64: those rows hold the fixed tolerance")
+    if found.apart:
+        report.notes.append(
+            f"the reference's float64 run differs from its float32 run by more than rounding at {_some(found.apart)} "
+            f"(over {derived.NOT_A_TWIN:g} of the largest value: a random layer in train mode?): those rows hold the fixed tolerance"
+        )
     return found
+
+
+def _some(names: list[str], shown: int = 4) -> str:
+    """ "'a', 'b' and 3 more": the first few of a list of row names, each once."""
+    names = list(dict.fromkeys(names))
+    return ", ".join(f"'{name}'" for name in names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 def _shape_advice(pairing: Transfer) -> str:

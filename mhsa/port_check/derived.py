@@ -8,7 +8,9 @@ roundings of the largest value (an exact stage, an embedding lookup, has no erro
 Nothing of the float64 run is kept but those two numbers per row: a large model's float64 copy
 lives only while it runs, and its outputs one at a time. A leaf that the reference computes in
 float32 even in its float64 run (a cast in its code) has no float64 twin: its row keeps the fixed
-tolerance, and says so; so do all rows when the reference cannot run in float64 at all.
+tolerance, and says so; so do all rows when the reference cannot run in float64 at all, and a
+row where the two runs differ by more than rounding can (NOT_A_TWIN: a random layer left in train
+mode), which would otherwise loosen its tolerance to whatever the randomness reaches.
 """
 
 from __future__ import annotations
@@ -31,13 +33,21 @@ class Derived:
     outputs: dict[tuple[int, str], tuple[float, float]] = field(default_factory=dict)
     grads: dict[str, tuple[float, float]] = field(default_factory=dict)
     fixed: list[str] = field(default_factory=list)
-    note: str = ""
+    apart: list[str] = field(default_factory=list)  # rows whose float64 run is no twin (NOT_A_TWIN)
 
 
-def _twin(value32: np.ndarray, value64: np.ndarray) -> tuple[float, float]:
-    """(the reference's own error, its tolerance) of one leaf or gradient, in blocks."""
-    error = largest(reference_error, value32, value64)
-    return error, derived(error, largest(scale, value64))
+# a float64 run that differs from the float32 one by more than this fraction of the largest value
+# is no rounding twin (a random layer in train mode, a branch on a value): it derives nothing
+NOT_A_TWIN = 1e-3
+
+
+def _twin(value32: np.ndarray, value64: np.ndarray) -> tuple[float, float] | None:
+    """(the reference's own error, its tolerance) of one leaf or gradient, in blocks; None when
+    the two runs differ by more than rounding can."""
+    error, largest_value = largest(reference_error, value32, value64), largest(scale, value64)
+    if not error <= NOT_A_TWIN * largest_value:
+        return None
+    return error, derived(error, largest_value)
 
 
 def from_float64_run(reader, model, inputs, outputs32: list[Output], grads32: dict | None) -> Derived:
@@ -52,17 +62,26 @@ def from_float64_run(reader, model, inputs, outputs32: list[Output], grads32: di
         value32, value64 = None if twin is None else twin.value, output64.value
         if twin is None or value32 is None or value64 is None or twin.path != output64.path or value32.shape != value64.shape:
             return output64._replace(value=None)
+        name = (twin.path or "(model output)") + twin.label
         if output64.dtype != "float64":
-            found.fixed.append(twin.path or "(model output)")
+            found.fixed.append(name)
+            return output64._replace(value=None)
+        twinned = _twin(value32, value64)
+        if twinned is None:
+            found.apart.append(name)
         else:
-            found.outputs[output64.call, output64.label] = _twin(value32, value64)
+            found.outputs[output64.call, output64.label] = twinned
         return output64._replace(value=None)
 
     with reader.float64_twin(model) as twin_model:
         _, grads64 = reader.run(twin_model, _float64(inputs), grads32 is not None, reduce)
         for name, grad64 in (grads64 or {}).items():
             if grads32 is not None and name in grads32 and grads32[name].shape == grad64.shape:
-                found.grads[name] = _twin(grads32[name], grad64)
+                twinned = _twin(grads32[name], grad64)
+                if twinned is None:
+                    found.apart.append(f"grad {name}")
+                else:
+                    found.grads[name] = twinned
         del grads64
     return found
 
