@@ -287,12 +287,12 @@ def load_parameters(model: Model, arrays: dict[str, np.ndarray]) -> Model:
             tree = variables[collection]
             for key in path[:-1]:
                 tree = tree[key]
-            tree[path[-1]] = jnp.asarray(_from_torch(value, layout), dtype=tree[path[-1]].dtype)
+            tree[path[-1]] = _own(_from_torch(value, layout), tree[path[-1]].dtype)
         return module, variables
     for name, value in arrays.items():
         path, layout = native[name]
         variable = _variable(model, path)
-        variable[...] = jnp.asarray(_from_torch(value, layout), dtype=variable[...].dtype)
+        variable[...] = _own(_from_torch(value, layout), variable[...].dtype)
     return model
 
 
@@ -356,6 +356,12 @@ def cast(model: Model, dtype: str) -> tuple[Model, list[str]]:
                 setattr(module, name, target)
     graphdef, state = nnx.split(model)
     return nnx.merge(graphdef, jax.tree.map(convert, state)), changed
+
+
+def _own(value: np.ndarray, dtype) -> jax.Array:
+    """A JAX array with its own buffer: jnp.asarray of a NumPy array can alias its memory on the
+    CPU, and the source may be a view of a torch tensor that an optimizer then changes in place."""
+    return jnp.array(value, dtype=dtype, copy=True)
 
 
 def _is_float_dtype(value) -> bool:

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from mhsa.port_check import torch_reader, train_flax, train_lint, train_torch
+from mhsa.port_check import train_flax, train_lint, train_torch
 from mhsa.port_check.compare import check_port, lint, transfer_weights
 from mhsa.port_check.records import PortReport, backend_of, map_name
 from mhsa.port_check.train_records import MOMENTS, StepRecord, StepSummary, TrainReport, TrainRow
@@ -120,7 +120,7 @@ def check_training(reference, port, steps: int, *, dtype: str = "float32", name_
         config_lint=lint(ref_reader.describe(ref32.model, first_ref), port_reader.describe(port_model, first_port), sides, name_map),
     )
     report.lint, report.lint_notes, report.settings = train_lint.optimizer_lint(reference, port, port_model, steps, name_map, probes)
-    before, failed_before = torch_reader.parameters(ref32.model), None
+    before, failed_before = train_torch.snapshot(ref32.model), None
     for step in range(1, steps + 1):
         index = (step - 1) % len(reference["inputs"])
         ref, other = ref32.step(reference["inputs"][index]), port32.step(port["inputs"][index])

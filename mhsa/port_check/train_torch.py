@@ -83,7 +83,7 @@ class Trainer:
         if self.clip is not None:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
         _step(self.optimizer, self.scheduler)
-        return StepRecord(float(loss.item()), grads, torch_reader.parameters(self.model), self.moments())
+        return StepRecord(float(loss.item()), grads, snapshot(self.model), self.moments())
 
     def moments(self) -> dict[tuple[str, str], np.ndarray]:
         found = {}
@@ -97,6 +97,12 @@ class Trainer:
         """A copy of the model holding `params` (neutral arrays, as a StepRecord's)."""
         model = copy.deepcopy(self.model)
         return torch_reader.load_parameters(model, {name: value for name, value in params.items() if name in model.state_dict()})
+
+
+def snapshot(model: torch.nn.Module) -> dict[str, np.ndarray]:
+    """The model's parameters now, copied: torch_reader.parameters gives views, which the next
+    optimizer step would change under whoever holds them."""
+    return {name: value.copy() for name, value in torch_reader.parameters(model).items()}
 
 
 def _step(optimizer, scheduler) -> None:

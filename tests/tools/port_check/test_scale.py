@@ -89,6 +89,22 @@ def test_the_readers_hand_out_read_only_views_of_the_weights():
             value[...] = 0
 
 
+def test_weights_copied_from_a_view_stay_as_copied_when_the_source_changes_in_place():
+    # a view of a torch tensor, loaded into a Flax port, must not alias it: the training check
+    # steps the torch model in place while the port still holds the weights of before
+    torch.manual_seed(0)
+    source, (target, _) = torch_block.Block(), flax_block.block()
+    views = torch_reader.parameters(source)
+    names = set(views) & set(flax_reader.parameters(target))
+    loaded = flax_reader.load_parameters(target, {name: views[name] for name in names})
+    before = {name: np.array(value) for name, value in flax_reader.parameters(loaded).items()}
+    with torch.no_grad():
+        for parameter in source.parameters():
+            parameter.add_(1.0)
+    after = flax_reader.parameters(loaded)
+    assert names and all(np.array_equal(before[name], after[name]) for name in names)
+
+
 class TorchHead(torch.nn.Module):
     def __init__(self, in_place: bool = False):
         super().__init__()

@@ -42,18 +42,19 @@ def test_matched_optimizer_pairs_agree_at_every_step_loss_gradient_moment_and_pa
     assert f"PASS: all 20 steps agree: the loss, 6 gradients, {len(moments) * 6} moments and 6 parameters" in format_train_report(report)
 
 
-@pytest.mark.xfail(strict=True, reason="the forward rows come from check_port, whose float32 rows get derived tolerances next (issue 31 part 1)")
 def test_a_layernorm_eps_of_1e6_parts_at_its_forward_row_in_float32_where_a_fixed_tolerance_passes_it():
     # issue 31's example: a hand-written LayerNorm with eps 1e-6 where torch's is 1e-5, inputs of
-    # standard deviation 3; the lints cannot read a hand-written eps
+    # standard deviation 3; the configuration lint reads the hand-written module's eps, and the
+    # numbers name it on their own: the forward row at the norm fails
     report = check_training(models.torch_side("adam"), models.flax_side(optax.adam(1e-2), eps=1e-6), 2, probes=False)
     text = format_train_report(report)
-    assert not report.config_lint and not report.lint, text
+    assert report.config_lint == ["ln: LayerNorm eps 1e-05 in torch, 1e-06 in jax (torch's default is 1e-5, Flax's 1e-6)"], text
+    assert not report.lint, text
     assert report.first_failure is not None and report.first_failure.step == 1, text
     ln = report.forward.first_failure
     assert ln is not None and ln.name == "ln", text
-    reference_error = float(ln.note.split("reference's own error ")[1])
-    assert 1e-7 < reference_error < 5e-7  # float32 rounding at the norm's output
+    reference_error = ln.reference_error
+    assert reference_error is not None and 1e-7 < reference_error < 5e-7  # float32 rounding at the norm's output
     assert 10 * reference_error < ln.abs_diff < tolerance("stage", "float32")  # ten times the rounding, yet under the fixed 1e-5
     assert "the forward pass parts first: at 'ln'" in text
     # the faithful LayerNorm (eps 1e-5) is the matched pairs' port: it passes 20 steps there
