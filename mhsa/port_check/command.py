@@ -9,17 +9,17 @@ input mistake (one line), or names that do not correspond (the report with a pro
 from __future__ import annotations
 
 import argparse
-import importlib
-import os
 import sys
 
 import numpy as np
 
-from mhsa.port_check.compare import check_port, one_line
+from mhsa.port_check.compare import check_port
+from mhsa.port_check.factories import call_factory
 from mhsa.port_check.files import check_writable, read_input_file, read_map, write_map
 from mhsa.port_check.records import PortCheckError, backend_of
 from mhsa.port_check.report import format_report
 from mhsa.port_check.structure import Inputs, as_inputs
+from mhsa.port_check.train_command import add_train_arguments, run_train
 from mhsa.threads import add_threads_argument
 from shared.config import DTYPES
 
@@ -45,24 +45,7 @@ def load_factory(spec: str, what: str):
     """'package.module:function' -> (model, Inputs or None): what the function returns. A bad
     spec or a module that cannot be imported is a ValueError (a usage error); a factory that
     raises or returns something else than a model or (model, inputs) a PortCheckError."""
-    module_name, _, function = spec.partition(":")
-    if not module_name or not function:
-        raise ValueError(f"factory must be package.module:function; got {spec!r}")
-    if os.getcwd() not in sys.path:  # the user's own package, as `python -m` would find it
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise ValueError(f"cannot load factory {spec!r}: {error}") from None
-    except Exception as error:  # the user's module fails while it is imported
-        raise PortCheckError(f"importing {module_name!r} for {what} failed: {one_line(error)}") from error
-    factory = getattr(module, function, None)
-    if not callable(factory):
-        raise ValueError(f"cannot load factory {spec!r}: {module_name} has no function {function!r}")
-    try:
-        result = factory()
-    except Exception as error:
-        raise PortCheckError(f"{what} {spec!r} raised {one_line(error)}") from error
+    result = call_factory(spec, what)
     if _readable(result):
         return result, None
     if isinstance(result, tuple) and len(result) == 2 and _readable(result[0]):
@@ -138,6 +121,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     weights.add_argument("--no-transfer", dest="transfer", action="store_false", default=None, help="always check the port's own weights")
     parser.add_argument("--no-probes", action="store_true", help="skip the re-runs with likely causes switched")
     parser.add_argument("--seed", type=int_flag("--seed"), default=0, help="seed of --input-shape's inputs (default 0)")
+    add_train_arguments(parser)
     parser.set_defaults(parser=parser)
 
 
@@ -157,6 +141,8 @@ def run(args) -> int:
         if args.write_map:
             check_writable(args.write_map, [args.map, args.inputs])
         name_map = read_map(args.map) if args.map else None
+        if args.train is not None:
+            return run_train(args, name_map)
         from_file = read_input_file(args.inputs) if args.inputs else None
         factories = _factories(args)
     except (ValueError, TypeError, OSError) as error:

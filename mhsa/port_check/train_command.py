@@ -13,11 +13,11 @@ without loading torch or JAX.
 from __future__ import annotations
 
 import argparse
-import importlib
-import os
 import sys
 
 from mhsa.flags import int_in
+from mhsa.port_check.factories import call_factory
+from mhsa.port_check.records import PortCheckError
 
 MAX_STEPS = 100_000
 # flags of the forward check that a training check refuses: attribute -> {value given: flag}
@@ -27,6 +27,7 @@ REFUSED = {
     "int_range": "--int-range",
     "transfer": {True: "--transfer", False: "--no-transfer"},
     "grads": "--grads",
+    "write_map": "--write-map",
 }
 
 
@@ -38,20 +39,6 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="train both N steps from the reference's weights and compare every step: each factory returns "
         "{model, optimizer, loss, inputs} (mhsa.port_check.train_check)",
     )
-
-
-def call_factory(spec: str):
-    """'package.module:function' -> what the function returns (the user's package found from the
-    working directory, as `python -m` would)."""
-    module_name, _, function = spec.partition(":")
-    if not (module_name and function):
-        raise ValueError(f"factory must be package.module:function; got {spec!r}")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        return getattr(importlib.import_module(module_name), function)()
-    except (ImportError, AttributeError) as error:
-        raise ValueError(f"cannot load factory {spec!r}: {error}") from None
 
 
 def _given(flag, value) -> str | None:
@@ -74,9 +61,12 @@ def run_train(args, name_map: dict[str, str] | None = None) -> int:
     if refused:
         args.parser.error(f"{', '.join(refused)}: not with --train (its batches and weights come from the factories)")
     try:
-        reference = check_setup(call_factory(args.torch_factory), "reference")
-        port = check_setup(call_factory(args.flax_factory), "port")
+        reference = check_setup(call_factory(args.torch_factory, "TORCH_FACTORY"), "reference")
+        port = check_setup(call_factory(args.flax_factory, "FLAX_FACTORY"), "port")
         report = check_training(reference, port, args.train, dtype=args.dtype, name_map=name_map, probes=not args.no_probes)
+    except PortCheckError as error:  # the user's module or factory raised: one line, as the forward check says it
+        print(f"mhsa port-check: error: {error}", file=sys.stderr)
+        return 2
     except ValueError as error:
         args.parser.error(str(error))
     print(format_train_report(report))

@@ -118,3 +118,8 @@ def flax_adamw_default_decay():
 
 def flax_adamw_renamed():
     return flax_side(optax.adamw(1e-2, weight_decay=1e-2)) | {"model": RenamedFlaxMLP(rngs=nnx.Rngs(1))}
+
+
+def raising():
+    """A factory that fails the way a user's can: the command says so in one line."""
+    raise RuntimeError("no such checkpoint: model.pt")

@@ -1,6 +1,5 @@
 """`mhsa port-check TORCH_FACTORY FLAX_FACTORY --train N`: exit 0 when every step agrees, 1 when
-the trainings part or a setting differs, 2 with one line on a usage error. The parser is the
-forward check's with add_train_arguments, as mhsa port-check builds it."""
+the trainings part or a setting differs, 2 with one line on a usage error."""
 
 import argparse
 import json
@@ -10,7 +9,6 @@ import sys
 import pytest
 
 from mhsa.port_check import command
-from mhsa.port_check.train_command import add_train_arguments, run_train
 from tests.paths import ROOT
 
 MODELS = "tests.tools.port_check_train.models"
@@ -19,9 +17,7 @@ MODELS = "tests.tools.port_check_train.models"
 def port_check(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="mhsa port-check")
     command.add_arguments(parser)
-    add_train_arguments(parser)
-    args = parser.parse_args(argv)
-    return run_train(args, command.read_map(args.map) if args.map else None)  # as command.run hands it on
+    return command.run(parser.parse_args(argv))
 
 
 def test_a_matched_pair_exits_0_and_a_planted_default_exits_1_naming_it(capsys):
@@ -58,6 +54,7 @@ def test_names_that_do_not_correspond_reach_the_port_through_the_map(tmp_path, c
         ([f"{MODELS}:torch_adamw", f"{MODELS}:flax_adamw", "--train", "2", "--input-shape", "3,7"], "--input-shape: not with --train"),
         ([f"{MODELS}:torch_adamw", f"{MODELS}:flax_adamw", "--train", "2", "--no-transfer", "--grads"], "--no-transfer, --grads: not with --train"),
         ([f"{MODELS}:torch_adamw", f"{MODELS}:nothing", "--train", "2"], f"cannot load factory '{MODELS}:nothing'"),
+        ([f"{MODELS}:torch_adamw", f"{MODELS}:flax_adamw", "--train", "2", "--write-map", "m.json"], "--write-map: not with --train"),
         ([f"{MODELS}:torch_adamw", f"{MODELS}:flax_adamw", "--train", "0"], "argument --train: expected an integer in [1, 100000], got 0"),
     ],
 )
@@ -67,6 +64,20 @@ def test_a_usage_error_exits_2_with_one_line(argv, message, capsys):
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert message in err and err.strip().splitlines()[-1].startswith("mhsa port-check: error: ")
+
+
+def test_a_factory_that_raises_exits_2_with_one_line_naming_it(capsys):
+    assert port_check([f"{MODELS}:torch_adamw", f"{MODELS}:raising", "--train", "2"]) == 2
+    err = capsys.readouterr().err
+    said = f"mhsa port-check: error: FLAX_FACTORY '{MODELS}:raising' raised RuntimeError: no such checkpoint: model.pt (at "
+    assert err.startswith(said) and err.count("\n") == 1, err
+
+
+def test_mhsa_port_check_runs_the_training_check_with_train():
+    argv = [sys.executable, "-m", "mhsa.cli", "port-check", f"{MODELS}:torch_adamw", f"{MODELS}:flax_adamw", "--train", "2", "--no-probes"]
+    result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.startswith("mhsa port-check --train 2 · TorchMLP (torch, AdamW) vs FlaxMLP (jax, optax) · float32")
 
 
 def test_the_commands_parser_takes_the_train_flag_without_starting_a_framework():
