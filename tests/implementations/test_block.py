@@ -182,7 +182,7 @@ def test_a_mask_is_any_array_like_of_bool_in_every_backend(backend):
     to the NumPy-facing functions or to the layer and model themselves, is converted once where
     the call enters, and every form gives the same numbers (torch's masked_fill_ refuses a mask
     that is not a bool tensor on the scores' device: the block converts it first)."""
-    from tests.implementations.test_errors import called_directly, native
+    from tests.backends import called_directly, native
 
     arrays = init_weights(SMALL, 12, "float64")
     keep = np.random.default_rng(13).random((B, 1, T, T)) < 0.7  # (B, 1, T, T): per sequence, every head

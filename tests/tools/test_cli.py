@@ -89,12 +89,6 @@ def test_threads_is_a_flag_of_every_command_that_computes(capsys):
         assert "--threads: expected an integer in [1, 1024], got 0" in capsys.readouterr().err, command
 
 
-@pytest.mark.parametrize("name", [name for name in names("train") if name not in names("layers")])
-def test_native_init_is_refused_before_any_work_where_a_backend_has_no_layers(capsys, name):
-    err = refused(capsys, "train", "--backend", name, "--init", "native")
-    assert f"--init native asks for the framework layers' own initializers; the {name} backend has none" in err
-
-
 def test_every_flag_of_every_command_has_help_text():
     import argparse
     import importlib
@@ -149,20 +143,6 @@ def test_an_unknown_flag_is_refused_with_the_commands_own_usage(capsys, command)
     err = refused(capsys, command, *VALID[command], "--no-such-flag")
     assert err.startswith(f"usage: mhsa {command} ")
     assert err.splitlines()[-1] == f"mhsa {command}: error: unrecognized arguments: --no-such-flag"
-
-
-DP_3 = "batch_size=32 is not divisible by dp=3: every global batch is split into 3 equal shards"
-
-
-@pytest.mark.parametrize("name", names("dp"))
-def test_a_dp_that_does_not_split_the_batch_is_refused_before_the_banner_with_the_commands_usage(capsys, name):
-    err = refused(capsys, "train", "--backend", name, "--dp", "3")
-    assert err.startswith("usage: mhsa train ") and err.splitlines()[-1] == f"mhsa train: error: {DP_3}"
-    from tests.commands import run_cli
-
-    result = run_cli(name, "--dp", "3", cwd=".")
-    assert result.returncode == 2 and result.stdout == "" and result.stderr.startswith(f"usage: python -m {package(name)}.train ")
-    assert result.stderr.splitlines()[-1] == f"python -m {package(name)}.train: error: {DP_3}"
 
 
 def test_generate_and_heads_refuse_a_flag_the_model_contradicts_with_their_usage(capsys, tmp_path):
