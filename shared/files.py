@@ -1,7 +1,7 @@
 """Reading and writing files so that a bad input never hangs or floods memory, and an
 interrupted write never destroys the previous file.
 
-What is guaranteed (docs/DESIGN.md, "Files"):
+What is guaranteed (docs/DESIGN.md, "Errors"; docs/training.md, "What is refused"):
 - `read_regular` opens with O_NONBLOCK and checks fstat before reading a byte: a FIFO, a
   device (a symlink to /dev/zero included), a socket or a folder is refused at once with a
   ValueError naming the path; a file larger than the caller's limit is refused before it is

@@ -41,7 +41,7 @@ if "PYTEST_XDIST_WORKER" in os.environ:
         os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(os.environ["JAX_COMPILATION_CACHE_DIR"], os.environ["PYTEST_XDIST_WORKER"])
     # a worker per core (make test): a second thread of torch's OpenMP pool (or of NumPy's
     # OpenBLAS, which reads the same variable) would only spin against the other worker on these
-    # tiny models (benchmarks/RESULTS.md, "Busy machine"); read once, when each library starts,
+    # tiny models (docs/performance.md, "Threads"); read once, when each library starts,
     # here and in the processes the tests start. Tests of --threads set their own.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 

@@ -25,7 +25,10 @@ BAD_SIZES = {
         for field in ("d_model", "n_heads", "max_len")  # the block's own sizes: the block's message
         for value in (0, -3)
     },
-    **{f"vocab_size {value}": ({"vocab_size": value}, ValueError, f"ModelConfig.vocab_size must be a positive integer, got {value}") for value in (0, -3)},
+    **{
+        f"vocab_size {value}": ({"vocab_size": value}, ValueError, f"ModelConfig.vocab_size must be a positive integer, got {value}")
+        for value in (0, -3)
+    },
     "d_model 24.0": ({"d_model": 24.0}, TypeError, "d_model must be an int, got 24.0 (float)"),
 }
 

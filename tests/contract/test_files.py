@@ -79,7 +79,9 @@ def test_a_file_over_the_readers_limit_is_refused_before_it_is_read(tmp_path, mo
     with open(path, "wb") as file:  # sparse: a byte over the limit, nothing to read
         file.truncate(history.MAX_BYTES + 1)
     monkeypatch.setattr(files, "read_exactly", lambda *args: pytest.fail("a byte was read"))
-    with pytest.raises(ValueError, match=rf"^history file '{re.escape(str(path))}' is {history.MAX_BYTES + 1} bytes, more than the {history.MAX_BYTES}-byte limit$"):
+    with pytest.raises(
+        ValueError, match=rf"^history file '{re.escape(str(path))}' is {history.MAX_BYTES + 1} bytes, more than the {history.MAX_BYTES}-byte limit$"
+    ):
         History.load(path)
 
 

@@ -123,7 +123,9 @@ def test_a_full_disk_during_the_commands_save_says_what_is_on_disk(tmp_path, mon
     save(path, seed=0)
     failing = FailingOs(fail_at=3)  # the figure's write, fsync and rename go through; the weights' temporary does not
     monkeypatch.setattr(files, "os", failing)
-    done = run_cli(TRAINERS[0], *RESUMED_RUN, *MODEL, "--quiet", "--epochs", "1", "--save", str(path), "--plot", str(tmp_path / "p.png"), cwd=tmp_path)
+    done = run_cli(
+        TRAINERS[0], *RESUMED_RUN, *MODEL, "--quiet", "--epochs", "1", "--save", str(path), "--plot", str(tmp_path / "p.png"), cwd=tmp_path
+    )
     monkeypatch.undo()
     assert done.returncode == 1 and failing.calls == ["write", "fsync", "replace", "write"]
     assert done.stderr == (
