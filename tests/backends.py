@@ -4,6 +4,7 @@ distinct sizes the tests use so that a swapped axis fails."""
 import inspect
 
 import numpy as np
+import pytest
 
 from mhsa import registry
 from mhsa.parity.adapters import ADAPTERS, central_difference  # noqa: F401  (used by the tests)
@@ -65,3 +66,12 @@ def called_directly(name: str, arrays: dict, config: ModelConfig = SMALL):
         return model(native(name, ids), mask=mask)
 
     return block, whole
+
+
+def skip_where_cuda_is_seen(name: str) -> None:
+    """Skip the test where backend `name` sees a CUDA device: it tests the refusal of "cuda"."""
+    try:
+        registry.get(name).module("device").resolve("cuda")
+    except ValueError:
+        return
+    pytest.skip(f"{name} sees a CUDA device here")

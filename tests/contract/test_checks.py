@@ -2,24 +2,14 @@
 own: the trainers' one check of an epoch's batches. The checks of the block's and the model's
 input, through every backend: tests/implementations/test_input_checks.py."""
 
-import numpy as np
 import pytest
 
 from shared import checks
-from tests.backends import SMALL, B, T
+from tests.backends import SMALL, T
+from tests.samples import tokens, with_id
 from tests.weight_files import exactly
 
 V, L = SMALL.vocab_size, SMALL.max_len
-
-
-def tokens(shape=(B, T), dtype="int64"):
-    return np.random.default_rng(1).integers(0, V, size=shape).astype(dtype)
-
-
-def with_id(bad_id):
-    ids = tokens()
-    ids[1, 3] = bad_id  # one bad id in the middle of the batch
-    return ids
 
 
 def test_a_run_of_batches_is_checked_as_its_forwards_would_check_it_batch_by_batch():

@@ -9,7 +9,7 @@ import pytest
 
 from mhsa import registry
 from shared.config import TrainConfig
-from tests.backends import SMALL, names
+from tests.backends import SMALL, names, skip_where_cuda_is_seen
 
 
 def _no_work(*args, **kwargs):
@@ -27,12 +27,7 @@ def test_a_trainer_checks_its_device_before_any_work(monkeypatch, name):
 @pytest.mark.parametrize("name", names("device"))
 def test_cuda_where_the_framework_sees_no_gpu_is_refused_before_any_work(monkeypatch, name):
     trainer = registry.get(name).train
-    try:
-        registry.get(name).module("device").resolve("cuda")
-    except ValueError:
-        pass
-    else:
-        pytest.skip(f"{name} sees a CUDA device here")
+    skip_where_cuda_is_seen(name)
     monkeypatch.setattr(trainer.training, "initial_weights", _no_work)
     with pytest.raises(ValueError, match=f"^device 'cuda': {name} sees no CUDA device \\({name} "):
         trainer.train(SMALL, TrainConfig(), on_step=_no_work, device="cuda")

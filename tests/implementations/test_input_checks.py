@@ -14,6 +14,7 @@ import pytest
 from mhsa import registry
 from shared.weights import init_weights
 from tests.backends import SMALL, B, T, called_directly, names, native, new_block
+from tests.samples import tokens, with_id
 from tests.weight_files import BAD_ARRAYS, exactly
 
 D, H, V, L = SMALL.d_model, SMALL.n_heads, SMALL.vocab_size, SMALL.max_len  # 24, 4, 11, 7
@@ -21,16 +22,6 @@ D, H, V, L = SMALL.d_model, SMALL.n_heads, SMALL.vocab_size, SMALL.max_len  # 24
 
 def embeddings(shape=(B, T, D), dtype="float64"):
     return np.random.default_rng(0).standard_normal(shape).astype(dtype)
-
-
-def tokens(shape=(B, T), dtype="int64"):
-    return np.random.default_rng(1).integers(0, V, size=shape).astype(dtype)
-
-
-def with_id(bad_id):
-    ids = tokens()
-    ids[1, 3] = bad_id  # one bad id in the middle of the batch
-    return ids
 
 
 # --- sizes of the block ---------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from shared import files, weights
 from shared.config import TrainConfig
 from shared.history import History
 from shared.weights import init_weights
-from tests.backends import SMALL, names, package
+from tests.backends import SMALL, names, package, skip_where_cuda_is_seen
 from tests.commands import refused, run_cli
 from tests.contract.test_checkpoint import is_pair, save
 from tests.failing_disk import FailingOs
@@ -232,12 +232,7 @@ def test_an_unknown_device_is_refused_by_the_parser(capsys):
 
 @pytest.mark.parametrize("name", names("device"))
 def test_cuda_where_the_framework_sees_no_gpu_is_refused_before_the_banner(capsys, name):
-    try:
-        registry.get(name).module("device").resolve("cuda")
-    except ValueError:
-        pass
-    else:
-        pytest.skip(f"{name} sees a CUDA device here")
+    skip_where_cuda_is_seen(name)
     err = refused(capsys, "train", "--backend", name, "--device", "cuda", "--quiet")
     assert err.startswith("usage: mhsa train "), err
     assert err.splitlines()[-1].startswith(f"mhsa train: error: device 'cuda': {name} sees no CUDA device"), err
