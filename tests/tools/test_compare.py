@@ -1,8 +1,9 @@
 """`mhsa compare A.json B.json ...` (mhsa/compare.py): it exits by the trajectory tolerance of
 docs/DESIGN.md, naming the first step beyond it, holds float64 runs to float64's tolerance and a
-mixed pair to float32's, counts a NaN on one side as beyond, names every field in which the runs
-differ, refuses a file that is not a history in one line, never writes its plot over an input, and
-its figure names the runs and says when they are identical."""
+mixed pair to float32's, counts a NaN on one side as beyond, joins the parts of a run handed
+between backends, names every field in which the runs differ, refuses a file that is not a
+history in one line, never writes its plot over an input, and its figure names the runs and says
+when they are identical."""
 
 import json
 
@@ -51,12 +52,21 @@ def test_compare_counts_a_nan_on_one_side_as_beyond(tmp_path, capsys):
     assert "first at step 1: |A - B| = inf" in capsys.readouterr().out
 
 
-def test_compares_help_says_how_many_files_it_takes(capsys):
-    with pytest.raises(SystemExit):
-        mhsa(["compare", "--help"])
-    help_text = " ".join(capsys.readouterr().out.split())
-    assert "two or more --history files" in help_text and "exit 1 when they differ beyond the trajectory tolerance" in help_text
-    assert "(two or more files in all)" in help_text
+def test_it_takes_two_or_more_files_and_joins_the_parts_of_a_run_in_step_order(tmp_path, capsys):
+    whole = [3.0, 2.0, 1.0, 0.5, 0.25]
+    History("torch", SMALL, TrainConfig(), whole, [1.0], 1.0).save(tmp_path / "a.json")
+    parts = {"b1.json": ("numpy", 0, whole[:2]), "b2.json": ("jax", 2, whole[2:4]), "b3.json": ("torch", 4, whole[4:])}
+    for name, (backend, first_step, losses) in parts.items():
+        History(backend, SMALL, TrainConfig(), losses, [1.0], 1.0, first_step=first_step).save(tmp_path / name)
+    with pytest.raises(SystemExit) as exit:
+        mhsa(["compare", str(tmp_path / "a.json")])
+    assert exit.value.code == 2 and "the following arguments are required: B.json" in capsys.readouterr().err
+    given = [str(tmp_path / name) for name in ("b3.json", "b1.json", "b2.json")]  # in any order
+    assert mhsa(["compare", str(tmp_path / "a.json"), *given]) == 0
+    out = capsys.readouterr().out
+    assert "compared 5 common steps (0..4)" in out and "max |A - B|  0.000e+00" in out
+    assert mhsa(["compare", str(tmp_path / "a.json"), given[0], given[1]]) == 1  # a part missing: steps 2..3
+    assert capsys.readouterr().err == "mhsa compare: error: cannot join: one part ends at step 1, the next starts at step 4\n"
 
 
 def test_compare_names_every_differing_field_and_never_calls_different_inits_parity(capsys, tmp_path):

@@ -10,7 +10,6 @@ import sys
 
 import numpy as np
 import pytest
-from matplotlib.figure import Figure
 
 from mhsa.plots import MASKED_RGBA, heads_figure, save_figure, training_figure
 from tests.samples import causal_weights
@@ -261,8 +260,3 @@ def test_the_module_is_framework_neutral_and_needs_no_pyplot():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
-
-
-def test_returns_figures():
-    assert isinstance(heads_figure(causal_weights(1, 2, seed=12)), Figure)
-    assert isinstance(training_figure([1.0], 1, causal_weights(1, 2, seed=12)), Figure)
