@@ -8,9 +8,9 @@ What is guaranteed (docs/DESIGN.md, "Errors"; docs/training.md, "What is refused
   read.
 - `write_atomically` writes a temporary `.NAME.<pid>.<random>.tmp` in the target's folder
   (`write_temporary`), fsyncs it and renames it over the target (`commit`): after any failure
-  or interrupt the target holds either the old or the new content, never a mix. A process killed with SIGKILL cannot remove
-  its temporary; the next save of the same target removes every temporary of that target
-  whose writer pid no longer runs (never one of a live process).
+  or interrupt the target holds either the old or the new content, never a mix. A process
+  killed with SIGKILL cannot remove its temporary; the next save of the same target removes
+  every temporary of that target whose writer pid no longer runs (never one of a live process).
 """
 
 from __future__ import annotations
