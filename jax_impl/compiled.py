@@ -3,11 +3,10 @@ jax.lax.scan under jax.jit on split state (the model and optimizer as one nnx.St
 each run of steps queued before the losses of the run before it are read, so that the host stacks
 the next run's batches while XLA computes this one.
 
-Why: benchmarks/RESULTS.md, the JAX training-speed table ("jax: steady-state training steps per
-second"), row `jax_impl.train.train (the project's trainer: a jax.lax.scan per 16 steps, each
-queued before the last is read)`: 1.89x the `@nnx.jit` tutorial step, against 1.50x for
-`jax.jit(train_step) on nnx.split state, one call per step`; the queue is +2% of it (the paragraph
-"**JAX trainer.**" of "What was done and found").
+Why: benchmarks/RESULTS.md, the JAX training table ("jax: steady-state training steps per
+second"), the row `jax_impl.train.train (the project's trainer: a jax.lax.scan per 16 steps, each
+queued before the last is read)` against the `@nnx.jit` tutorial step and against
+`jax.jit(train_step) on nnx.split state, one call per step`.
 """
 
 from __future__ import annotations

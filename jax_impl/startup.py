@@ -4,10 +4,9 @@ transform per setting. Eagerly, each of those compiles small programs (a random 
 per parameter shape) whose results are only overwritten.
 
 Why: benchmarks/RESULTS.md, the start-up table ("Start-up: the default run ... against its
-framework's bare import"), row `python -m jax_impl.train --quiet`, and its paragraph
-"**Start-up.**": a default run compiles 3 programs instead of 25. tests/implementations/
-test_jax_speed_paths.py holds the Adam built here equal to nnx.Optimizer's, leaf for leaf, and
-counts the programs a run compiles.
+framework's bare import"), the rows of `python -m jax_impl.train --quiet`: a run compiles its own
+programs only, not one per parameter shape. tests/implementations/test_jax_startup.py holds the
+Adam built here equal to nnx.Optimizer's, leaf for leaf, and counts the programs a run compiles.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """`--threads N` for every command that computes: how many threads torch, XLA and NumPy's BLAS
 may use. The default leaves each library at its own default (one thread per core).
 
-On a busy machine a second torch thread can slow a small model's training a hundredfold while
-it waits for a core (benchmarks/RESULTS.md, "Busy machine"): `--threads 1` avoids that.
+On a busy machine a second torch thread can slow a small model's training by an order of
+magnitude or more while it waits for a core (docs/performance.md, "Threads"; the one-thread
+rows of benchmarks/RESULTS.md's training tables): `--threads 1` avoids that.
 
 - torch: OMP_NUM_THREADS=N before torch starts (torch sizes its pool from it), or
   torch.set_num_threads(N) if it already has.

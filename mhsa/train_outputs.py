@@ -102,8 +102,9 @@ def seconds_since_process_start() -> float | None:
         return None
 
 
-# torch.compile of the default model's whole step (benchmarks/RESULTS.md): 19.8 s with inductor's
-# cache empty, 3.3 s in the next process, which reads it; 8.5-14.5 s for other sizes compiled the first time
+# the seconds the note tells a user to expect from torch.compile of the default model's whole step,
+# with inductor's cache empty and in a later process that reads it: the order of the compile times
+# that benchmarks/RESULTS.md's torch training table records ("--compile: seconds of torch.compile")
 COMPILE_SECONDS_COLD, COMPILE_SECONDS_WARM = 20, 3
 
 

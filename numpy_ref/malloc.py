@@ -1,7 +1,9 @@
 """What makes the NumPy trainer fast, apart from the lesson: glibc's malloc keeps the memory NumPy frees.
 
-Why: benchmarks/RESULTS.md, "NumPy trainer (issue 14)", its paragraph "**malloc, the largest effect
-(~1.85x)**" and its table's row `numpy_ref.train.train (the project's trainer), float32`.
+Why: every training step frees and allocates the same temporaries, which glibc's starting
+thresholds map afresh at each step (keep_freed_memory below). benchmarks/RESULTS.md's NumPy
+training table ("numpy: steady-state training steps per second against the framework loops") runs
+its numpy rows with this setting (the note under it); it holds no row without it.
 """
 
 from __future__ import annotations

@@ -154,10 +154,11 @@ def token_id_error(bad: int | str, vocab_size: int) -> str:
 
 
 def id_range(tokens: Any) -> tuple[int | None, int | None]:
-    """The smallest and largest id of integer tokens (a NumPy array or a tensor on any device),
-    so that a bad id is named before it is used; (None, None) when there is none to read (no ids,
-    or not integers: check_tokens refuses those by their dtype)."""
-    if 0 in tuple(tokens.shape) or dtype_kind(str(tokens.dtype)) != "int":
+    """The smallest and largest id of tokens of a dtype check_tokens accepts (a NumPy array or a
+    tensor on any device), so that a bad id is named before it is used; (None, None) when there is
+    none to read: no ids, or another dtype, which check_tokens refuses by its name (torch has no
+    min of a uint64 tensor, and would fail here first)."""
+    if 0 in tuple(tokens.shape) or _neutral(str(tokens.dtype)) not in TOKEN_DTYPES:
         return None, None
     return int(tokens.min()), int(tokens.max())
 

@@ -1,16 +1,16 @@
 """Reading and writing files so that a bad input never hangs or floods memory, and an
 interrupted write never destroys the previous file.
 
-What is guaranteed (docs/DESIGN.md, "Files"):
+What is guaranteed (docs/DESIGN.md, "Errors"; docs/training.md, "What is refused"):
 - `read_regular` opens with O_NONBLOCK and checks fstat before reading a byte: a FIFO, a
   device (a symlink to /dev/zero included), a socket or a folder is refused at once with a
   ValueError naming the path; a file larger than the caller's limit is refused before it is
   read.
 - `write_atomically` writes a temporary `.NAME.<pid>.<random>.tmp` in the target's folder
   (`write_temporary`), fsyncs it and renames it over the target (`commit`): after any failure
-  or interrupt the target holds either the old or the new content, never a mix. A process killed with SIGKILL cannot remove
-  its temporary; the next save of the same target removes every temporary of that target
-  whose writer pid no longer runs (never one of a live process).
+  or interrupt the target holds either the old or the new content, never a mix. A process
+  killed with SIGKILL cannot remove its temporary; the next save of the same target removes
+  every temporary of that target whose writer pid no longer runs (never one of a live process).
 """
 
 from __future__ import annotations

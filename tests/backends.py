@@ -3,6 +3,9 @@ distinct sizes the tests use so that a swapped axis fails."""
 
 import inspect
 
+import numpy as np
+import pytest
+
 from mhsa import registry
 from mhsa.parity.adapters import ADAPTERS, central_difference  # noqa: F401  (used by the tests)
 from mhsa.registry import names  # noqa: F401  (used by the tests)
@@ -26,3 +29,49 @@ def new_block(name: str, *sizes, **options):
 def package(name: str) -> str:
     """The package of a registered backend, e.g. for `python -m PACKAGE.train`."""
     return registry.get(name).package
+
+
+def native(name: str, array):
+    """A NumPy array as the framework's own array of backend `name`, what a user hands a layer or a model."""
+    framework = registry.get(name).framework
+    if framework == "torch":
+        import torch
+
+        return torch.from_numpy(np.asarray(array))
+    if framework == "jax":
+        import jax.numpy as jnp
+
+        return jnp.asarray(array)
+    return np.asarray(array)
+
+
+def called_directly(name: str, arrays: dict, config: ModelConfig = SMALL):
+    """(block(x, mask=None), model(tokens, mask=None)) of backend `name`, called as a user calls
+    them: the framework's layer and model on its own arrays (x and tokens are converted here, a
+    mask is passed as it is given); numpy_ref's attention function and TinyLM on NumPy arrays."""
+    backend = registry.get(name)
+    model = backend.model.from_exchange(arrays, config)
+    if "layers" in backend.supports:
+
+        def block(x, mask=None):
+            return model.attn(native(name, x), mask=mask)
+
+    else:
+        attention = backend.module("attention").attention
+
+        def block(x, mask=None):
+            return attention(x, model.params, config.n_heads, mask=mask)
+
+    def whole(ids, mask=None):
+        return model(native(name, ids), mask=mask)
+
+    return block, whole
+
+
+def skip_where_cuda_is_seen(name: str) -> None:
+    """Skip the test where backend `name` sees a CUDA device: it tests the refusal of "cuda"."""
+    try:
+        registry.get(name).module("device").resolve("cuda")
+    except ValueError:
+        return
+    pytest.skip(f"{name} sees a CUDA device here")

@@ -12,7 +12,7 @@ from mhsa import train_cli
 
 def run_cli(backend, *flags, cwd):
     """`python -m PACKAGE.train FLAGS` in folder cwd, run in this process (train_cli.main is what
-    the launcher calls; tests/tools/test_hostile.py and tests/implementations/test_errors.py start the real launcher):
+    the launcher calls; tests/tools/test_train_cli.py and test_interrupt.py also start the real launcher):
     an object with the returncode, stdout and stderr a user would see. The streams are not
     terminals, as in a subprocess, so no progress bar is drawn."""
     out, err = io.StringIO(), io.StringIO()

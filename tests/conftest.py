@@ -31,7 +31,7 @@ _CALLERS_CACHE = "JAX_COMPILATION_CACHE_DIR" in os.environ  # before a session's
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # by default JAX also points XLA's GPU autotuning cache into the cache folder, and that path
-# enters every cache key: an entry of worker gw0's folder never matched in gw1's, however shared
+# enters every cache key: an entry of worker gw0's folder would never match in gw1's, however shared
 os.environ.setdefault("JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES", "none")
 os.environ["XLA_FLAGS"] = with_quick_compile(os.environ.get("XLA_FLAGS", ""))  # tests/machinery/xla_flags.py
 # one subfolder per pytest-xdist worker: JAX writes an entry in place, without a lock unless the
@@ -41,7 +41,7 @@ if "PYTEST_XDIST_WORKER" in os.environ:
         os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(os.environ["JAX_COMPILATION_CACHE_DIR"], os.environ["PYTEST_XDIST_WORKER"])
     # a worker per core (make test): a second thread of torch's OpenMP pool (or of NumPy's
     # OpenBLAS, which reads the same variable) would only spin against the other worker on these
-    # tiny models (benchmarks/RESULTS.md, "Busy machine"); read once, when each library starts,
+    # tiny models (docs/performance.md, "Threads"); read once, when each library starts,
     # here and in the processes the tests start. Tests of --threads set their own.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -104,9 +104,9 @@ def pytest_unconfigure(config):
 @pytest.fixture(autouse=True)
 def _environment_restored():
     """What a test's command line run in this process sets in os.environ (XLA_FLAGS for --threads 1
-    or --dp, OMP_NUM_THREADS for --threads) ends with the test: left behind, it reached every later
-    subprocess of the worker, and JAX hashes XLA_FLAGS into its compilation cache keys, so what a
-    later test compiled depended on which tests had run before it in that worker."""
+    or --dp, OMP_NUM_THREADS for --threads) ends with the test: left behind, it would reach every
+    later subprocess of the worker, and JAX hashes XLA_FLAGS into its compilation cache keys, so
+    what a later test compiles would depend on which tests ran before it in that worker."""
     before = dict(os.environ)
     yield
     for key in set(os.environ) | set(before):

@@ -1,9 +1,10 @@
 """The opt-in compiled training step of torch (train(..., compile=True)), apart from the lesson:
 forward, backward and Adam's update as one torch.compile graph, compiled before the first step.
 
-Why: benchmarks/RESULTS.md, the torch training-speed table ("torch: steady-state training steps
-per second"), row `torch_impl.train.train(compile=True)`: 2.56x the tutorial loop, against 1.19x
-for the eager trainer; it pays after 3,000-4,000 steps, so the default run stays eager.
+Why: benchmarks/RESULTS.md, the torch training table ("torch: steady-state training steps per
+second"), the rows `torch_impl.train.train(compile=True)` against `torch_impl.train.train`: its
+steps are faster than the eager trainer's, and its compilation (the note under that table) pays
+only on long runs, so the default run stays eager (docs/performance.md, "--compile").
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def compile_step(model: TinyLM, optimizer: FusedAdam, batches: list[tuple[np.nda
     one; a graph break is a failure too, not a silently slower run)."""
     # imported only when asked for (it takes about as long as torch itself). Its config (the
     # recompile limit) and exceptions are private, with no public equivalent in torch 2.13.0, where
-    # this was checked: tests/implementations/test_torch_speed_paths.py reaches the limit and plants
+    # this was checked: tests/implementations/test_torch_compiled.py reaches the limit and plants
     # a failing backend, so a torch that moves them fails there
     import torch._dynamo
     from torch._dynamo.exc import FailOnRecompileLimitHit, TorchDynamoException

@@ -1,10 +1,10 @@
 """What makes a torch run start quickly, apart from the lesson: Adam without the import of
 torch._dynamo that torch.optim makes.
 
-Why: benchmarks/RESULTS.md, the start-up table ("Start-up: the default run ... against its
-framework's bare import"), row `python -m torch_impl.train --quiet` (1.26x `import torch`), and
-its paragraph "**Start-up.**": torch.optim's import of torch._dynamo takes about as long as
-`import torch` itself.
+Why: torch.optim's import of torch._dynamo takes about as long as `import torch` itself
+(docs/performance.md, "Start-up"); benchmarks/RESULTS.md's start-up table ("Start-up: the
+default run ... against its framework's bare import") holds the row `python -m torch_impl.train
+--quiet` against `import torch`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class FusedAdam:
     optimizer makes on first use (it takes about as long as `import torch`).
 
     torch._fused_adam_ and torch._foreach_add_ are private (torch.optim.Adam calls them itself):
-    tests/implementations/test_torch_adam.py holds this class equal to torch.optim.Adam(fused=True),
+    tests/implementations/test_torch_startup.py holds this class equal to torch.optim.Adam(fused=True),
     bit for bit, step by step (checked with torch 2.13.0), and checks that the default run never
     imports torch._dynamo."""
 

@@ -34,7 +34,8 @@ PAIRS = [(PACKAGES[0], other, name) for other in PACKAGES[1:] for name in sorted
 ASPECTS = ("sections", "signatures", "shapes")
 # a trailing comment that states a shape: `# (B, H, T, d_head)`, `# 3 x (B, T, D)`
 SHAPE_RE = re.compile(r"^#\s*(?:\d+\s*x\s*)?\(.*\)")
-# the differences DESIGN.md itself prescribes (Public names; The block)
+# the differences the frameworks themselves prescribe: Flax NNX layers take their random keys as
+# `rngs`, and the mask is a non-Param variable (docs/DESIGN.md, "The block")
 JAX_ONLY_KEYWORDS = {"rngs"}  # jax_impl constructors take `*, rngs`
 JAX_ONLY_BASES = {"nnx.Variable"}  # the mask is "a non-Param nnx.Variable subclass in Flax"
 # per file, what truly differs between an eager, stateful framework and a functional, compiled
@@ -50,7 +51,7 @@ FILE_SIGNATURES = {
             ("model", "optimizer", "batches", "step"),
             ("graphdef", "state", "batches"),
             "torch updates model and optimizer in place, one eager step at a time or its opt-in compiled step; JAX threads "
-            "the split state through a compiled scan (splitting the objects at every run of steps would cost ~10% of a run)",
+            "the split state through a compiled scan (splitting the objects again at every run of steps would cost time in every run)",
         ),
         "train": (
             ("model_config", "train_config", "init", "on_step", "resume", "on_epoch", "device", "compile"),

@@ -1,10 +1,9 @@
-"""A checkpoint is one unit (shared/checkpoint.py): weights and their Adam companion bound by
-the weights file's SHA-256, verified on every --resume; a save killed between its two files,
-a full disk, a copied or tampered companion and inconsistent metadata are all refused;
-stale temporaries of killed saves are removed by the next save; --resume continues the
-saved optimizer settings unless a flag overrides them, and says so."""
+"""A checkpoint is one unit (shared/checkpoint.py, shared/adam_state.py): weights and their
+Adam companion bound by the weights file's SHA-256, verified on every load; a save killed
+between its two files, a full disk at any point, a copied or tampered companion and
+inconsistent metadata are all refused or completed, never mixed; Ctrl-C during the renames is
+held until the pair is whole."""
 
-import errno
 import json
 import os
 import shutil
@@ -17,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mhsa import train_cli
 from shared import adam_state, checkpoint, files, weights
 from shared.adam_state import AdamState, companion_path
 from shared.config import TrainConfig
-from tests.backends import SMALL, names, package
+from tests.backends import SMALL
+from tests.failing_disk import FailingOs
 from tests.paths import ROOT
 
 RUN = TrainConfig(epochs=2, batch_size=16, n_sequences=48)  # 3 steps per epoch
@@ -66,19 +65,21 @@ def test_tampered_weights_are_refused(tmp_path):
         checkpoint.load(path)
 
 
-def test_a_companion_from_before_the_binding_is_refused_and_bind_converts_it(tmp_path):
-    path = tmp_path / "run.safetensors"
+def unbound(path):
+    """A pair whose companion records no weights digest: the format before the binding."""
     weights.save(path, weights.init_weights(SMALL, 0), SMALL)
-    adam_state.save(companion_path(path), state(), SMALL)  # no digest: the format before the binding
+    adam_state.save(companion_path(path), state(), SMALL)
+
+
+def test_a_companion_from_before_the_binding_is_refused_naming_mhsa_bind(tmp_path):
+    path = tmp_path / "run.safetensors"
+    unbound(path)
     with pytest.raises(
         ValueError,
         match=r"does not record which weights file it belongs to .* "
         r"`mhsa bind WEIGHTS.safetensors`",
     ):
         checkpoint.load(path)
-    done = subprocess.run([sys.executable, "-m", "mhsa.cli", "bind", str(path)], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert checkpoint.load(path)[1].step == 6
 
 
 BAD_METADATA = {
@@ -180,47 +181,6 @@ def test_a_save_killed_between_its_renames_is_completed_by_the_next_save_not_cle
     assert is_pair(path, seed=1, scale=3.0)
 
 
-class FailingOs:
-    """The os module, as shared.files sees it, with its disk operations (a write through fdopen,
-    fsync, replace) failing with ENOSPC from the `fail_at`-th one on (counted from 0)."""
-
-    def __init__(self, fail_at: int) -> None:
-        self.fail_at, self.calls = fail_at, []
-
-    def disk(self, name: str, operation):
-        def counted(*args):
-            self.calls.append(name)
-            if len(self.calls) > self.fail_at:
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-            return operation(*args)
-
-        return counted
-
-    def __getattr__(self, name):
-        if name in ("fsync", "replace"):
-            return self.disk(name, getattr(os, name))
-        if name == "fdopen":
-            return lambda fd, mode: FailingFile(os.fdopen(fd, mode), self.disk("write", lambda file, data: file.write(data)))
-        return getattr(os, name)
-
-
-class FailingFile:
-    def __init__(self, file, write) -> None:
-        self.file, self.counted_write = file, write
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.file.close()
-
-    def write(self, data):
-        return self.counted_write(self.file, data)
-
-    def __getattr__(self, name):
-        return getattr(self.file, name)
-
-
 SAVE_STEPS = ["write", "fsync", "write", "fsync", "replace", "replace"]  # weights, companion, then the two renames
 
 
@@ -243,39 +203,6 @@ def test_a_full_disk_at_any_point_of_a_save_leaves_the_previous_pair_or_the_new_
     else:  # the new weights are in place; their companion waits in its temporary and the next load completes the pair
         assert "the next --resume or save of" in message
         assert is_pair(path, seed=1, scale=3.0)
-
-
-STALE_WRITER = textwrap.dedent("""
-    import os, sys, time
-    import shared.files as files
-    real = os.replace
-
-    def never(*args):
-        print("temporary written", flush=True)
-        time.sleep(60)  # killed before the rename
-
-    files.os.replace = never
-    files.write_atomically(__import__("pathlib").Path(sys.argv[1]), b"new")
-""")
-
-
-def test_a_killed_saves_temporary_is_removed_by_the_next_save_but_a_live_ones_is_kept(tmp_path):
-    path = tmp_path / "run.safetensors"
-    killed = subprocess.Popen([sys.executable, "-c", STALE_WRITER, str(path)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    live = subprocess.Popen([sys.executable, "-c", STALE_WRITER, str(path)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    try:
-        for child in (killed, live):
-            assert child.stdout.readline().startswith("temporary written")
-        killed.send_signal(signal.SIGKILL)
-        killed.wait(timeout=30)
-        temporaries = {pid: temporary for temporary, pid in files.temporaries(path)}
-        assert set(temporaries) == {killed.pid, live.pid}
-        save(path)
-        left = [temporary.name for temporary, _ in files.temporaries(path)]
-        assert left == [temporaries[live.pid].name]  # the killed writer's is gone, the live one's kept
-    finally:
-        live.kill()
-        live.wait(timeout=30)
 
 
 def test_an_interrupt_during_the_renames_is_held_until_both_are_done_and_says_so(tmp_path, monkeypatch):
@@ -334,94 +261,3 @@ def test_a_full_disk_keeps_the_previous_pair_on_a_real_small_tmpfs(tmp_path):
         assert is_pair(path, seed=0, scale=1.0)  # and the previous pair still resumes
     finally:
         subprocess.run(["umount", str(disk)], check=True)
-
-
-# --- mhsa bind ------------------------------------------------------------------------------------
-
-
-def bind(*argv):
-    return subprocess.run([sys.executable, "-m", "mhsa.cli", "bind", *argv], cwd=ROOT, capture_output=True, text=True, timeout=60)
-
-
-def test_bind_refuses_a_companion_bound_to_other_weights_unless_forced_and_says_what_it_overrode(tmp_path):
-    save(tmp_path / "r1.safetensors", seed=0)
-    save(tmp_path / "r2.safetensors", seed=1, scale=3.0)
-    path = tmp_path / "m.safetensors"
-    shutil.copy(tmp_path / "r2.safetensors", path)
-    shutil.copy(tmp_path / "r1.adam.safetensors", companion_path(path))  # the 1st run's moments beside the 2nd run's weights
-    before = companion_path(path).read_bytes()
-    refused = bind(str(path))
-    assert refused.returncode == 1 and companion_path(path).read_bytes() == before
-    r1, r2 = weights.read(tmp_path / "r1.safetensors").digest, weights.read(path).digest
-    assert refused.stderr == (
-        f"mhsa bind: error: {str(companion_path(path))!r} is already bound to other weights (sha256 {r1[:12]}..., the file beside it: "
-        f"{r2[:12]}...): it belongs to another run or to a save that was interrupted; refusing to rebind it "
-        "(--force rebinds it anyway, and --resume would then continue these weights with its moments)\n"
-    )
-    with pytest.raises(ValueError, match="belongs to other weights"):
-        checkpoint.load(path)
-    forced = bind(str(path), "--force")
-    assert forced.returncode == 0, forced.stderr
-    assert forced.stdout == (
-        f"bound {companion_path(path)} to {path} (--force: it was bound to other weights, sha256 {r1[:12]}...; now {r2[:12]}...)\n"
-    )
-    assert checkpoint.load(path)[1].weights_sha256 == r2
-    again = bind(str(path))
-    assert again.returncode == 0 and again.stdout == f"{companion_path(path)} is already bound to {path}: nothing to do\n"
-
-
-# --- --resume continues the saved optimizer settings --------------------------------------------
-
-SMALL_FLAGS = ["--n-sequences", "48", "--batch-size", "16"]  # not --quiet: the tests read the banner
-MODEL = ["--seq-len", "5", "--vocab-size", "11", "--d-model", "24"]
-
-
-def run_cli(capsys, backend, *flags):
-    try:
-        status = train_cli.main(backend, [*SMALL_FLAGS, *flags])
-    except SystemExit as exit:
-        status = exit.code
-    out, err = capsys.readouterr()
-    return status, out, err
-
-
-@pytest.mark.parametrize("backend", names("train"))
-def test_resume_keeps_the_saved_lr_unless_a_flag_overrides_it_and_says_so(capsys, tmp_path, backend):
-    path = tmp_path / "run.safetensors"
-    status, out, err = run_cli(capsys, backend, *MODEL, "--epochs", "1", "--lr", "0.02", "--save", str(path))
-    assert status == 0, err
-    status, out, err = run_cli(capsys, backend, "--epochs", "2", "--resume", str(path))
-    assert status == 0, err
-    assert "lr=0.02 " in out and "overridden" not in out
-    status, out, err = run_cli(capsys, backend, "--epochs", "2", "--resume", str(path), "--lr", "0.005")
-    assert status == 0, err
-    assert "lr=0.005 " in out and "overridden from the saved run: lr=0.005 (saved run: 0.02)" in out
-
-
-def test_resume_reads_each_file_once(capsys, tmp_path, monkeypatch):
-    path = tmp_path / "run.safetensors"
-    save(path, train_config=TrainConfig(epochs=1, batch_size=16, n_sequences=48), epochs_done=1)
-    opened = []
-    real = files.open_regular
-    monkeypatch.setattr(files, "open_regular", lambda name, what: opened.append(Path(name).name) or real(name, what))
-    status, out, err = run_cli(capsys, names("train")[0], "--epochs", "2", "--resume", str(path), "--history", str(tmp_path / "h.json"))
-    assert status == 0, err
-    assert sorted(opened) == ["run.adam.safetensors", "run.safetensors"]
-    history = json.loads((tmp_path / "h.json").read_text())
-    assert history["init"] == "file" and history["source"] == str(path)
-    assert history["source_sha256"] == weights.read(path).digest
-
-
-def test_a_full_disk_during_the_commands_save_says_what_is_on_disk(capsys, tmp_path, monkeypatch):
-    path = tmp_path / "run.safetensors"
-    save(path, seed=0)
-    failing = FailingOs(fail_at=3)  # the figure's write, fsync and rename go through; the weights' temporary does not
-    monkeypatch.setattr(files, "os", failing)
-    status, out, err = run_cli(capsys, names("train")[0], *MODEL, "--quiet", "--epochs", "1", "--save", str(path), "--plot", str(tmp_path / "p.png"))
-    monkeypatch.undo()
-    assert status == 1 and failing.calls == ["write", "fsync", "replace", "write"]
-    assert err == (
-        f"python -m {package(names('train')[0])}.train: error: [Errno 28] cannot write {str(path)!r}: No space left on device; "
-        f"nothing was replaced: a checkpoint saved there before is whole; written before it: {tmp_path / 'p.png'}\n"
-    )
-    assert is_pair(path, seed=0, scale=1.0)

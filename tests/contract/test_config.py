@@ -1,34 +1,43 @@
-"""ModelConfig and TrainConfig: defaults, validation errors, JSON round trips."""
+"""ModelConfig and TrainConfig: validation errors that name the value and what was expected,
+JSON round trips."""
 
 import json
+import re
 
 import pytest
 
 from shared.config import ModelConfig, TrainConfig
 
 
-def test_defaults_match_the_lesson():
-    config = ModelConfig()
-    assert (config.vocab_size, config.d_model, config.n_heads, config.max_len, config.bias) == (64, 32, 4, 12, True)
-    assert config.d_head == 8
-    assert ModelConfig(d_model=24, n_heads=4).d_head == 6
+def test_d_head_is_d_model_split_over_the_heads():
+    for config in (ModelConfig(), ModelConfig(d_model=24, n_heads=4), ModelConfig(d_model=30, n_heads=5)):
+        assert config.d_head * config.n_heads == config.d_model
 
 
-def test_indivisible_heads_name_both_numbers():
-    with pytest.raises(ValueError, match=r"d_model=30.*n_heads=4"):
-        ModelConfig(d_model=30, n_heads=4)
+BAD_SIZES = {
+    "30 % 4": (
+        {"d_model": 30, "n_heads": 4},
+        ValueError,
+        "d_model=30 is not divisible by n_heads=4; d_model must be a multiple of n_heads (d_head = d_model // n_heads)",
+    ),
+    **{
+        f"{field} {value}": ({field: value}, ValueError, f"{field} must be a positive integer, got {value}")
+        for field in ("d_model", "n_heads", "max_len")  # the block's own sizes: the block's message
+        for value in (0, -3)
+    },
+    **{
+        f"vocab_size {value}": ({"vocab_size": value}, ValueError, f"ModelConfig.vocab_size must be a positive integer, got {value}")
+        for value in (0, -3)
+    },
+    "d_model 24.0": ({"d_model": 24.0}, TypeError, "d_model must be an int, got 24.0 (float)"),
+}
 
 
-@pytest.mark.parametrize("field", ["vocab_size", "d_model", "n_heads", "max_len"])
-@pytest.mark.parametrize("value", [0, -3])
-def test_non_positive_sizes_are_refused(field, value):
-    with pytest.raises(ValueError, match=rf"{field} must be a positive integer, got {value}"):
-        ModelConfig(**{field: value})
-
-
-def test_non_integer_size_is_a_type_error():
-    with pytest.raises(TypeError, match=r"d_model must be an int, got 32.0"):
-        ModelConfig(d_model=32.0)
+@pytest.mark.parametrize("case", BAD_SIZES, ids=str)
+def test_bad_sizes_name_the_value_and_what_was_expected(case):
+    sizes, error, message = BAD_SIZES[case]
+    with pytest.raises(error, match="^" + re.escape(message) + "$"):
+        ModelConfig(**sizes)
 
 
 @pytest.mark.parametrize(

@@ -73,15 +73,15 @@ def test_causality_a_later_token_never_changes_an_earlier_output(backend):
         assert not np.allclose(after[:, t], before[:, t])  # the changed position itself does change
 
 
-def test_reshape_into_heads_round_trips_exactly(backend):
+def heads(x):
+    """(B, T, D) -> (B, H, T, d_head): head h holds columns h * d_head .. (h + 1) * d_head - 1."""
+    return x.reshape(B, T, SMALL.n_heads, SMALL.d_head).transpose(0, 2, 1, 3)
+
+
+def test_merging_the_heads_is_the_inverse_of_splitting_them(backend):
     trace = {}
     backend.forward(tokens_for(), init_weights(SMALL, 0), SMALL, trace=trace)
-    D = SMALL.d_model
-    for index, name in enumerate("qkv"):
-        heads = trace[name]  # (B, H, T, d_head)
-        merged = heads.transpose(0, 2, 1, 3).reshape(B, T, D)  # (B, T, D)
-        np.testing.assert_array_equal(merged, trace["qkv"][..., index * D : (index + 1) * D], err_msg=name)
-    np.testing.assert_array_equal(trace["merged"], trace["context"].transpose(0, 2, 1, 3).reshape(B, T, D))
+    np.testing.assert_array_equal(heads(trace["merged"]), trace["context"])
 
 
 @pytest.mark.parametrize("head", range(SMALL.n_heads))
@@ -101,20 +101,24 @@ def test_changing_one_heads_rows_changes_only_that_heads_weights(backend, head):
             np.testing.assert_array_equal(after[:, other], before[:, other], err_msg=f"head {other} changed")
 
 
-def test_fused_qkv_equals_three_separate_linear_layers(backend):
-    # three independent Linear(D, D) for Q, K and V, stacked in that order into qkv_proj
+def test_qkv_proj_holds_q_k_and_v_in_that_order_each_split_into_heads(backend):
+    # the exchange layout of the fused projection: rows 0..D-1 of qkv_proj are Q's (out, in)
+    # weights, then K's, then V's, the order of torch.nn.MultiheadAttention's in_proj_weight
     rng = np.random.default_rng(7)
     D = SMALL.d_model
-    separate = [(rng.uniform(-1, 1, (D, D)), rng.uniform(-1, 1, D)) for _ in range(3)]  # (out, in), (out,)
+    separate = {name: (rng.uniform(-1, 1, (D, D)), rng.uniform(-1, 1, D)) for name in "qkv"}  # (out, in), (out,)
     arrays = init_weights(SMALL, 7, "float64")
-    arrays["attn.qkv_proj.weight"] = np.concatenate([weight for weight, _ in separate])  # (3D, D)
-    arrays["attn.qkv_proj.bias"] = np.concatenate([bias for _, bias in separate])  # (3D,)
+    arrays["attn.qkv_proj.weight"] = np.concatenate([weight for weight, _ in separate.values()])  # (3D, D)
+    arrays["attn.qkv_proj.bias"] = np.concatenate([bias for _, bias in separate.values()])  # (3D,)
     trace = {}
     backend.forward(tokens_for(), arrays, SMALL, trace=trace)
     x = trace["embed"]  # (B, T, D)
-    three = np.concatenate([x @ weight.T + bias for weight, bias in separate], axis=-1)  # (B, T, 3D)
-    assert trace["qkv"].shape == (B, T, 3 * D)
-    np.testing.assert_allclose(trace["qkv"], three, rtol=0, atol=1e-12)
+    projected = {name: x @ weight.T + bias for name, (weight, bias) in separate.items()}  # each (B, T, D)
+    np.testing.assert_allclose(trace["qkv"], np.concatenate(list(projected.values()), axis=-1), rtol=0, atol=1e-12)
+    for index, (name, value) in enumerate(projected.items()):
+        assert trace[name].shape == (B, SMALL.n_heads, T, SMALL.d_head), name
+        np.testing.assert_allclose(trace[name], heads(value), rtol=0, atol=1e-12, err_msg=name)
+        np.testing.assert_array_equal(trace[name], heads(trace["qkv"][..., index * D : (index + 1) * D]), err_msg=name)  # a reshape, exactly
 
 
 def test_every_parameter_gets_a_finite_nonzero_gradient(autodiff_backend):
@@ -182,7 +186,7 @@ def test_a_mask_is_any_array_like_of_bool_in_every_backend(backend):
     to the NumPy-facing functions or to the layer and model themselves, is converted once where
     the call enters, and every form gives the same numbers (torch's masked_fill_ refuses a mask
     that is not a bool tensor on the scores' device: the block converts it first)."""
-    from tests.implementations.test_errors import called_directly, native
+    from tests.backends import called_directly, native
 
     arrays = init_weights(SMALL, 12, "float64")
     keep = np.random.default_rng(13).random((B, 1, T, T)) < 0.7  # (B, 1, T, T): per sequence, every head

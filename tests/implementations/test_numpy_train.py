@@ -1,8 +1,8 @@
-"""numpy_ref as a trainer: Adam against torch's and optax's, the default 3-epoch trajectory
-against every other trainer at every step, runs that move between backends mid-way, and the
-command line."""
+"""numpy_ref as a trainer: its Adam against torch's and optax's, runs that move between numpy_ref
+and every other trainer mid-way, its optimizer state in the exchange format, and glibc's malloc
+keeping freed memory. What every trainer shares (the default run, trajectories, refusals):
+tests/implementations/test_train.py."""
 
-import json
 import sys
 
 import numpy as np
@@ -12,11 +12,8 @@ from mhsa import registry
 from numpy_ref.adam import Adam
 from shared import adam_state, weights
 from shared.config import TrainConfig
-from shared.history import History
 from shared.tolerances import assert_close, tolerance
-from shared.training import NonFiniteLossError
 from tests.backends import SMALL, names
-from tests.commands import run_cli
 
 OTHERS = [name for name in names("train") if name != "numpy"]
 NUMPY = registry.get("numpy")
@@ -49,25 +46,6 @@ def test_adam_is_torchs_and_optax_formula(dtype):
     assert_close("Adam numpy vs torch", params["w"], theirs.detach().numpy(), tol)
     assert_close("Adam numpy vs optax", params["w"], np.asarray(jax_params), tol)
     assert_close("exp_avg_sq numpy vs torch", ours.exp_avg_sq["w"], torch_adam.state[theirs]["exp_avg_sq"].numpy(), tol)
-
-
-def test_the_default_run_learns_the_copy_task(default_run):
-    history = default_run("numpy", "float32")
-    assert history.backend == "numpy" and len(history.losses) == 3 * 64
-    assert abs(history.losses[0] - np.log(64)) < 0.1 and history.epoch_losses[-1] < 0.1
-    assert all(value.dtype == np.float32 for value in history.model.params.values())
-
-
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("other", OTHERS)
-def test_default_trajectory_matches_every_other_trainer_at_every_step(default_run, other, dtype):
-    ours, theirs = default_run("numpy", dtype), default_run(other, dtype)
-    assert len(ours.losses) == len(theirs.losses) == 192
-    assert_close(f"{dtype} loss trajectory numpy vs {other}", ours.losses, theirs.losses, tolerance("trajectory", dtype))
-    if dtype == "float64":
-        final = registry.get(other).model.to_exchange(theirs.model)
-        for name, value in NUMPY.model.to_exchange(ours.model).items():
-            assert_close(f"final {name} numpy vs {other}", value, final[name], 1e-9)
 
 
 def small_run(dtype="float64"):
@@ -110,54 +88,9 @@ def test_optimizer_state_round_trips_through_the_exchange():
         assert state.exp_avg[name] is not history.optimizer.exp_avg[name]  # copies, not the live state
 
 
-def test_a_smaller_last_batch_is_trained_too():
-    steps = []
-    history = NUMPY.train.train(SMALL, TrainConfig(epochs=2, n_sequences=70, batch_size=32), on_step=lambda step, loss: steps.append(step))
-    assert steps == list(range(6)) and len(history.losses) == 6  # 32 + 32 + 6 per epoch
-
-
-def test_a_non_finite_loss_stops_training_and_names_the_step():
-    with pytest.raises(NonFiniteLossError, match=r"loss became non-finite at step 1 \(epoch 1\): (nan|inf)"):
-        NUMPY.train.train(SMALL, TrainConfig(epochs=2, n_sequences=256, lr=1e30))
-
-
 def test_native_init_is_refused_with_a_reason():
     with pytest.raises(ValueError, match="numpy_ref has none"):
         NUMPY.train.train(SMALL, TrainConfig(epochs=1, n_sequences=32), init="native")
-
-
-def test_cli_trains_saves_and_another_backend_resumes(tmp_path):
-    first = run_cli(
-        NUMPY.name,
-        "--epochs",
-        "1",
-        "--n-sequences",
-        "96",
-        "--seq-len",
-        "6",
-        "--vocab-size",
-        "9",
-        "--heatmap-head",
-        "2",
-        "--save",
-        "w.safetensors",
-        "--history",
-        "a.json",
-        cwd=tmp_path,
-    )
-    assert first.returncode == 0, first.stderr
-    out = first.stdout
-    assert out.startswith("backend numpy\nmodel  vocab_size=9 d_model=32 n_heads=4 (d_head=8) max_len=6")
-    assert "epoch 1/1  mean loss " in out and "final loss " in out and "numpy · head 2 of 4" in out
-    assert "saved weights to w.safetensors (Adam's state to w.adam.safetensors)" in out and first.stderr == ""
-    data = json.loads((tmp_path / "a.json").read_text())
-    assert data["backend"] == "numpy" and len(data["losses"]) == 3
-    other = OTHERS[0]
-    second = run_cli(other, "--epochs", "2", "--n-sequences", "96", "--resume", "w.safetensors", "--history", "b.json", cwd=tmp_path)
-    assert second.returncode == 0, second.stderr
-    assert "resume after epoch 1 (step 3) of a saved run" in second.stdout
-    resumed = History.load(tmp_path / "b.json")
-    assert resumed.first_step == 3 and len(resumed.losses) == 3
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")

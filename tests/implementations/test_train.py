@@ -1,21 +1,19 @@
-"""Both trainers: the default run learns the copy task, torch and JAX trajectories agree,
-and the command lines behave the same."""
-
-import json
-import re
+"""The trainers as libraries (capability "train"): the default run learns the copy task, every
+trainer's trajectory agrees with the first's at every step, every batch is trained, and a run
+that cannot go on stops with one clear error before its first step or at the step it fails.
+The train command around them: tests/tools/test_train_cli.py and test_train_output.py."""
 
 import numpy as np
 import pytest
 
 from mhsa import registry
-from mhsa.cli import main
-from shared import training
+from shared import training, weights
 from shared.config import ModelConfig, TrainConfig
-from shared.history import KEYS, History
 from shared.tolerances import assert_close, tolerance
 from shared.training import NonFiniteLossError
-from tests.backends import SMALL, names
-from tests.commands import run_cli
+from shared.weights import init_weights
+from tests.backends import SMALL, names, native
+from tests.weight_files import exactly
 
 TRAINERS = names("train")
 
@@ -24,79 +22,26 @@ def trainer(name):
     return registry.get(name).train
 
 
-@pytest.fixture(scope="module")
-def default_runs(tmp_path_factory):
-    """The default float32 run of each backend, with a user's flags and nothing else."""
-    folder = tmp_path_factory.mktemp("default")
-    runs = {}
-    for backend in TRAINERS:
-        result = run_cli(backend, "--history", f"{backend}.json", "--save", f"{backend}.safetensors", cwd=folder)
-        assert result.returncode == 0, result.stderr
-        runs[backend] = (result, History.load(folder / f"{backend}.json"), folder)
-    return runs
-
-
-def test_default_run_learns_the_copy_task(default_runs):
-    for backend, (_, history, _) in default_runs.items():
-        assert abs(history.losses[0] - np.log(64)) < 0.1, backend  # starts at chance, log(64) = 4.16
-        assert history.epoch_losses[-1] < 0.1, backend
-        assert len(history.losses) == 3 * 64 and len(history.epoch_losses) == 3
-
-
-def test_default_float32_trajectories_agree_at_every_step(default_runs):
-    first, *others = TRAINERS
-    assert others, "at least two trainers to compare"
-    for other in others:
-        assert_close(
-            f"float32 loss trajectory {other} vs {first}",
-            default_runs[other][1].losses,
-            default_runs[first][1].losses,
-            tolerance("trajectory", "float32"),
-        )
-
-
-def test_cli_output_and_history_schema_are_the_same_for_both_backends(default_runs):
-    lines = {}
-    for backend, (result, _, folder) in default_runs.items():
-        out = result.stdout
-        assert out.startswith(f"backend {backend}\nmodel  vocab_size=64 d_model=32 n_heads=4 (d_head=8) max_len=12")
-        for epoch in (1, 2, 3):
-            assert f"epoch {epoch}/3  mean loss " in out
-        assert "final loss " in out and "head 0 of 4" in out and "shade:" in out
-        assert result.stderr == ""  # not a terminal: no progress bar
-        data = json.loads((folder / f"{backend}.json").read_text())
-        assert sorted(data) == sorted(KEYS + ("first_step", "init", "source", "source_sha256", "compile_seconds"))
-        assert data["backend"] == backend and data["first_step"] == 0 and data["init"] == "shared" and data["source"] is None
-        assert data["compile_seconds"] is None  # no --compile
-        # identical lines apart from the backend's name and the numbers
-        lines[backend] = [re.sub(r"\d[\d,]*(\.\d+)?(e-?\d+)?", "N", line.replace(backend, "BACKEND")) for line in out.splitlines()]
-    first, *others = TRAINERS
-    assert all(lines[other] == lines[first] for other in others), lines
-    heatmap_rows = [line for line in default_runs[first][0].stdout.splitlines() if line.strip()[:1].isdigit() and "|" in line]
-    assert len(heatmap_rows) == 12
-
-
-def test_the_saved_weights_reload_and_the_heatmap_shows_the_causal_triangle(default_runs):
-    from shared import weights
-
-    for backend, (result, _, folder) in default_runs.items():
-        arrays, config = weights.load(folder / f"{backend}.safetensors")
-        assert config == ModelConfig()
-        rows = [line.split("|")[1] for line in result.stdout.splitlines() if line.count("|") == 2 and line.strip()[:1].isdigit()]
-        assert len(rows) == 12, f"{backend}: the heatmap has {len(rows)} query rows, expected 12"
-        for query, row in enumerate(rows):
-            cell = len(row) // 12
-            assert row[(query + 1) * cell :].strip() == "", f"{backend}: row {query} shows a later key"
-            assert row[query * cell : (query + 1) * cell].strip() != ""
+@pytest.mark.parametrize("name", TRAINERS)
+def test_the_default_run_learns_the_copy_task(default_run, name):
+    history = default_run(name, "float32")
+    assert history.backend == name and len(history.losses) == 3 * 64 and len(history.epoch_losses) == 3
+    assert abs(history.losses[0] - np.log(64)) < 0.1  # starts at chance, log(64) = 4.16
+    assert history.epoch_losses[-1] < 0.1
+    assert all(value.dtype == np.float32 for value in registry.get(name).model.to_exchange(history.model).values())
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_in_process_trajectories_agree(dtype):
-    config = TrainConfig(epochs=2, n_sequences=320, dtype=dtype)
-    first, *others = [trainer(name).train(SMALL, config) for name in TRAINERS]
-    for name, history in zip(TRAINERS[1:], others):
-        assert_close(f"{dtype} trajectory {name} vs {TRAINERS[0]}", history.losses, first.losses, tolerance("trajectory", dtype))
-    assert first.epoch_losses[-1] < first.losses[0] / 2
+@pytest.mark.parametrize("other", TRAINERS[1:])
+def test_default_trajectory_matches_the_first_trainers_at_every_step(default_run, other, dtype):
+    first = TRAINERS[0]
+    ours, theirs = default_run(first, dtype), default_run(other, dtype)
+    assert len(ours.losses) == len(theirs.losses) == 192
+    assert_close(f"{dtype} loss trajectory {first} vs {other}", ours.losses, theirs.losses, tolerance("trajectory", dtype))
+    if dtype == "float64":
+        final = registry.get(other).model.to_exchange(theirs.model)
+        for name, value in registry.get(first).model.to_exchange(ours.model).items():
+            assert_close(f"final {name} {first} vs {other}", value, final[name], 1e-9)
 
 
 @pytest.mark.parametrize("backend", TRAINERS)
@@ -125,9 +70,6 @@ def test_a_non_finite_loss_stops_training_and_names_the_step(backend):
 
 @pytest.mark.parametrize("backend", TRAINERS)
 def test_a_nan_in_the_weights_stops_training_at_step_0(backend, tmp_path):
-    from shared import weights
-    from shared.weights import init_weights
-
     arrays = init_weights(SMALL, 0)
     arrays["lm_head.bias"][3] = np.nan
     weights.save(tmp_path / "nan.safetensors", arrays, SMALL)
@@ -135,78 +77,77 @@ def test_a_nan_in_the_weights_stops_training_at_step_0(backend, tmp_path):
         trainer(backend).train(SMALL, TrainConfig(epochs=1, n_sequences=64), init=tmp_path / "nan.safetensors")
 
 
-@pytest.mark.parametrize("backend", TRAINERS)
-def test_cli_save_then_load_continues_from_the_saved_weights(backend, tmp_path):
-    first = run_cli(
-        backend,
-        "--epochs",
-        "1",
-        "--n-sequences",
-        "128",
-        "--seq-len",
-        "6",
-        "--vocab-size",
-        "9",
-        "--save",
-        "w.safetensors",
-        "--history",
-        "a.json",
-        "--heatmap-head",
-        "3",
-        cwd=tmp_path,
-    )
-    assert first.returncode == 0, first.stderr
-    assert "head 3 of 4" in first.stdout and "saved weights to w.safetensors" in first.stdout
-    second = run_cli(backend, "--epochs", "1", "--n-sequences", "128", "--load", "w.safetensors", "--history", "b.json", cwd=tmp_path)
-    assert second.returncode == 0, second.stderr
-    assert "max_len=6" in second.stdout and "init=w.safetensors" in second.stdout
-    a, b = History.load(tmp_path / "a.json"), History.load(tmp_path / "b.json")
-    assert b.losses[0] < a.losses[0] / 2  # starts where the first run left off, not from scratch
-    clash = run_cli(backend, "--load", "w.safetensors", "--n-heads", "2", "--d-model", "32", cwd=tmp_path)
-    assert clash.returncode == 2 and "--n-heads 2 (file has 4)" in clash.stderr
-
-
-def test_mhsa_train_runs_a_backend(tmp_path, capsys, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    assert main(["train", "--backend", TRAINERS[0], "--epochs", "1", "--n-sequences", "64", "--n-heads", "8"]) == 0
-    out, err = capsys.readouterr()
-    assert "n_heads=8 (d_head=4)" in out and "epoch 1/1" in out, err
-
-
-def _bad_epochs(bad_id, batch=17):
-    """training.epochs with one id of one batch of the first epoch replaced by bad_id (batch 17:
-    in the epoch's second run of training.PROGRESS_STEPS steps, after on_step heard of the first)."""
+def _bad_epochs(bad, batch=17):
+    """training.epochs with one batch of the first epoch made bad (batch 17: in the epoch's second
+    run of training.PROGRESS_STEPS steps, after on_step heard of the first): one id replaced by
+    `bad`, or, for "float64", its ids as floats."""
     real = training.epochs
 
     def epochs(model_config, train_config, start=0):
         for number, batches in enumerate(real(model_config, train_config, start)):
             if number == 0:
                 x, y = batches[batch]
-                x = x.copy()
-                x[3, 5] = bad_id
+                x = x.astype(np.float64) if bad == "float64" else x.copy()
+                if bad != "float64":
+                    x[3, 5] = bad
                 batches = [*batches[:batch], (x, y), *batches[batch + 1 :]]
             yield batches
 
     return epochs
 
 
-@pytest.mark.parametrize("bad_id", [64, -1])
+BAD_BATCHES = {
+    64: (ValueError, "token id 64 is out of range: ids must lie in [0, 64) for vocab_size=64"),
+    -1: (ValueError, "token id -1 is out of range: ids must lie in [0, 64) for vocab_size=64"),
+    "float64": (TypeError, "tokens must be an integer array (B, T) of int32 or int64, got dtype float64"),
+}
+
+
+@pytest.mark.parametrize("bad", BAD_BATCHES, ids=["id 64", "id -1", "float ids"])
 @pytest.mark.parametrize("backend", TRAINERS)
-def test_a_bad_token_id_is_refused_with_the_forwards_message(monkeypatch, backend, bad_id):
+def test_a_bad_batch_is_refused_with_the_forwards_message_before_the_first_step(monkeypatch, backend, bad):
     """Each trainer checks an epoch's ids once, on the host, before its first step (its steps then
     skip the forward's own check: no host sync per step in torch, no ids at all under JAX's jit)."""
     model_config = ModelConfig()
     module = registry.get(backend).model
     model = module.from_exchange(training.initial_weights("shared", model_config, TrainConfig()), model_config)
     tokens = np.zeros((2, model_config.max_len), dtype=np.int64)
-    tokens[1, 2] = bad_id
-    with pytest.raises(ValueError) as from_forward:
+    if bad == "float64":
+        tokens = tokens.astype(np.float64)
+    else:
+        tokens[1, 2] = bad
+    error, expected = BAD_BATCHES[bad]
+    with pytest.raises(error) as from_forward:
         module.predict(model, tokens)
-    expected = f"token id {bad_id} is out of range: ids must lie in [0, 64) for vocab_size=64"
     assert str(from_forward.value) == expected
-    monkeypatch.setattr(training, "epochs", _bad_epochs(bad_id))
+    monkeypatch.setattr(training, "epochs", _bad_epochs(bad))
     steps = []
-    with pytest.raises(ValueError) as from_trainer:
+    with pytest.raises(error) as from_trainer:
         trainer(backend).train(model_config, TrainConfig(epochs=1, n_sequences=640), on_step=lambda step, loss: steps.append(step))
     assert str(from_trainer.value) == expected
     assert steps == []  # refused before the epoch's first step, not after the 16 steps before the bad batch
+
+
+@pytest.mark.parametrize("name", TRAINERS)
+def test_the_trained_model_checks_its_ids_again(name):
+    # the trainer's steps skip the forward's check while an epoch runs: the model it hands back checks again
+    history = trainer(name).train(SMALL, TrainConfig(epochs=1, n_sequences=32))
+    bad = np.full((1, 4), SMALL.vocab_size, dtype=np.int64)
+    with pytest.raises(ValueError, match=r"^token id 11 is out of range"):
+        registry.get(name).model.predict(history.model, bad)
+    with pytest.raises(ValueError, match=r"^token id 11 is out of range"):  # called directly
+        history.model(native(name, bad))
+
+
+@pytest.mark.parametrize("name", TRAINERS)
+def test_a_file_in_the_wrong_dtype_for_the_run_is_refused_before_training(tmp_path, name):
+    path = tmp_path / "model.safetensors"
+    weights.save(path, init_weights(SMALL, 0, "float32"), SMALL)
+    with pytest.raises(ValueError, match=exactly(f"weights file {str(path)!r}: weights are float32, expected float64 (the run's dtype)")):
+        trainer(name).train(SMALL, TrainConfig(epochs=1, n_sequences=64, dtype="float64"), init=path)
+
+
+@pytest.mark.parametrize("name", TRAINERS)
+def test_the_largest_seed_trains_in_every_backend(name):
+    run = trainer(name).train(SMALL, TrainConfig(epochs=1, n_sequences=32, seed=2**32 - 1))
+    assert np.isfinite(run.losses).all()

@@ -1,13 +1,21 @@
-"""The mhsa command itself: --version, and --help that answers without loading a framework
-(every command, and `python -m PACKAGE.train --help` of every trainer)."""
+"""The mhsa command itself and what every command shares: --version; --help that answers without
+loading a framework (every command, and `python -m PACKAGE.train --help` of every trainer); help
+text for every flag; an unknown flag refused with the command's own usage; --threads where a
+command computes; weights holding NaN or infinities refused alike by every command that reads
+them. The integer flags' ranges: test_flags.py."""
 
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from mhsa.cli import COMMANDS, main
-from tests.backends import names, package
+from shared import checkpoint
+from shared.adam_state import AdamState
+from shared.config import TrainConfig
+from shared.weights import init_weights
+from tests.backends import SMALL, names, package
 from tests.commands import refused
 
 FRAMEWORKS = ("flax", "jax", "optax", "torch")  # the framework modules, not the backends
@@ -89,12 +97,6 @@ def test_threads_is_a_flag_of_every_command_that_computes(capsys):
         assert "--threads: expected an integer in [1, 1024], got 0" in capsys.readouterr().err, command
 
 
-@pytest.mark.parametrize("name", [name for name in names("train") if name not in names("layers")])
-def test_native_init_is_refused_before_any_work_where_a_backend_has_no_layers(capsys, name):
-    err = refused(capsys, "train", "--backend", name, "--init", "native")
-    assert f"--init native asks for the framework layers' own initializers; the {name} backend has none" in err
-
-
 def test_every_flag_of_every_command_has_help_text():
     import argparse
     import importlib
@@ -104,29 +106,6 @@ def test_every_flag_of_every_command_has_help_text():
         importlib.import_module(module_name).add_arguments(parser)
         silent = [action.dest for action in parser._actions if action.help is None or not action.help.strip()]
         assert silent == [], f"mhsa {command}: no help text for {silent}"
-
-
-def test_a_long_row_is_cut_and_the_title_says_so(tmp_path, capsys):
-    name = names("train")[0]
-    assert main(["train", "--backend", name, "--seq-len", "20", "--epochs", "1", "--n-sequences", "64", "--plot", str(tmp_path / "run.png")]) == 0
-    out = capsys.readouterr().out
-    assert f"{name} · head 0 of 4 · attention weights on the first 12 of 20 positions of a copy-task row" in out
-    assert (tmp_path / "run.png").exists()
-
-
-@pytest.mark.parametrize(
-    "argv, message",
-    [
-        ("generate --load x --max-new-tokens 70000", "--max-new-tokens: expected an integer in [0, 65536], got 70000"),
-        ("generate --load x --seed 4294967296", "--seed: expected an integer in [0, 4294967295], got 4294967296"),
-        ("port-check a:b c:d --int-range 0", "--int-range: expected an integer in [1, 2147483647], got 0"),
-        ("bench --repeats 0", "--repeats: expected an integer in [1, 1000], got 0"),
-    ],
-)
-def test_integer_flags_of_the_other_commands_keep_their_documented_range(capsys, argv, message):
-    with pytest.raises(SystemExit) as exit:
-        main(argv.split())
-    assert exit.value.code == 2 and message in capsys.readouterr().err
 
 
 # every argv a command accepts, so that the one flag added to it is the only thing wrong
@@ -151,32 +130,25 @@ def test_an_unknown_flag_is_refused_with_the_commands_own_usage(capsys, command)
     assert err.splitlines()[-1] == f"mhsa {command}: error: unrecognized arguments: --no-such-flag"
 
 
-DP_3 = "batch_size=32 is not divisible by dp=3: every global batch is split into 3 equal shards"
-
-
-@pytest.mark.parametrize("name", names("dp"))
-def test_a_dp_that_does_not_split_the_batch_is_refused_before_the_banner_with_the_commands_usage(capsys, name):
-    err = refused(capsys, "train", "--backend", name, "--dp", "3")
-    assert err.startswith("usage: mhsa train ") and err.splitlines()[-1] == f"mhsa train: error: {DP_3}"
-    from tests.commands import run_cli
-
-    result = run_cli(name, "--dp", "3", cwd=".")
-    assert result.returncode == 2 and result.stdout == "" and result.stderr.startswith(f"usage: python -m {package(name)}.train ")
-    assert result.stderr.splitlines()[-1] == f"python -m {package(name)}.train: error: {DP_3}"
-
-
-def test_generate_and_heads_refuse_a_flag_the_model_contradicts_with_their_usage(capsys, tmp_path):
-    from shared.weights import init_weights, save
-    from tests.backends import SMALL
-
-    path = tmp_path / "model.safetensors"
-    save(path, init_weights(SMALL, 0), SMALL)
-    for argv, message in [
-        (["generate", "--load", str(path), "--prompt", "1", "--heatmap-head", "4"], "--heatmap-head 4 is out of range: the model has 4 heads (0..3)"),
-        (["generate", "--load", str(path), "--prompt", "11"], "token id 11 is out of range: ids must lie in [0, 11) for vocab_size=11"),
-        (["heads", "--load", str(path), "--tokens", "1,1,1,1,1,1,1,1"], "--tokens gives 8 ids, more than the model's max_len=7"),
-        (["heads", "--load", str(path), "--tokens", "11"], "token id 11 is out of range: ids must lie in [0, 11) for vocab_size=11"),
-    ]:
-        assert main(argv) == 2, argv
-        out, err = capsys.readouterr()
-        assert out == "" and err.startswith(f"usage: mhsa {argv[0]} ") and err.splitlines()[-1] == f"mhsa {argv[0]}: error: {message}", err
+@pytest.mark.parametrize("bad", [np.nan, np.inf], ids=["NaN", "Inf"])
+@pytest.mark.parametrize("command", ["train --resume", "generate", "heads"])  # train --load: test_train_cli.py, per backend
+def test_non_finite_weights_are_refused_alike_by_every_command_that_reads_them(capsys, tmp_path, command, bad):
+    path = tmp_path / "bad.safetensors"
+    arrays = init_weights(SMALL, 0)
+    arrays["attn.out_proj.weight"][1, 2] = bad
+    run = TrainConfig(epochs=1, n_sequences=64)
+    moments = {name: np.zeros_like(value) for name, value in arrays.items()}
+    checkpoint.save(path, arrays, AdamState(run.steps_per_epoch, 1, moments, moments, run), SMALL)
+    argv = {
+        "train --resume": ["train", "--backend", names("train")[0], "--resume", str(path), "--epochs", "2", "--n-sequences", "64"],
+        "generate": ["generate", "--load", str(path), "--prompt", "1,1"],
+        "heads": ["heads", "--load", str(path)],
+    }[command]
+    try:
+        status = main(argv)
+    except SystemExit as exit:  # train refuses a file among its flags, through argparse
+        status = exit.code
+    out, err = capsys.readouterr()
+    assert status == (2 if command.startswith("train") else 1) and out == ""
+    message = f"weights file {str(path)!r} holds NaN or infinite values in ['attn.out_proj.weight']; refusing to use it"
+    assert err.splitlines()[-1] == f"mhsa {command.split()[0]}: error: {message}"

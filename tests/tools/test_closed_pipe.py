@@ -85,7 +85,7 @@ def command_lines(tmp_path):
         "generate": ["generate", "--load", str(model), "--prompt", "3,3", "--max-new-tokens", "2"],
         "port-check": ["port-check", "examples.torch_block:block", "examples.flax_block:block"],
         "compare": ["compare", str(history), str(history)],
-        "bind": None,  # prints one line after its one write: tests/contract/test_checkpoint.py runs it
+        "bind": None,  # prints one line after its one write: tests/tools/test_bind.py runs it
         "bench": ["bench", "--quick", "--repeats", "1", "generate"],
     }
 

@@ -31,9 +31,10 @@ def repo(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_the_default_sides_are_the_first_two_mirrored_backends():
-    assert (LEFT, RIGHT) == tuple(registry.names("layers")[:2])
-    assert [registry.get(name).package for name in (LEFT, RIGHT)] == ["torch_impl", "jax_impl"]
+def test_without_left_and_right_it_shows_torch_beside_jax_as_the_readme_says(capsys):
+    assert cli.main(["diff", "attention", "--width", "100", "--color", "never"]) == 0
+    heading = capsys.readouterr().out.splitlines()[0]
+    assert 0 <= heading.index("torch_impl/attention.py") < heading.index("jax_impl/attention.py"), heading
 
 
 def test_plain_output_when_piped(repo, capsys):

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from mhsa.heatmap import LEGEND, RAMP, ascii_heads, ascii_heatmap
+from mhsa.heatmap import LEGEND, NAN, RAMP, ascii_heads, ascii_heatmap
 from tests.samples import causal_weights
 
 
@@ -64,10 +64,11 @@ def test_shades_grow_with_the_weight():
     assert shades == sorted(shades) and shades[-1] == len(RAMP) - 1
 
 
-def test_legend_is_one_line_at_the_end():
+def test_the_legend_is_one_line_at_the_end_and_names_the_shades_the_cells_use():
     text = ascii_heatmap(np.eye(3))
     assert text.splitlines()[-1] == LEGEND
-    assert LEGEND.startswith("shade: ' ' = 0") and "@ = 1" in LEGEND and "NaN" in LEGEND
+    assert LEGEND.startswith(f"shade: '{RAMP[0]}' = 0") and f"{' '.join(RAMP[1:])} = 1, one step per 1/{len(RAMP) - 1};" in LEGEND
+    assert LEGEND.endswith(f"'{NAN}' = NaN")
 
 
 def test_nan_renders_as_question_marks():

@@ -1,6 +1,8 @@
-"""Ctrl-C keeps what it can and says what is on disk: during training with --save, the last
-complete epoch as a bound checkpoint that --resume continues exactly (mhsa/epoch_keeper.py);
-after training, the run's own checkpoint; a second Ctrl-C during that save leaves no half pair.
+"""Ctrl-C at any moment of the train command prints one line and exits 130, never a traceback
+(also while the launcher is still importing), and keeps what it can, saying what is on disk:
+during training with --save, the last complete epoch as a bound checkpoint that --resume
+continues exactly (mhsa/epoch_keeper.py); after training, the run's own checkpoint; a second
+Ctrl-C during that save leaves no half pair.
 
 The keeping needs a trainer whose train() hands over its model and optimizer at every epoch's end
 (on_epoch). Where a registered trainer lacks the hook, these tests give it one the honest way: the
@@ -24,7 +26,7 @@ from mhsa.epoch_keeper import has_on_epoch
 from shared import checkpoint, files, weights
 from shared.history import History
 from shared.training import epoch_means
-from tests.backends import names
+from tests.backends import names, package
 from tests.commands import run_cli
 from tests.paths import ROOT
 
@@ -164,7 +166,7 @@ def test_a_trainer_without_on_epoch_keeps_nothing_as_before(tmp_path, monkeypatc
     ids=["the pair", "the history"],
 )
 def test_a_full_disk_while_the_kept_epoch_is_saved_is_said_with_what_is_on_disk(tmp_path, hooked, monkeypatch, fail_at, message):
-    from tests.contract.test_checkpoint import FailingOs
+    from tests.failing_disk import FailingOs
 
     name = names("train")[0]
     hooked(name, interrupt_at=2 * STEPS_PER_EPOCH + 1)
@@ -253,3 +255,42 @@ def test_a_real_ctrl_c_keeps_the_last_complete_epoch_and_more_of_them_change_not
     assert sorted(os.listdir(tmp_path)) == ["run.adam.safetensors", "run.safetensors"]
     _, state = checkpoint.load(path)
     assert state.epochs_done == int(saved.group(2)) and np.isfinite(state.exp_avg["lm_head.bias"]).all()
+
+
+# --- Ctrl-C in a real process at any moment: one line, exit 130 -----------------------------------
+
+
+def interrupted(argv, wait_for=None, delay=0.0, stream="stdout"):
+    """Start argv, send SIGINT once `wait_for` appears on `stream` (or after `delay`), return
+    (returncode, stdout, stderr lines other than -X importtime's)."""
+    child = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        seen = ""
+        while wait_for is not None and wait_for not in seen:
+            line = getattr(child, stream).readline()
+            assert line, f"{wait_for!r} never appeared"
+            seen += line
+        time.sleep(delay)
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=120)
+    finally:
+        child.kill()
+    lines = [line for line in (seen if stream == "stderr" else "").splitlines() + err.splitlines() if not line.startswith("import time:")]
+    return child.returncode, out, lines
+
+
+def test_ctrl_c_while_python_m_impl_train_imports_its_command_line_prints_one_line_and_exits_130():
+    # -X importtime reports each finished import on stderr: numpy's comes while the launcher
+    # imports mhsa.train_cli, before any handler of train_cli exists (the interpreter's
+    # own start-up, before the first line of the program, is beyond any program's reach)
+    argv = [sys.executable, "-X", "importtime", "-m", f"{package(names('train')[0])}.train", "--quiet"]
+    code, out, err = interrupted(argv, wait_for=" numpy\n", stream="stderr")
+    assert code == 130 and err == ["interrupted"], err
+
+
+@pytest.mark.parametrize("delay", [0.5, 1.5])
+def test_ctrl_c_later_in_python_m_impl_train_prints_one_line_and_exits_130(delay):
+    # a run long enough in every backend that the signal lands while it imports or trains
+    argv = [sys.executable, "-m", f"{package(names('train')[0])}.train", "--quiet", "--epochs", "100000", "--n-sequences", "64"]
+    code, out, err = interrupted(argv, delay=delay)
+    assert code == 130 and err == ["interrupted"], err

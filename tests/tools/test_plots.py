@@ -1,4 +1,7 @@
-"""The figures, inspected as objects before saving (no pixel matching), and the atomic PNG save."""
+"""The figures (mhsa/plots.py), inspected as objects before saving (no pixel matching), and
+save_figure: a PNG of the figure's size, drawn in memory first, so a drawing that fails leaves
+the previous file as it was. How every writer keeps the previous file on a failed write:
+tests/contract/test_files.py."""
 
 import os
 import struct
@@ -7,7 +10,6 @@ import sys
 
 import numpy as np
 import pytest
-from matplotlib.figure import Figure
 
 from mhsa.plots import MASKED_RGBA, heads_figure, save_figure, training_figure
 from tests.samples import causal_weights
@@ -186,18 +188,6 @@ def test_save_figure_writes_a_png_of_the_figure_size(tmp_path):
     assert png_size(tmp_path / "again.png") == png_size(path)
 
 
-def test_saved_file_gets_ordinary_permissions_not_the_temporary_0600(tmp_path):
-    mask = os.umask(0o022)
-    try:
-        path = save_figure(heads_figure(causal_weights(1, 3, seed=13)), tmp_path / "new.png")
-        assert path.stat().st_mode & 0o777 == 0o644
-        path.chmod(0o640)  # an existing file keeps its mode
-        save_figure(heads_figure(causal_weights(1, 3, seed=14)), path)
-        assert path.stat().st_mode & 0o777 == 0o640
-    finally:
-        os.umask(mask)
-
-
 def fail_midway(fig, monkeypatch, error):
     """Make fig.savefig write half a PNG and then fail."""
 
@@ -209,7 +199,7 @@ def fail_midway(fig, monkeypatch, error):
 
 
 @pytest.mark.parametrize("error", [OSError("disk full"), KeyboardInterrupt()])
-def test_failed_save_keeps_the_previous_file_and_leaves_no_temporary(tmp_path, monkeypatch, error):
+def test_a_drawing_that_fails_keeps_the_previous_file_and_leaves_no_temporary(tmp_path, monkeypatch, error):
     path = tmp_path / "heads.png"
     save_figure(heads_figure(causal_weights(2, 5, seed=6)), path)
     before = path.read_bytes()
@@ -217,21 +207,6 @@ def test_failed_save_keeps_the_previous_file_and_leaves_no_temporary(tmp_path, m
     fail_midway(fig, monkeypatch, error)
     with pytest.raises(type(error)):
         save_figure(fig, path)
-    assert path.read_bytes() == before
-    assert os.listdir(tmp_path) == ["heads.png"]
-
-
-def test_failed_rename_leaves_no_temporary(tmp_path, monkeypatch):
-    path = tmp_path / "heads.png"
-    save_figure(heads_figure(causal_weights(2, 5, seed=8)), path)
-    before = path.read_bytes()
-
-    def refuse(source, target):
-        raise PermissionError(f"cannot replace {target}")
-
-    monkeypatch.setattr("shared.files.os.replace", refuse)
-    with pytest.raises(PermissionError):
-        save_figure(heads_figure(causal_weights(2, 5, seed=9)), path)
     assert path.read_bytes() == before
     assert os.listdir(tmp_path) == ["heads.png"]
 
@@ -285,37 +260,3 @@ def test_the_module_is_framework_neutral_and_needs_no_pyplot():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
-
-
-def test_returns_figures():
-    assert isinstance(heads_figure(causal_weights(1, 2, seed=12)), Figure)
-    assert isinstance(training_figure([1.0], 1, causal_weights(1, 2, seed=12)), Figure)
-
-
-def test_the_compare_figure_names_the_runs_and_says_when_they_are_identical():
-    from mhsa.compare import Comparison, comparison_figure
-
-    steps, losses = np.arange(5), np.array([3.0, 2.0, 1.0, 0.5, 0.25])
-    same = Comparison(steps, losses, losses.copy(), np.zeros(5))
-    labels = ("A = a.json (torch, float32)", "B = b.json (jax, float32)")
-    figure = comparison_figure(same, labels)
-    assert figure.get_suptitle() == "loss per step: A = a.json (torch, float32) vs B = b.json (jax, float32)"
-    curves, gaps = figure.axes
-    assert [text.get_text() for text in curves.get_legend().get_texts()] == list(labels)
-    assert [text.get_text() for text in gaps.texts] == ["A and B are identical at every one of the 5 steps compared"]
-    assert gaps.get_lines() == []  # no empty curve on a meaningless log axis
-    apart = Comparison(steps, losses, losses + 1e-3, np.full(5, 1e-3))
-    assert comparison_figure(apart, labels).axes[1].get_lines() != []
-
-
-def test_the_gap_figures_caption_counts_in_the_singular_and_the_plural():
-    from mhsa.compare import Comparison, comparison_figure
-
-    steps, losses = np.arange(3), np.array([3.0, 2.0, 1.0])
-    labels = ("A = a.json (torch, float32)", "B = b.json (jax, float32)")
-    one_exact = Comparison(steps, losses, losses + [0.0, 1e-3, 2e-3], np.array([0.0, 1e-3, 2e-3]))
-    assert comparison_figure(one_exact, labels).axes[1].get_title() == "max 2.00e-03 at step 2, mean 1.00e-03; 1 step identical (not drawn)"
-    two_exact = Comparison(steps, losses, losses + [0.0, 0.0, 2e-3], np.array([0.0, 0.0, 2e-3]))
-    assert comparison_figure(two_exact, labels).axes[1].get_title().endswith("; 2 steps identical (not drawn)")
-    single = Comparison(steps[:1], losses[:1], losses[:1].copy(), np.zeros(1))
-    assert [text.get_text() for text in comparison_figure(single, labels).axes[1].texts] == ["A and B are identical at the 1 step compared"]

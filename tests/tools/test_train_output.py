@@ -1,8 +1,10 @@
-"""Every printed figure is true: the final line says what its seconds measure and how long the
-process has run; --quiet prints that line alone; --compile says on stderr that it compiles and
-roughly for how long; counts are singular or plural as they should be; `mhsa compare` exits by
-the trajectory tolerance of docs/DESIGN.md, naming the first step beyond it."""
+"""What the train command prints (mhsa/train_outputs.py), and every printed figure is true: the
+same lines and the same history schema for every backend, the heatmap's causal triangle, the
+final line that says what its seconds measure and how long the process has run; --quiet prints
+that line alone; --compile says on stderr that it compiles and roughly for how long; counts are
+singular or plural as they should be; a row too long for the heatmap is cut and the title says so."""
 
+import json
 import os
 import re
 import subprocess
@@ -12,11 +14,68 @@ import time
 import pytest
 
 from mhsa import registry, train_outputs
-from mhsa.cli import main as mhsa
-from shared.config import TrainConfig
-from shared.history import History
-from tests.backends import SMALL, names, package
+from mhsa.cli import main
+from shared import weights
+from shared.config import ModelConfig
+from shared.history import KEYS, History
+from tests.backends import names, package
 from tests.commands import run_cli
+
+TRAINERS = names("train")
+
+
+@pytest.fixture(scope="module")
+def default_runs(tmp_path_factory):
+    """The default float32 run of each backend, with a user's flags and nothing else."""
+    folder = tmp_path_factory.mktemp("default")
+    runs = {}
+    for backend in TRAINERS:
+        result = run_cli(backend, "--history", f"{backend}.json", "--save", f"{backend}.safetensors", cwd=folder)
+        assert result.returncode == 0, result.stderr
+        runs[backend] = (result, History.load(folder / f"{backend}.json"), folder)
+    return runs
+
+
+def test_the_output_and_the_history_schema_are_the_same_for_every_backend(default_runs):
+    lines = {}
+    for backend, (result, _, folder) in default_runs.items():
+        out = result.stdout
+        assert out.startswith(f"backend {backend}\nmodel  vocab_size=64 d_model=32 n_heads=4 (d_head=8) max_len=12")
+        for epoch in (1, 2, 3):
+            assert f"epoch {epoch}/3  mean loss " in out
+        assert "final loss " in out and "head 0 of 4" in out and "shade:" in out
+        assert result.stderr == ""  # not a terminal: no progress bar
+        data = json.loads((folder / f"{backend}.json").read_text())
+        assert sorted(data) == sorted(KEYS + ("first_step", "init", "source", "source_sha256", "compile_seconds"))
+        assert data["backend"] == backend and data["first_step"] == 0 and data["init"] == "shared" and data["source"] is None
+        assert data["compile_seconds"] is None  # no --compile
+        # identical lines apart from the backend's name and the numbers
+        lines[backend] = [re.sub(r"\d[\d,]*(\.\d+)?(e-?\d+)?", "N", line.replace(backend, "BACKEND")) for line in out.splitlines()]
+    first, *others = TRAINERS
+    assert all(lines[other] == lines[first] for other in others), lines
+    heatmap_rows = [line for line in default_runs[first][0].stdout.splitlines() if line.strip()[:1].isdigit() and "|" in line]
+    assert len(heatmap_rows) == 12
+
+
+def test_the_saved_weights_reload_and_the_heatmap_shows_the_causal_triangle(default_runs):
+    for backend, (result, _, folder) in default_runs.items():
+        arrays, config = weights.load(folder / f"{backend}.safetensors")
+        assert config == ModelConfig()
+        rows = [line.split("|")[1] for line in result.stdout.splitlines() if line.count("|") == 2 and line.strip()[:1].isdigit()]
+        assert len(rows) == 12, f"{backend}: the heatmap has {len(rows)} query rows, expected 12"
+        for query, row in enumerate(rows):
+            cell = len(row) // 12
+            assert row[(query + 1) * cell :].strip() == "", f"{backend}: row {query} shows a later key"
+            assert row[query * cell : (query + 1) * cell].strip() != ""
+
+
+def test_a_long_row_is_cut_and_the_title_says_so(tmp_path, capsys):
+    name = TRAINERS[0]
+    assert main(["train", "--backend", name, "--seq-len", "20", "--epochs", "1", "--n-sequences", "64", "--plot", str(tmp_path / "run.png")]) == 0
+    out = capsys.readouterr().out
+    assert f"{name} · head 0 of 4 · attention weights on the first 12 of 20 positions of a copy-task row" in out
+    assert (tmp_path / "run.png").exists()
+
 
 FINAL = re.compile(
     r"final loss \S+ \(step (\d+)\) · (\d+) steps? in (\d+\.\d\d) s of training \(set-up and compilation included\) "
@@ -74,49 +133,3 @@ def test_compile_says_on_stderr_that_it_compiles_and_for_about_how_long(tmp_path
         f"torch.compile: compiling the whole step before step 0, about 3 s if inductor's cache {tmp_path / 'inductor'} "
         "holds this model's step, up to about 20 s if not"
     )
-
-
-# --- mhsa compare as a check ------------------------------------------------------------------------
-
-
-def histories(tmp_path, b_losses, dtypes=("float32", "float32")):
-    a_losses = [3.0, 2.0, 1.0, 0.5, 0.25]
-    for name, losses, dtype in (("a", a_losses, dtypes[0]), ("b", b_losses, dtypes[1])):
-        History("torch" if name == "a" else "jax", SMALL, TrainConfig(dtype=dtype), losses, [1.0], 1.0).save(tmp_path / f"{name}.json")
-    return [str(tmp_path / "a.json"), str(tmp_path / "b.json")]
-
-
-def test_compare_exits_0_when_the_runs_agree_within_the_trajectory_tolerance(tmp_path, capsys):
-    assert mhsa(["compare", *histories(tmp_path, [3.0, 2.0 + 9e-5, 1.0, 0.5 - 9e-5, 0.25])]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == (
-        "agree: within the trajectory tolerance 1e-04 (float32, docs/DESIGN.md) at every one of the 5 steps compared"
-    )
-
-
-def test_compare_exits_1_naming_the_first_step_beyond_the_tolerance(tmp_path, capsys):
-    assert mhsa(["compare", *histories(tmp_path, [3.0, 2.0, 1.0 + 2e-4, 0.5, 0.25 + 1e-3])]) == 1
-    assert capsys.readouterr().out.splitlines()[-1] == (
-        "differ: beyond the trajectory tolerance 1e-04 (float32, docs/DESIGN.md) first at step 2: |A - B| = 2.000e-04 "
-        "(A 1, B 1.0002); 2 of 5 steps beyond it"
-    )
-
-
-def test_compare_holds_float64_runs_to_float64s_tolerance_and_a_mixed_pair_to_float32s(tmp_path, capsys):
-    b = [3.0, 2.0, 1.0 + 1e-6, 0.5, 0.25]
-    assert mhsa(["compare", *histories(tmp_path, b, ("float64", "float64"))]) == 1
-    assert "beyond the trajectory tolerance 1e-10 (float64, docs/DESIGN.md) first at step 2" in capsys.readouterr().out
-    assert mhsa(["compare", *histories(tmp_path, b, ("float64", "float32"))]) == 0
-    assert "within the trajectory tolerance 1e-04 (float32, docs/DESIGN.md)" in capsys.readouterr().out
-
-
-def test_compare_counts_a_nan_on_one_side_as_beyond(tmp_path, capsys):
-    assert mhsa(["compare", *histories(tmp_path, [3.0, float("nan"), 1.0, 0.5, 0.25])]) == 1
-    assert "first at step 1: |A - B| = inf" in capsys.readouterr().out
-
-
-def test_compares_help_says_how_many_files_it_takes(capsys):
-    with pytest.raises(SystemExit):
-        mhsa(["compare", "--help"])
-    help_text = " ".join(capsys.readouterr().out.split())
-    assert "two or more --history files" in help_text and "exit 1 when they differ beyond the trajectory tolerance" in help_text
-    assert "(two or more files in all)" in help_text

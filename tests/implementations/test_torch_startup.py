@@ -1,6 +1,7 @@
-"""torch_impl.startup.FusedAdam is torch.optim.Adam(fused=True), bit for bit: the trainer uses it
-only to avoid the optimizer's import of torch._dynamo at start-up (docs/DESIGN.md, README). It
-calls the private torch._fused_adam_ kernel: these tests pin it to the public optimizer."""
+"""torch_impl/startup.py: FusedAdam is torch.optim.Adam(fused=True), bit for bit: the trainer uses
+it only to avoid the optimizer's import of torch._dynamo at start-up (docs/performance.md,
+"Start-up"). It calls the private torch._fused_adam_ kernel: these tests pin it to the public
+optimizer."""
 
 import subprocess
 import sys

@@ -1,10 +1,11 @@
-"""jax_impl.train's device choice and its faster paths: a device JAX does not have is refused
-before any work, a run committed to a device feeds every model function, the run queues its next
-steps before it reads the last ones' losses without changing a loss or the order of on_step, and
-a run compiles its programs, not one per parameter shape.
+"""jax_impl/train.py and its scanned steps (jax_impl/compiled.py): a run committed to the device
+train() was given feeds every model function as a plain model does, the run queues its next steps
+before it reads the last ones' losses without changing a loss or the order of on_step, and the
+default run compiled with XLA's own settings, as a user's is, agrees with every trainer.
 
-No GPU here: "cuda" is tested as a refusal; the committed-device path is the one a GPU run takes
-(the arrays are committed to the device train() was given), exercised on the CPU device."""
+No GPU here: the committed-device path is the one a GPU run takes (the arrays are committed to
+the device train() was given), exercised on the CPU device; "cuda" is refused in
+test_device.py."""
 
 import os
 import subprocess
@@ -15,13 +16,11 @@ import pytest
 
 jax = pytest.importorskip("jax")
 
-import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from jax_impl import compiled, generate, model, startup, train  # noqa: E402
-from mhsa import registry  # noqa: E402
 from shared import training  # noqa: E402
-from shared.config import ModelConfig, TrainConfig  # noqa: E402
+from shared.config import TrainConfig  # noqa: E402
 from shared.history import History  # noqa: E402
 from shared.tolerances import assert_close, tolerance  # noqa: E402
 from tests.backends import SMALL, names  # noqa: E402
@@ -98,77 +97,6 @@ def test_queued_runs_give_the_losses_of_one_run_at_a_time_in_step_order(monkeypa
         run = int(np.searchsorted(ends, step, side="right"))  # the run this step belongs to (from 0)
         # one run ahead: the next run is queued before this one's losses are read, and no more
         assert runs_queued == min(run + 2, len(queued)), f"step {step} of run {run} was reported with {runs_queued} runs queued"
-
-
-def test_adam_built_without_compiling_equals_nnx_optimizer_leaf_for_leaf():
-    m = model.from_exchange(training.initial_weights("shared", SMALL, CONFIG), SMALL)
-    built = startup.new_optimizer(m, CONFIG)
-    tx = optax.adam(CONFIG.lr, *CONFIG.betas, eps=CONFIG.eps)
-    eager = nnx.Optimizer(m, tx, wrt=nnx.Param)
-    got, expected = nnx.state(built), nnx.state(eager)
-    assert jax.tree.structure(got) == jax.tree.structure(expected)
-    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected)):
-        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
-    # the same transformation: one update from each moves the weights identically
-    grads = jax.tree.map(lambda leaf: jax.device_put(np.full(leaf.shape, 0.1, leaf.dtype)), nnx.state(m, nnx.Param))  # copies, not the model's own
-    assert type(built.tx) is type(eager.tx) and built.wrt == eager.wrt
-    twin = model.from_exchange(model.to_exchange(m), SMALL)
-    built.update(m, grads)
-    eager_twin = nnx.Optimizer(twin, tx, wrt=nnx.Param)
-    eager_twin.update(twin, grads)
-    for name, value in model.to_exchange(m).items():
-        assert np.array_equal(value, model.to_exchange(twin)[name]), name
-
-
-def test_a_run_compiles_its_programs_not_one_per_parameter_shape():
-    """A config no other test trains, so its steps are not cached: the non-parameter buffers and the
-    scanned steps are one compiled program each, Adam's zero state none (eagerly, the random key,
-    each zeros_like and each transposed weight compiled one small program per shape)."""
-    programs = []
-
-    def listen(event, duration, **_):
-        if event == "/jax/core/compile/backend_compile_duration":
-            programs.append(event)
-
-    fresh = ModelConfig(vocab_size=13, d_model=20, n_heads=5, max_len=9)
-    jax.monitoring.register_event_duration_secs_listener(listen)
-    try:
-        train.train(fresh, TrainConfig(epochs=1, n_sequences=32, batch_size=8))
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listen)
-    # at most: the buffers' program is a constant mask that another test's TinyLM of the same
-    # max_len may have compiled already (JAX reuses a compilation of identical HLO)
-    assert len(programs) <= 2, f"{len(programs)} programs compiled, expected at most 2 (the buffers, the scanned steps)"
-
-
-@pytest.mark.parametrize(
-    "flags, note",
-    [
-        ([], None),  # on by default, and silent
-        (["--no-jax-cache"], None),
-        ([], "JAX's compilation cache is off, /nowhere cannot be used (planted): every program was compiled afresh"),
-    ],
-)
-def test_the_train_command_keeps_jaxs_compiled_programs_unless_told_not_to(monkeypatch, tmp_path, flags, note):
-    """Where the cache lives and what it keeps: test_parity's test of compile_cache itself."""
-    from mhsa import compile_cache
-    from tests.commands import run_cli
-
-    asked = []
-    monkeypatch.setattr(compile_cache, "enable_jax_cache", lambda: asked.append(True) or note or "JAX's compiled programs are kept in ...")
-    tiny = ["--quiet", "--epochs", "1", "--n-sequences", "40", "--batch-size", "8", "--d-model", "8", "--n-heads", "2", "--seq-len", "5"]
-    result = run_cli("jax", *tiny, "--vocab-size", "7", *flags, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert asked == ([] if flags else [True])
-    assert result.stdout.startswith("final loss ") and result.stdout.count("\n") == 1, result.stdout  # --quiet: the final line alone
-    assert result.stderr == (f"note: {note}\n" if note else ""), result.stderr
-
-
-@pytest.mark.parametrize("name", [name for name in names("train") if registry.get(name).framework != "jax"])
-def test_no_jax_cache_is_refused_for_a_backend_without_jax(capsys, name):
-    from tests.commands import refused
-
-    assert f"--no-jax-cache: the {name} backend does not compile with JAX" in refused(capsys, "train", "--backend", name, "--no-jax-cache")
 
 
 def test_the_default_run_compiled_with_xlas_own_settings_agrees_with_every_trainer(default_run, tmp_path):

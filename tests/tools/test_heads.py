@@ -1,0 +1,44 @@
+"""`mhsa heads` (mhsa/heads.py): a flag the model contradicts or a token id beyond any model is
+refused with the command's usage and one line (exit 2), and a --plot over its own --load file is
+refused before anything is written."""
+
+import pytest
+
+from mhsa.cli import main
+from shared import weights
+from shared.weights import init_weights
+from tests.backends import SMALL
+from tests.commands import refused
+
+
+def saved(tmp_path, name="model.safetensors"):
+    path = tmp_path / name
+    weights.save(path, init_weights(SMALL, 0), SMALL)
+    return path
+
+
+@pytest.mark.parametrize(
+    "tokens, message",
+    [
+        ("1,1,1,1,1,1,1,1", "--tokens gives 8 ids, more than the model's max_len=7"),
+        ("11", "token id 11 is out of range: ids must lie in [0, 11) for vocab_size=11"),
+    ],
+    ids=["longer than the context", "an id the model lacks"],
+)
+def test_tokens_the_model_contradicts_are_refused_with_the_commands_usage(capsys, tmp_path, tokens, message):
+    assert main(["heads", "--load", str(saved(tmp_path)), "--tokens", tokens]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("usage: mhsa heads ") and err.splitlines()[-1] == f"mhsa heads: error: {message}", err
+
+
+def test_a_token_id_beyond_int32_is_refused_by_the_parser_in_one_line(capsys, tmp_path):
+    err = refused(capsys, "heads", "--load", str(saved(tmp_path)), "--tokens", "99999999999999999999")
+    assert err.splitlines()[-1].endswith("expected token ids in [0, 2147483647], got 99999999999999999999")
+
+
+def test_a_plot_over_its_own_input_is_refused(capsys, tmp_path):
+    source = saved(tmp_path, "model.png")
+    before = source.read_bytes()
+    assert main(["heads", "--load", str(source), "--plot", str(source)]) == 1
+    assert "is the input --load" in capsys.readouterr().err
+    assert source.read_bytes() == before
