@@ -22,6 +22,7 @@ The ranges (the same in every backend, since every backend is reached through th
     --demo-runs       [1, 100]           benchmarks/train.py: process runs of each command in the start-up table
     --dp              [1, 64]            train: ranks (torch processes) or devices (JAX) on one machine
     parity --dp       [0, 64]            0 skips the data-parallel section; 1 is refused (a run against itself)
+    port-check --train [1, 100000]       steps of the check through training
 
 Within these ranges a size that cannot fit in memory is refused before any allocation by
 shared.checks.check_training_fits, with the estimated memory in the message.
@@ -55,6 +56,7 @@ RANGES = {
     "--demo-runs": (1, 100),
     "--dp": (1, 64),
     "parity --dp": (0, 64),
+    "port-check --train": (1, 100_000),
 }
 # ModelConfig field -> its flag
 MODEL_FLAGS = {"vocab_size": "--vocab-size", "d_model": "--d-model", "n_heads": "--n-heads", "max_len": "--seq-len"}

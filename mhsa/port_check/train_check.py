@@ -30,9 +30,9 @@ from mhsa.port_check import train_flax, train_lint, train_torch
 from mhsa.port_check.compare import check_port, lint, transfer_weights
 from mhsa.port_check.records import PortReport, backend_of, map_name
 from mhsa.port_check.train_records import MOMENTS, StepRecord, StepSummary, TrainReport, TrainRow
-from mhsa.port_check.train_tolerances import FLOOR_ULPS, K, derived
+from mhsa.port_check.train_tolerances import derived
 from shared.config import DTYPES
-from shared.tolerances import max_abs_diff
+from shared.tolerances import K, max_abs_diff
 
 REQUIRED = ("model", "optimizer", "loss", "inputs")
 OPTIONAL = ("model_inputs", "scheduler", "clip")
@@ -148,8 +148,8 @@ def _tolerance_note(dtype: str) -> str:
     if dtype == "float64":
         return "tolerance: fixed (a float64 check has no higher precision to derive one from): docs/DESIGN.md's float64 trajectory tolerance"
     return (
-        f"tolerance: {K} x the larger of the two sides' own float32 errors at that step and tensor (each side's float32 run "
-        f"against its float64 run, same weights and batches); at least {FLOOR_ULPS} ulps of the tensor's largest value"
+        f"tolerance: {K:g} x the larger of the two sides' own float32 errors at that step and tensor (each side's float32 run "
+        f"against its float64 run, same weights and batches); at least {K:g} float32 roundings of the tensor's largest value"
     )
 
 

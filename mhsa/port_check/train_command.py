@@ -15,11 +15,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mhsa.flags import int_in
+from mhsa.flags import int_flag
 from mhsa.port_check.factories import call_factory
 from mhsa.port_check.records import PortCheckError
 
-MAX_STEPS = 100_000
 # flags of the forward check that a training check refuses: attribute -> {value given: flag}
 REFUSED = {
     "input_shape": "--input-shape",
@@ -34,7 +33,7 @@ REFUSED = {
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--train",
-        type=int_in(1, MAX_STEPS),
+        type=int_flag("port-check --train"),
         metavar="N",
         help="train both N steps from the reference's weights and compare every step: each factory returns "
         "{model, optimizer, loss, inputs} (mhsa.port_check.train_check)",

@@ -6,30 +6,25 @@ its own float64 run (same weights, same batches), the largest difference over th
 elements. Two independent float32 computations each carry rounding of that size, so a faithful
 port sits within a small multiple of it; a bug does not, since it is in both of the port's runs.
 
-Issue 31 derives the tolerance from the reference's error alone. Through training that is not
-enough: optax computes Adam's bias correction 1 - b2**t in float32 (1.3e-5 off for b2 = 0.999,
-where torch computes it in Python floats), so a faithful optax.adam port moves each parameter
-7e-6 of its update away from torch at every step, up to 570x the reference's own error over 20
-steps of tests/tools/port_check_train's MLP; and a scalar row (the loss) has one element, whose
-rounding can be small by chance on one side. The larger of the two errors covers both; the
-port's float64 run costs one compilation more.
+The reference's error alone is not enough through training: optax computes Adam's bias
+correction 1 - b2**t in float32 (1.3e-5 off for b2 = 0.999, where torch computes it in Python
+floats), so a faithful optax.adam port moves each parameter 7e-6 of its update away from torch at
+every step, up to 570x the reference's own error over 20 steps of tests/tools/port_check_train's
+MLP; and a scalar row (the loss) has one element, whose rounding can be small by chance on one
+side. The larger of the two errors covers both; the port's float64 run costs one compilation more.
 
-The forward rows shown at the first failing step keep the issue's rule, K times the reference's
-own error at each output: whole tensors at one set of weights, with no optimizer in between.
-
-Where both errors are (nearly) zero, an exact stage, the floor is FLOOR_ULPS units in the last
-place of the tensor's largest value. A float64 check has no higher precision to derive from:
-its rows hold docs/DESIGN.md's float64 trajectory tolerance, fixed, and say so.
+K, the floor and the derivation are shared/tolerances.py's, as `mhsa parity` and the forward
+port check hold them: K times the error, never less than K float32 roundings of the tensor's
+largest value (an exact stage). The forward rows shown at the first failing step are the
+forward check's own (the reference's error alone: whole tensors at one set of weights, with no
+optimizer in between). A float64 check has no higher precision to derive from: its rows hold
+docs/DESIGN.md's float64 trajectory tolerance, fixed, and say so.
 """
 
 from __future__ import annotations
 
-import numpy as np
-
-from shared.tolerances import max_abs_diff, tolerance
-
-K = 4  # the same constant as issue 31's part 1 (shared/tolerances.py, once it lands there)
-FLOOR_ULPS = 2
+from shared import tolerances
+from shared.tolerances import reference_error, scale, tolerance
 
 
 def derived(value, value64, dtype: str) -> tuple[float, float | None]:
@@ -38,7 +33,5 @@ def derived(value, value64, dtype: str) -> tuple[float, float | None]:
     None). A row takes the larger of the two sides' tolerances."""
     if dtype == "float64":
         return tolerance("trajectory", "float64"), None
-    error = max_abs_diff(value, value64)
-    scale = float(np.max(np.abs(value64))) if np.size(value64) else 0.0
-    floor = FLOOR_ULPS * float(np.finfo(np.dtype(dtype)).eps) * scale
-    return max(K * error, floor), error
+    error = reference_error(value, value64)
+    return tolerances.derived(error, scale(value64)), error

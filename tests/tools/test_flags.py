@@ -13,7 +13,7 @@ from mhsa.cli import COMMANDS
 
 # the table of mhsa/flags.py's documentation: "    --seed            [0, 4294967295]    why"
 DOCUMENTED = {
-    flag: (int(low), int(high)) for flag, low, high in re.findall(r"^    ((?:parity )?--[a-z-]+)\s+\[(\d+), (\d+)\]", flags.__doc__, re.MULTILINE)
+    flag: (int(low), int(high)) for flag, low, high in re.findall(r"^    ((?:[a-z-]+ )?--[a-z-]+)\s+\[(\d+), (\d+)\]", flags.__doc__, re.MULTILINE)
 }
 
 
