@@ -174,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--breakdown", action="store_true", help="also the check without its float64 twin of the reference: what the twin costs")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one floor measurement, in its own process
     parser.add_argument("--grads", action="store_true", help=argparse.SUPPRESS)
+    bench_common.add_write_flag(parser)
     args = parser.parse_args(argv)
     if args.child:
         floor(args.size, args.batch, args.length, args.grads)
@@ -183,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     kinds = KINDS + (FIXED if args.breakdown else ())
     results: dict[str, list[tuple[float, int]]] = {kind: [] for kind in kinds}
     verdicts: dict[str, set[str]] = {kind: set() for kind in kinds}
-    machine = header("Port check at scale", sys.argv)  # the sgemm rate and the load before the runs
+    shown = bench_common.shown_command("benchmarks/port_check_scale.py", argv if argv is not None else sys.argv[1:])
+    machine = header("Port check at scale", shown)  # the sgemm rate and the load before the runs
     order = list(kinds)
     for round_ in range(args.rounds):
         random.Random(round_).shuffle(order)
@@ -194,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
             if not kind.startswith("floor"):
                 verdicts[kind].add(stdout.rstrip().rpartition("\n")[2].partition(":")[0] or f"exit {status}")
     bench_common.progress(None)
-    print(machine + report(results, verdicts, args))
+    with bench_common.recorded(" ".join(["python", *shown]) if args.write else None):
+        print(machine + report(results, verdicts, args))
     return 0
 
 

@@ -21,6 +21,7 @@ import statistics
 import sys
 import time
 
+import bench_common
 from bench_common import ROOT, header, progress
 
 assert ROOT  # the checkout is on sys.path (bench_common puts it there)
@@ -33,8 +34,8 @@ import torch  # noqa: E402
 from flax import nnx  # noqa: E402
 from torch import nn  # noqa: E402
 
+from mhsa.port_check.factories import call_factory  # noqa: E402
 from mhsa.port_check.train_check import check_setup, check_training  # noqa: E402
-from mhsa.port_check.train_command import call_factory  # noqa: E402
 
 V, D, H, F, LAYERS, B, T, BATCHES = 61, 64, 4, 176, 2, 8, 16, 4
 
@@ -187,6 +188,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, help="torch's threads for every candidate (default: torch's own choice)")
+    bench_common.add_write_flag(parser)
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -195,7 +197,7 @@ def main(argv: list[str]) -> int:
     specs = args.factories or ["port_check_train:torch_factory", "port_check_train:flax_factory"]
 
     def build():
-        return check_setup(call_factory(specs[0]), "reference"), check_setup(call_factory(specs[1]), "port")
+        return check_setup(call_factory(specs[0], "TORCH_FACTORY"), "reference"), check_setup(call_factory(specs[1], "FLAX_FACTORY"), "port")
 
     n = args.steps
     candidates = {
@@ -220,14 +222,20 @@ def main(argv: list[str]) -> int:
     medians = {name: statistics.median(values) for name, values in times.items()}
     bare = sum(value for name, value in medians.items() if name.startswith("bare"))
     check = medians[f"port-check --train {n} (check_training)"]
-    print(header("The port check through training against the bare trainings", ["benchmarks/port_check_train.py", *argv]))
-    print(f"- factories: `{specs[0]}`, `{specs[1]}`; median of {args.repeats} interleaved rounds\n")
+    shown = bench_common.shown_command("benchmarks/port_check_train.py", argv)
+    with bench_common.recorded(" ".join(["python", *shown]) if args.write else None):
+        _print_table(shown, specs, args.repeats, times, medians, check / bare, bare)
+    return 0
+
+
+def _print_table(shown, specs, repeats, times, medians, ratio, bare) -> None:
+    print(header("The port check through training against the bare trainings", shown))
+    print(f"- factories: `{specs[0]}`, `{specs[1]}`; median of {repeats} interleaved rounds\n")
     print("| run | median s | min s | max s |\n|---|---:|---:|---:|")
     for name, values in times.items():
         print(f"| {name} | {medians[name]:.3f} | {min(values):.3f} | {max(values):.3f} |")
     print(f"| the three bare trainings together | {bare:.3f} | | |")
-    print(f"\nratio: the check takes {check / bare:.2f}x the three bare trainings (issue 31's limit: 3x)")
-    return 0
+    print(f"\nratio: the check takes {ratio:.2f}x the three bare trainings (issue 31's limit: 3x)")
 
 
 if __name__ == "__main__":
