@@ -28,12 +28,13 @@ from shared.tolerances import derived, reference_error, scale
 class Derived:
     """The tolerances of one check's float32 rows: (error, tolerance) per output leaf, by (call,
     leaf label) of the reference's run, and per reference parameter's gradient; `fixed`: the
-    output leaves computed in float32 in the float64 run; `note`: why nothing was derived."""
+    output leaves computed in float32 in the float64 run; `apart`: the rows whose float64 run
+    differs from the float32 one by more than rounding (NOT_A_TWIN). Both keep the fixed tolerance."""
 
     outputs: dict[tuple[int, str], tuple[float, float]] = field(default_factory=dict)
     grads: dict[str, tuple[float, float]] = field(default_factory=dict)
     fixed: list[str] = field(default_factory=list)
-    apart: list[str] = field(default_factory=list)  # rows whose float64 run is no twin (NOT_A_TWIN)
+    apart: list[str] = field(default_factory=list)
 
 
 # a float64 run that differs from the float32 one by more than this fraction of the largest value
