@@ -29,7 +29,11 @@ FLAX_FACTORY's an nnx.Module or a Linen (module, variables) pair (the port). inp
 the model is called with: an array (one argument), a tuple of arrays (positional arguments), a
 dict (keyword arguments), or (tuple, dict) for both; arrays may sit in nested tuples and dicts,
 other values (deterministic=True) pass as they are. The reference's inputs go to the port too
-unless FLAX_FACTORY returns its own. --inputs and --input-shape replace both.
+unless FLAX_FACTORY returns its own. --inputs and --input-shape replace both. With --train N,
+each factory returns a mapping instead: {"model", "optimizer" (a torch.optim optimizer over the
+model's parameters; an optax transformation), "loss" ((output, *batch) -> scalar), "inputs" (a
+list of batches, tuples of arrays, cycled over the steps)}, and optionally "model_inputs" (how
+many of a batch's arrays go to the model), "scheduler" and "clip" (torch); see docs/port-check.md.
 
 weights: the port is checked as it is when it holds converted weights (at least one parameter
 whose reference values are not constant holds them, or a transform of them), so that your
