@@ -29,7 +29,7 @@ def format_train_report(report: TrainReport) -> str:
             row.port_err is not None and row.ref_err is not None and row.port_err > row.ref_err and row.step in _steps_shown(report)
             for row in report.rows
         ):
-            lines.append("* the tolerance of the port's own float32 error (its float32 run against its float64 run), larger than the reference's")
+            lines.append("* the port's own float32 error (its float32 run against its float64 run), larger than the reference's, sets the tolerance")
         lines.append("")
     first = report.first_failure
     if first is not None:
@@ -68,7 +68,7 @@ def _step_table(report: TrainReport) -> list[str]:
     skipped = {start: _skipped(report, start, end) for start, end in _gaps(list(chosen), report.steps)}
     width = max(len("compared"), *(len(row.label) for row in chosen.values()), *(len(text) for text in skipped.values()))
     lines = [
-        f"| step | {'loss ' + a:>13} | {'loss ' + b:>13} | {'compared':<{width}} |   max abs | ref error | tolerance | result |",
+        f"| step | {'loss ' + a:>13} | {'loss ' + b:>13} | {'compared':<{width}} |   max abs | own error | tolerance | result |",
         f"|-----:|{'-' * 14}:|{'-' * 14}:|{'-' * (width + 2)}|----------:|----------:|----------:|--------|",
     ]
     for step in range(1, report.steps + 1):
@@ -98,9 +98,12 @@ def _port_set(row: TrainRow | None) -> bool:
 
 
 def _cells(row: TrainRow) -> str:
-    error = "fixed" if row.ref_err is None else f"{row.ref_err:.2e}"
-    mark = "*" if _port_set(row) else " "
-    return f"{row.abs_diff:>9.2e} | {error:>9} | {row.tol:>8.2e}{mark}"
+    """max abs | the own error that sets the tolerance (the reference's; the port's, marked *) | tolerance."""
+    if row.ref_err is None:
+        error = "fixed"
+    else:
+        error = f"{row.port_err:.2e}*" if _port_set(row) else f"{row.ref_err:.2e}"
+    return f"{row.abs_diff:>9.2e} | {error:>9} | {row.tol:>9.2e}"
 
 
 def _skipped(report: TrainReport, start: int, end: int) -> str:
@@ -118,11 +121,12 @@ def _detail(report: TrainReport, first: TrainRow) -> list[str]:
     if forward is not None and forward.rows:
         lines.append(f"  {forward.title}:")
         failing_output = forward.first_failure
-        width = max(len(row.name) for row in forward.rows)
+        width, kinds = max(len(row.name) for row in forward.rows), max(len(row.kind) for row in forward.rows)
         for row in forward.rows:
             marker = "  <- first failing output" if row is failing_output else ""
             result = "PASS" if row.passed else "FAIL"
-            lines.append(f"    {row.name:<{width}}  {row.kind:<14} {row.abs_diff:>9.2e}  tolerance {row.tol:>8.2e}  {result}  ({row.note}){marker}")
+            note = f"  ({row.note})" if row.note else ""
+            lines.append(f"    {row.name:<{width}}  {row.kind:<{kinds}}  {row.abs_diff:>9.2e}  tolerance {row.tol:>8.2e}  {result}{note}{marker}")
         if forward.unmatched_source:
             lines.append(f"    no counterpart in {report.sides[1]}: " + ", ".join(forward.unmatched_source))
     rows = [row for row in report.rows if row.step == first.step]
