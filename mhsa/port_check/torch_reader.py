@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from mhsa import registry
 from mhsa.port_check.structure import Inputs, Output, as_inputs, dtype_name, float_leaves, is_float_dtype, leaves, map_inputs
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -300,15 +301,7 @@ def float64_twin(model: nn.Module) -> Iterator[nn.Module]:
         del twin
 
 
-@contextlib.contextmanager
-def highest_precision() -> Iterator[None]:
-    """Full float32 matmuls for the duration: TF32 off (it is on by default for cuDNN)."""
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision()
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
-        torch.set_float32_matmul_precision(saved[2])
+def highest_precision() -> contextlib.AbstractContextManager[None]:
+    """Full float32 matmuls for the duration: TF32 off (it is on by default for cuDNN), through
+    the torch backend's own switch."""
+    return registry.get("torch").module("device").full_precision()
