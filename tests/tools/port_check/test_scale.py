@@ -109,6 +109,17 @@ def test_a_model_already_in_the_dtype_is_checked_as_it_is_and_keeps_its_gradient
         assert np.array_equal(value, port_before[name]), name
 
 
+def test_the_reference_runs_once_for_its_outputs_and_its_gradients():
+    """One forward and one backward pass per side (the scale benchmark's bound with --grads):
+    the outputs and the gradients come from the same pass (float64: no float64 twin runs)."""
+    torch.manual_seed(0)
+    source = torch_block.Block().double().eval()  # already in float64: checked as it is, its own hook counts
+    calls = []
+    source.register_forward_pre_hook(lambda module, args: calls.append(module))
+    report = check_port(source, flax_block.block()[0], torch_block.example_inputs(), dtype="float64", grads=True, probes=False)
+    assert report.passed and len(calls) == 1, format_report(report)
+
+
 def test_a_cast_copy_converts_each_tensor_once_and_keeps_tied_weights_tied():
     from tests.tools.port_check import models
 
