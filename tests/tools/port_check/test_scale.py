@@ -37,19 +37,24 @@ def test_a_broadcast_comparison_in_blocks_is_the_whole_ones_and_dot_accumulates_
     assert dot(x, x, size=5) == pytest.approx(float(np.vdot(x.astype(np.float64), x.astype(np.float64))), rel=1e-15)
 
 
+def recording(sizes: list[int]):
+    """max_abs_diff, appending the size of every block it is handed to `sizes`."""
+
+    def recorded(a, b):
+        sizes.append(a.size)
+        return max_abs_diff(a, b)
+
+    return recorded
+
+
 def test_an_output_larger_than_a_block_is_compared_one_block_at_a_time(monkeypatch):
     """The memory bound of a large model's check: the float64 difference of an output (GPT-2
     small's logits are 51M elements) is taken block by block, never of the whole output at once."""
     from mhsa.port_check import rows
     from mhsa.port_check.chunks import BLOCK
 
-    sizes = []
-
-    def recorded(a, b):
-        sizes.append(a.size)
-        return max_abs_diff(a, b)
-
-    monkeypatch.setattr(rows, "max_abs_diff", recorded)
+    sizes: list[int] = []
+    monkeypatch.setattr(rows, "max_abs_diff", recording(sizes))
     a = np.random.default_rng(2).standard_normal((2, 3, BLOCK // 2)).astype(np.float32)  # 3 blocks
     b = a.copy()
     b[1, 2, -1] += 1.0
@@ -64,13 +69,8 @@ def test_a_fresh_ports_weight_is_told_apart_from_the_reference_one_block_at_a_ti
     from mhsa.port_check import weights
     from mhsa.port_check.chunks import BLOCK
 
-    sizes = []
-
-    def recorded(a, b):
-        sizes.append(a.size)
-        return max_abs_diff(a, b)
-
-    monkeypatch.setattr(weights, "max_abs_diff", recorded)
+    sizes: list[int] = []
+    monkeypatch.setattr(weights, "max_abs_diff", recording(sizes))
     rng = np.random.default_rng(3)
     reference, fresh = (rng.standard_normal((3 * BLOCK // 1024, 1024)).astype(np.float32) for _ in range(2))  # 3 blocks each
     assert how_it_differs(reference, fresh, 1e-6) is None
