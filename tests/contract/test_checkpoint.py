@@ -242,14 +242,26 @@ def test_an_interrupt_while_the_temporaries_are_written_leaves_the_previous_pair
     assert is_pair(path, seed=0, scale=1.0) and sorted(os.listdir(tmp_path)) == ["run.adam.safetensors", "run.safetensors"]
 
 
-def test_a_full_disk_keeps_the_previous_pair_on_a_real_small_tmpfs(tmp_path):
+def pages(size: int) -> int:
+    """The 4 KiB pages a tmpfs counts for a file of `size` bytes."""
+    return -(-size // 4096)
+
+
+@pytest.mark.parametrize("room", ["for-neither-temporary", "for-the-weights-temporary-only"])
+def test_a_full_disk_keeps_the_previous_pair_on_a_real_small_tmpfs(tmp_path, room):
     if os.geteuid() != 0 or not shutil.which("mount"):
         pytest.skip("mounting a small tmpfs needs root and mount(8)")
     disk = tmp_path / "disk"
     disk.mkdir()
-    pair = len(weights.payload(weights.init_weights(SMALL, 0), SMALL)) + len(adam_state.payload(state(), SMALL, "0" * 64))
-    pages = -(-pair // 4096) + 2  # room for one pair (tmpfs counts whole pages), not for a second beside it
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={pages * 4096}", "tmpfs", str(disk)], capture_output=True)
+    weights_pages = pages(len(weights.payload(weights.init_weights(SMALL, 0), SMALL)))
+    adam_pages = pages(len(adam_state.payload(state(), SMALL, "0" * 64)))
+    assert adam_pages > weights_pages + 1  # so the second case fills the disk at the companion even after a rename freed the old weights
+    # one pair and 1 page more (the new weights' temporary does not fit), or one pair, the new
+    # weights' temporary and 1 page more (the disk fills at the companion's temporary: written
+    # before any rename, nothing is replaced; had the weights been renamed first, they would be
+    # the new ones beside the old companion)
+    room_pages = weights_pages + adam_pages + 1 + (weights_pages if room == "for-the-weights-temporary-only" else 0)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={room_pages * 4096}", "tmpfs", str(disk)], capture_output=True)
     if mounted.returncode != 0:
         pytest.skip(f"mount -t tmpfs is not allowed here: {mounted.stderr.decode().strip()}")
     try:

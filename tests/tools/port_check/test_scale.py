@@ -37,6 +37,46 @@ def test_a_broadcast_comparison_in_blocks_is_the_whole_ones_and_dot_accumulates_
     assert dot(x, x, size=5) == pytest.approx(float(np.vdot(x.astype(np.float64), x.astype(np.float64))), rel=1e-15)
 
 
+def recording(sizes: list[int]):
+    """max_abs_diff, appending the size of every block it is handed to `sizes`."""
+
+    def recorded(a, b):
+        sizes.append(a.size)
+        return max_abs_diff(a, b)
+
+    return recorded
+
+
+def test_an_output_larger_than_a_block_is_compared_one_block_at_a_time(monkeypatch):
+    """The memory bound of a large model's check: the float64 difference of an output (GPT-2
+    small's logits are 51M elements) is taken block by block, never of the whole output at once."""
+    from mhsa.port_check import rows
+    from mhsa.port_check.chunks import BLOCK
+
+    sizes: list[int] = []
+    monkeypatch.setattr(rows, "max_abs_diff", recording(sizes))
+    a = np.random.default_rng(2).standard_normal((2, 3, BLOCK // 2)).astype(np.float32)  # 3 blocks
+    b = a.copy()
+    b[1, 2, -1] += 1.0
+    assert rows.compare_arrays(a, b, ("torch", "jax"))[0] == max_abs_diff(a, b)
+    assert len(sizes) > 1 and max(sizes) <= BLOCK, sizes
+
+
+def test_a_fresh_ports_weight_is_told_apart_from_the_reference_one_block_at_a_time(monkeypatch):
+    """The time and memory bound of checking a fresh port: its random weight is told apart from
+    the reference's by the first block that differs, for each transform tried, never by a
+    reduction over the whole weight."""
+    from mhsa.port_check import weights
+    from mhsa.port_check.chunks import BLOCK
+
+    sizes: list[int] = []
+    monkeypatch.setattr(weights, "max_abs_diff", recording(sizes))
+    rng = np.random.default_rng(3)
+    reference, fresh = (rng.standard_normal((3 * BLOCK // 1024, 1024)).astype(np.float32) for _ in range(2))  # 3 blocks each
+    assert how_it_differs(reference, fresh, 1e-6) is None
+    assert sizes and max(sizes) <= BLOCK and sum(sizes) < reference.size, sizes
+
+
 def test_a_reordering_is_found_across_blocks(monkeypatch):
     from mhsa.port_check import weights
 
@@ -67,6 +107,17 @@ def test_a_model_already_in_the_dtype_is_checked_as_it_is_and_keeps_its_gradient
         assert torch.equal(p, before[name]) and torch.equal(p.grad, marked[name]), name
     for name, value in flax_reader.parameters(port).items():  # the fresh port the check copied into is a copy
         assert np.array_equal(value, port_before[name]), name
+
+
+def test_the_reference_runs_once_for_its_outputs_and_its_gradients():
+    """One forward and one backward pass per side (the scale benchmark's bound with --grads):
+    the outputs and the gradients come from the same pass (float64: no float64 twin runs)."""
+    torch.manual_seed(0)
+    source = torch_block.Block().double().eval()  # already in float64: checked as it is, its own hook counts
+    calls = []
+    source.register_forward_pre_hook(lambda module, args: calls.append(module))
+    report = check_port(source, flax_block.block()[0], torch_block.example_inputs(), dtype="float64", grads=True, probes=False)
+    assert report.passed and len(calls) == 1, format_report(report)
 
 
 def test_a_cast_copy_converts_each_tensor_once_and_keeps_tied_weights_tied():
