@@ -16,23 +16,13 @@ from shared import weights
 from shared.config import TrainConfig
 from shared.tolerances import tolerance
 from tests.backends import SMALL
+from tests.tools.test_parity import one_torch_thread  # noqa: F401  (its autouse fixture: torch at one thread, as `mhsa parity` runs it)
 
 # 2 epochs of 8 steps, the last batch of each 2 sequences of 5: a batch of another shape on the way
 TRAIN = TrainConfig(epochs=2, batch_size=5, n_sequences=37, seed=4)
 STEPS = TRAIN.epochs * TRAIN.steps_per_epoch
 PAIRS = pytest.mark.parametrize("a, b", checked_pairs(), ids=[pair_key(a, b) for a, b in checked_pairs()])
 DTYPES = pytest.mark.parametrize("dtype", ["float32", "float64"])
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """torch at one thread, as `mhsa parity` runs it: a second thread on these sizes only spins."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def trainings(a: str, b: str, dtype: str, steps: int = STEPS):
