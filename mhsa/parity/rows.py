@@ -44,7 +44,7 @@ class Row:
     tols: Mapping[str, float] = field(default_factory=dict)  # a column held to a tolerance of its own (the finite difference's)
     step: int | None = None  # a row over steps: the step it shows (stepwise_row), counted from 0
     at: str = ""  # a row over steps and tensors: the tensor it shows at that step
-    tolerance_from: str = ""  # what a derived tolerance without the reference's error comes from (a note)
+    derived_elsewhere: bool = False  # derived, but not from the reference's error (its note says from what)
     problems: tuple[str, ...] = ()  # what fails the row besides its gaps (a setting that differs), one line each
 
     def tol_of(self, key: str) -> float:

@@ -115,7 +115,7 @@ def training_row(a: str, b: str, report: TrainReport, steps: int) -> Row:
         note=f"{SECTION}: {a} vs {b} trainings are compared as `mhsa port-check --train` compares them; {report.tolerance_note}",
         step=shown.step - 1,
         at=shown.label,
-        tolerance_from="" if report.dtype == "float64" else f"{a}'s and {b}'s own errors",
+        derived_elsewhere=report.dtype != "float64",
         problems=tuple(report.config_lint + report.lint + uncompared),
     )
     if report.first_failure is not None:

@@ -406,7 +406,7 @@ def test_float32_trajectory_steps_are_held_to_the_references_own_error_by_that_s
     report = build_report(DEFAULT, "float32", seed=0, epochs=3, samples=1, decode=False, runs=runs)
     assert report.passed, format_report(report)
     row, trainings = [row for row in report.rows if row.section == "trajectory"]
-    assert trainings.tolerance_from and trainings.reference_error is None  # derived from torch's and jax's own errors
+    assert trainings.derived_elsewhere and trainings.reference_error is None  # derived from torch's and jax's own errors
     config = TrainConfig(dtype="float32")
     reference, *others = registry.names("train")
     own = trained(reference, DEFAULT, config, cache=runs).result().losses

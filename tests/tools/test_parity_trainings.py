@@ -50,11 +50,13 @@ def test_the_projects_trainers_agree_at_every_step_in_the_trainings_row(a, b, dt
     assert (row.diffs[pair_key(a, b)], row.tol, row.step, row.at) == (worst.abs_diff, worst.tol, worst.step - 1, worst.label)
     assert 0 < worst.abs_diff <= worst.tol
     assert row.name == f"loss, gradients, Adam moments, parameters at each of {STEPS} steps"
+    text = format_report(Report("trainings", [row]))
+    assert f"(at step {row.step}: {row.at})" in text and "as `mhsa port-check --train` compares them" in text
     if dtype == "float64":  # fixed, docs/DESIGN.md's float64 trajectory tolerance, and the table's note for it
-        assert row.tol == tolerance("trajectory", "float64") and row.tolerance_from == ""
-    else:  # derived from the two trainers' own errors: the error column of numpy's stays empty
-        assert row.tol < tolerance("trajectory", "float32") and row.reference_error is None and row.tolerance_from
-    assert f"(at step {row.step}: {row.at})" in format_report(Report("trainings", [row]))
+        assert row.tol == tolerance("trajectory", "float64") and "holds docs/DESIGN.md's fixed tolerance" in text
+    else:  # derived from the two trainers' own errors (its note), not numpy's: that column stays empty
+        assert row.tol < tolerance("trajectory", "float32") and row.reference_error is None
+        assert "4 x the larger of the two sides' own float32 errors" in text and "fixed tolerance" not in text
 
 
 @PAIRS
