@@ -25,7 +25,6 @@ from mhsa import registry
 from mhsa.parity.lanes import Lanes
 from mhsa.parity.rows import Row, pair_key, pairs, reference, stepwise_row
 from mhsa.parity.runs import lane, reference_twins, trained
-from mhsa.port_check.train_check import check_training
 from mhsa.port_check.train_records import TrainReport, TrainRow
 from shared import weights
 from shared.config import ModelConfig, TrainConfig
@@ -92,6 +91,8 @@ def compare_trainings(a: str, b: str, config: ModelConfig, train_config: TrainCo
     """check_training of a's trainer (the reference) against b's (the port), each as its
     training_setup gives it, from the initial weights train(init="shared") starts from, over the
     first `steps` steps of train_config's run."""
+    from mhsa.port_check.train_check import check_training  # imports torch and JAX: here, not at `mhsa parity --help`
+
     arrays = weights.init_weights(config, train_config.seed, train_config.dtype)
     reference_setup, port_setup = (registry.get(name).train.training_setup(config, train_config, arrays) for name in (a, b))
     return check_training(reference_setup, port_setup, steps, dtype=train_config.dtype)

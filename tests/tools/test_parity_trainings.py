@@ -56,7 +56,7 @@ def test_the_projects_trainers_agree_at_every_step_in_the_trainings_row(a, b, dt
         assert row.tol == tolerance("trajectory", "float64") and "holds docs/DESIGN.md's fixed tolerance" in text
     else:  # derived from the two trainers' own errors (its note), not numpy's: that column stays empty
         assert row.tol < tolerance("trajectory", "float32") and row.reference_error is None
-        assert "4 x the larger of the two sides' own float32 errors" in text and "fixed tolerance" not in text
+        assert report.tolerance_note.startswith("tolerance: ") and report.tolerance_note in text and "fixed tolerance" not in text
 
 
 @PAIRS
