@@ -61,7 +61,8 @@ def trajectory_section(config, dtype, seed, epochs, cache: dict | None = None, l
         row = stepwise_row(SECTION, f"loss at each of {steps} steps", gaps, tols, errors, note=note)
         if not row.passed:
             row.name += f", first beyond tolerance at step {row.step}"
-        found = [row] + [training_row(*pair, future.result(), steps) for pair, future in checks.items()]
+        # the training checks first: where two trainers part, they name the first step and tensor
+        found = [training_row(*pair, future.result(), steps) for pair, future in checks.items()] + [row]
         if dtype == "float64":
             final = {name: registry.get(name).model.to_exchange(run.model) for name, run in runs.items()}
             worst = {

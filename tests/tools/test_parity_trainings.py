@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from mhsa import registry
-from mhsa.parity.report import format_report
+from mhsa.parity.report import build_report, format_report
 from mhsa.parity.rows import Report, pair_key, pairs
 from mhsa.parity.table import verdict
 from mhsa.parity.trajectory import checked_pairs, compare_trainings, training_row
@@ -109,3 +109,20 @@ def test_a_setting_the_lint_finds_different_fails_the_row_whose_steps_agree():
     assert not row.passed and row.failing_pair() is None
     assert verdict(row, lambda key: key) == "planted: b1 0.9 (torch) against 0.8 (jax)"
     assert "| FAIL" in format_report(Report("trainings", [row]))
+
+
+def test_a_report_with_a_planted_b2_marks_the_trainings_row_where_the_implementations_part(monkeypatch):
+    import jax_impl.startup
+    import jax_impl.train
+
+    def b2_099(model, train_config):
+        return jax_impl.startup.new_optimizer(model, dataclasses.replace(train_config, betas=(train_config.betas[0], 0.99)))
+
+    monkeypatch.setattr(jax_impl.train, "new_optimizer", b2_099)
+    report = build_report(SMALL, "float32", seed=3, epochs=1, samples=1, decode=False)
+    first = report.first_failure
+    # the loss rows see jax's real trainer part from numpy's a few steps in; the trainings row, first, names step 0 and the moment
+    assert first is not None and first.name.endswith(", the trainings part at step 0: exp_avg_sq tok_emb.weight (optax nu)"), format_report(report)
+    loss = next(row for row in report.rows if row.name.startswith("loss at each of"))
+    assert not loss.passed and loss.step > 0
+    assert "FAIL: first difference at trajectory 'loss, gradients, Adam moments, parameters" in format_report(report)
