@@ -112,6 +112,23 @@ def train(
     return training.history("jax", model_config, train_config, losses, started, model, optimizer, start_epoch)
 
 
+def training_setup(model_config: ModelConfig, train_config: TrainConfig, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    """train()'s run as the port check through training takes it (mhsa.port_check.train_check):
+    {"model": TinyLM from the exchange `arrays`, "optimizer": the optax transformation train()
+    builds, "loss": train()'s loss_fn, "inputs": every batch train() sees, in order, each (x, y)
+    int (B, T), "model_inputs": 1 (the model takes x)}. The check trains copies; nothing here is stepped."""
+    model = from_exchange(arrays, model_config)
+    optimizer = new_optimizer(model, train_config).tx  # optax.adam(lr, *betas, eps=eps): what nnx.Optimizer steps with
+    inputs = [batch for batches in training.epochs(model_config, train_config) for batch in batches]
+    return {"model": model, "optimizer": optimizer, "loss": _loss_of_logits, "inputs": inputs, "model_inputs": 1}
+
+
+def _loss_of_logits(logits: jax.Array, x: jax.Array, y: jax.Array) -> jax.Array:
+    # the check calls the model itself, then the loss on (logits, x, y): train()'s loss_fn, whose
+    # call of the model returns those logits
+    return loss_fn(lambda tokens, mask=None: logits, x, y)  # type: ignore[arg-type]  # a stand-in for the model
+
+
 def optimizer_to_exchange(optimizer: nnx.Optimizer, model: TinyLM, train_config: TrainConfig) -> AdamState:
     """Adam's moments and step count in the exchange layout (after train_config.epochs epochs)."""
     adam = optimizer.opt_state[0]  # optax.adam = (ScaleByAdamState(count, mu, nu), scale by -lr)

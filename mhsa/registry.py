@@ -41,8 +41,10 @@ REGISTRY: dict[str, Backend] = {
     backend.name: backend
     for backend in (
         Backend("numpy", "numpy_ref", frozenset({"grads", "train", "generate"}), "numpy"),
-        Backend("torch", "torch_impl", frozenset({"layers", "grads", "train", "fused", "generate", "dp", "device", "compile"}), "torch"),
-        Backend("jax", "jax_impl", frozenset({"layers", "grads", "train", "fused", "jit", "generate", "dp", "device"}), "jax"),
+        Backend(
+            "torch", "torch_impl", frozenset({"layers", "grads", "train", "train_check", "fused", "generate", "dp", "device", "compile"}), "torch"
+        ),
+        Backend("jax", "jax_impl", frozenset({"layers", "grads", "train", "train_check", "fused", "jit", "generate", "dp", "device"}), "jax"),
     )
 }
 

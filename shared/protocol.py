@@ -56,6 +56,18 @@ numpy_ref.attention.attention over the exchange dict)
     optimizer_to_exchange(optimizer, model, train_config) -> AdamState
     optimizer_from_exchange(adam_state, optimizer, model) -> None
 
+`train`, where the registry lists "train_check" (a framework with a torch.optim optimizer or an
+optax transformation: what the port check through training compares step by step)
+    training_setup(model_config, train_config, arrays) -> dict
+                             train()'s run from the exchange `arrays`, as
+                             mhsa.port_check.train_check.check_training takes it: "model" (a
+                             TinyLM), "optimizer" (the Adam train() builds, with train_config's
+                             lr, betas and eps: a torch.optim.Optimizer over the model's
+                             parameters, or an optax GradientTransformation), "loss" ((logits,
+                             x, y) -> scalar: train()'s loss_fn), "inputs" (every batch train()
+                             sees, in order: (x, y) int (B, T) each), "model_inputs" (1: the
+                             model takes x). Nothing in it is stepped.
+
 `generate`, where the registry lists "generate"
     The cache contract: K and V of shape (B, H, max_len, d_head), zeros where not yet filled,
     plus `length` = p, the count of filled positions. TinyLM(tokens, cache=cache) reads a
@@ -125,6 +137,7 @@ CAPABILITIES = {
     "layers": {"attention": ("MultiHeadSelfAttention",)},
     "grads": {"model": ("grads_to_exchange", "loss_and_grads")},
     "train": {"train": ("train", "optimizer_to_exchange", "optimizer_from_exchange")},
+    "train_check": {"train": ("training_setup",)},  # train()'s run as the port check through training takes it
     "fused": {},  # ModelConfig(attn_impl="fused") calls a fused attention kernel
     "jit": {},  # calls are compiled for each new input shape: tests keep such a backend to a few shapes
     "generate": {"generate": ("KVCache", "new_cache", "step", "cache_arrays", "generate")},

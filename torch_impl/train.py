@@ -117,6 +117,26 @@ def train(
     return training.history("torch", model_config, train_config, losses, started, model, optimizer, start_epoch, compile_seconds)
 
 
+def training_setup(model_config: ModelConfig, train_config: TrainConfig, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    """train()'s run as the port check through training takes it (mhsa.port_check.train_check):
+    {"model": TinyLM from the exchange `arrays`, "optimizer": the Adam train() builds, "loss":
+    train()'s loss_fn, "inputs": every batch train() sees, in order, each (x, y) int (B, T),
+    "model_inputs": 1 (the model takes x)}. The check trains copies; nothing here is stepped."""
+    model = from_exchange(arrays, model_config)
+    fused = new_optimizer(model, train_config)
+    # torch.optim.Adam(fused=True): FusedAdam bit for bit (tests/implementations/test_torch_startup.py),
+    # with the param_groups and state the check reads; its settings are the ones train() builds
+    optimizer = torch.optim.Adam(fused.params, lr=fused.lr, betas=fused.betas, eps=fused.eps, fused=True)
+    inputs = [batch for batches in training.epochs(model_config, train_config) for batch in batches]
+    return {"model": model, "optimizer": optimizer, "loss": _loss_of_logits, "inputs": inputs, "model_inputs": 1}
+
+
+def _loss_of_logits(logits: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    # the check calls the model itself, then the loss on (logits, x, y): train()'s loss_fn, whose
+    # call of the model returns those logits
+    return loss_fn(lambda tokens, mask=None: logits, x, y)  # type: ignore[arg-type]  # a stand-in for the model
+
+
 def _first_epoch(model_config: ModelConfig, train_config: TrainConfig, start_epoch: int) -> list[tuple[np.ndarray, np.ndarray]]:
     # what compile_step compiles for: every epoch has the same batch shapes
     return next(training.epochs(model_config, train_config, start=start_epoch), [])

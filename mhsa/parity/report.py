@@ -116,7 +116,7 @@ def tolerance_notes(rows: list[Row]) -> list[str]:
             f"cast up and inputs), and at least {K:g} float32 roundings of the largest value compared; a row over steps shows "
             "one step, named in the row: the first beyond its tolerance, or else the one closest to it"
         )
-    if any(row.reference_error is None and row.tol > 0 for row in rows):
+    if any(row.reference_error is None and not row.derived_elsewhere and row.tol > 0 for row in rows):
         notes.append(
             "tolerance: a row without the reference's error holds docs/DESIGN.md's fixed tolerance "
             "(float64, which has no higher-precision twin, or a comparison the reference cannot make)"

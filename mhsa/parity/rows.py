@@ -42,14 +42,17 @@ class Row:
     note: str = ""
     reference_error: float | None = None  # the reference's own float32 error `tol` is derived from; None: a fixed tolerance
     tols: Mapping[str, float] = field(default_factory=dict)  # a column held to a tolerance of its own (the finite difference's)
-    step: int | None = None  # a row over steps: the step it shows (stepwise_row)
+    step: int | None = None  # a row over steps: the step it shows (stepwise_row), counted from 0
+    at: str = ""  # a row over steps and tensors: the tensor it shows at that step
+    derived_elsewhere: bool = False  # derived, but not from the reference's error (its note says from what)
+    problems: tuple[str, ...] = ()  # what fails the row besides its gaps (a setting that differs), one line each
 
     def tol_of(self, key: str) -> float:
         return self.tols.get(key, self.tol)
 
     @property
     def passed(self) -> bool:
-        return all(diff <= self.tol_of(key) for key, diff in self.diffs.items() if diff is not None)
+        return not self.problems and all(diff <= self.tol_of(key) for key, diff in self.diffs.items() if diff is not None)
 
     def failing_pair(self) -> str | None:
         return next((key for key, diff in self.diffs.items() if diff is not None and not diff <= self.tol_of(key)), None)

@@ -35,16 +35,22 @@ def table(keys: Sequence[str], rows: Sequence[Row], header_of: Callable[[str], s
 
 
 def verdict(row: Row, header_of: Callable[[str], str]) -> str:
-    """'<column> <gap> > <tolerance>' for a failing row's first failing column."""
+    """'<column> <gap> > <tolerance>' for a failing row's first failing column; else its first
+    problem (a row whose gaps pass can fail on a setting that differs)."""
     key = row.failing_pair()
-    assert key is not None, f"{row.name} does not fail"
+    if key is None:
+        assert row.problems, f"{row.name} does not fail"
+        return row.problems[0]
     return f"{header_of(key)} {row.diffs[key]:.2e} > {row.tol_of(key):.1e}"
 
 
 def _row_name(row: Row) -> str:
     name = f"grad {row.name}" if row.section == "gradient" else row.name
-    # a row over steps shows one step's numbers: say which (a failing row's name says it already)
-    return f"{name} (at step {row.step})" if row.step is not None and row.passed else name
+    # a row over steps shows one step's numbers (and a row over tensors one tensor's): say which
+    # (a failing row's name says it already)
+    if row.step is None or not row.passed:
+        return name
+    return f"{name} (at step {row.step}: {row.at})" if row.at else f"{name} (at step {row.step})"
 
 
 def _cell(value: float | None) -> str:
