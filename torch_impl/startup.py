@@ -31,10 +31,20 @@ class FusedAdam:
     bit for bit, step by step (checked with torch 2.13.0), and checks that the default run never
     imports torch._dynamo."""
 
+    # what it steps as, for whoever reads optimizers by their torch.optim class (the port check's lint)
+    behaves_as = torch.optim.Adam
+
     def __init__(self, params: Iterable[torch.nn.Parameter], lr: float, betas: tuple[float, float], eps: float) -> None:
         self.params: list[torch.Tensor] = list(params)
         self.lr, self.betas, self.eps = float(lr), (float(betas[0]), float(betas[1])), float(eps)
         self.state: dict[torch.Tensor, dict[str, torch.Tensor]] = {}  # parameter -> {"step", "exp_avg", "exp_avg_sq"}, as torch.optim.Adam's
+
+    @property
+    def param_groups(self) -> list[dict]:
+        """Its one group as torch.optim.Adam(fused=True) would list it (read-only: step() reads
+        lr, betas and eps from the attributes)."""
+        settings = {"lr": self.lr, "betas": self.betas, "eps": self.eps, "weight_decay": 0.0, "amsgrad": False, "maximize": False}
+        return [{"params": self.params, **settings}]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for parameter in self.params:

@@ -123,10 +123,7 @@ def training_setup(model_config: ModelConfig, train_config: TrainConfig, arrays:
     train()'s loss_fn, "inputs": every batch train() sees, in order, each (x, y) int (B, T),
     "model_inputs": 1 (the model takes x)}. The check trains copies; nothing here is stepped."""
     model = from_exchange(arrays, model_config)
-    fused = new_optimizer(model, train_config)
-    # torch.optim.Adam(fused=True): FusedAdam bit for bit (tests/implementations/test_torch_startup.py),
-    # with the param_groups and state the check reads; its settings are the ones train() builds
-    optimizer = torch.optim.Adam(fused.params, lr=fused.lr, betas=fused.betas, eps=fused.eps, fused=True)
+    optimizer = new_optimizer(model, train_config)  # FusedAdam: the check reads its param_groups and state
     inputs = [batch for batches in training.epochs(model_config, train_config) for batch in batches]
     return {"model": model, "optimizer": optimizer, "loss": _loss_of_logits, "inputs": inputs, "model_inputs": 1}
 

@@ -28,8 +28,17 @@ SETTINGS = ("lr", "betas", "eps", "weight_decay", "amsgrad", "momentum", "dampen
 
 
 def owns(optimizer: object) -> bool:
-    """Whether `optimizer` is this side's: a torch.optim.Optimizer."""
-    return isinstance(optimizer, torch.optim.Optimizer)
+    """Whether `optimizer` is this side's: a torch.optim.Optimizer, or an object that steps like
+    one and says which (`behaves_as`, a torch.optim class: a hand-rolled fused Adam) and has
+    its param_groups, state, zero_grad and step."""
+    if isinstance(optimizer, torch.optim.Optimizer):
+        return True
+    kind = getattr(type(optimizer), "behaves_as", None)
+    return (
+        isinstance(kind, type)
+        and issubclass(kind, torch.optim.Optimizer)
+        and all(hasattr(optimizer, name) for name in ("param_groups", "state", "zero_grad", "step"))
+    )
 
 
 def check_setup(setup: dict) -> None:
@@ -129,7 +138,7 @@ def _describe(value) -> str:
 def settings(optimizer: torch.optim.Optimizer) -> tuple[str, str | None, list[dict]]:
     """(class name, the name the lint reads it by or None, each param group's settings)."""
     groups = [{key: _plain(group[key]) for key in SETTINGS if key in group} for group in optimizer.param_groups]
-    return type(optimizer).__name__, READ.get(type(optimizer)), groups
+    return type(optimizer).__name__, READ.get(type(optimizer)) or READ.get(getattr(type(optimizer), "behaves_as", None)), groups
 
 
 def _plain(value):

@@ -5,6 +5,7 @@ the lints cannot read parts at its forward row in float32, where a fixed toleran
 
 import optax
 import pytest
+import torch
 
 from mhsa.port_check.train_check import check_training
 from mhsa.port_check.train_report import format_train_report
@@ -58,3 +59,32 @@ def test_a_layernorm_eps_of_1e6_parts_at_its_forward_row_in_float32_where_a_fixe
     assert 10 * reference_error < ln.abs_diff < tolerance("stage", "float32")  # ten times the rounding, yet under the fixed 1e-5
     assert "the forward pass parts first: at 'ln'" in text
     # the faithful LayerNorm (eps 1e-5) is the matched pairs' port: it passes 20 steps there
+
+
+class HandRolledAdam:
+    """An optimizer that is no torch.optim.Optimizer: torch.optim.Adam's step behind another class."""
+
+    def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
+        self.inner = torch.optim.Adam(params, lr=lr, betas=betas, eps=eps)
+        self.param_groups, self.state = self.inner.param_groups, self.inner.state
+
+    def zero_grad(self, set_to_none=True):
+        self.inner.zero_grad(set_to_none)
+
+    def step(self):
+        self.inner.step()
+
+
+class SaysItIsAdam(HandRolledAdam):
+    behaves_as = torch.optim.Adam
+
+
+def test_a_hand_rolled_optimizer_is_read_as_the_torch_class_it_says_it_steps_as_and_refused_without_it():
+    # the project's own FusedAdam (torch_impl/startup.py) is one: mhsa parity's trainings row runs it
+    setup = models.torch_side("adam", lr=1e-2)
+    setup["optimizer"] = SaysItIsAdam(setup["model"].parameters(), lr=1e-2)
+    report = check_training(setup, models.flax_side(optax.adam(1e-2)), 3, probes=True)
+    assert report.passed and not report.lint and not any("trajectory only" in note for note in report.lint_notes), format_train_report(report)
+    setup["optimizer"] = HandRolledAdam(setup["model"].parameters(), lr=1e-2)
+    with pytest.raises(ValueError, match="'optimizer' must be a torch.optim.Optimizer; got HandRolledAdam"):
+        check_training(setup, models.flax_side(optax.adam(1e-2)), 3)
