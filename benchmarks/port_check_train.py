@@ -7,9 +7,9 @@ from objects the factories built just before (not timed); the table gives the me
 Usage: python benchmarks/port_check_train.py [TORCH_FACTORY FLAX_FACTORY] [--steps N] [--repeats R]
 
 The factories are `--train` factories (package.module:function returning {model, optimizer,
-loss, inputs, ...}); by default this script's own small Llama-style pair: token embedding,
-2 decoder layers of RMSNorm, rotary causal attention and a SwiGLU MLP, a final RMSNorm and an
-untied head, trained by AdamW with gradient clipping (torch's clip, optax.clip_by_global_norm).
+loss, inputs, ...}); by default the zoo's Llama-style pair (examples/zoo/llama_train.py: RMSNorm,
+rotary embeddings, SwiGLU, grouped-query attention, tied embeddings, padded rows), trained by
+AdamW with gradient clipping (torch's clip, optax.clip_by_global_norm).
 """
 
 from __future__ import annotations
@@ -27,8 +27,6 @@ from bench_common import ROOT, header, progress
 assert ROOT  # the checkout is on sys.path (bench_common puts it there)
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 import optax  # noqa: E402
 import torch  # noqa: E402
 from flax import nnx  # noqa: E402
@@ -36,111 +34,6 @@ from torch import nn  # noqa: E402
 
 from mhsa.port_check.factories import call_factory  # noqa: E402
 from mhsa.port_check.train_check import check_setup, check_training  # noqa: E402
-
-V, D, H, F, LAYERS, B, T, BATCHES = 61, 64, 4, 176, 2, 8, 16, 4
-
-
-def _rotary(x, xp):
-    """Rotary position embedding, rotate_half convention, on (B, H, T, d_head)."""
-    d = x.shape[-1]
-    inverse = 1.0 / (10000 ** (np.arange(0, d, 2) / d))
-    angles = np.outer(np.arange(x.shape[-2]), inverse)  # (T, d_head / 2)
-    cos, sin = (xp.asarray(np.concatenate([f(angles)] * 2, -1), dtype=x.dtype) for f in (np.cos, np.sin))
-    half = d // 2
-    rotated = xp.concatenate([-x[..., half:], x[..., :half]], -1)
-    return x * cos + rotated * sin
-
-
-class TorchLayer(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.attn_norm, self.mlp_norm = nn.RMSNorm(D, eps=1e-6), nn.RMSNorm(D, eps=1e-6)
-        self.q, self.k, self.v, self.o = (nn.Linear(D, D, bias=False) for _ in range(4))
-        self.gate, self.up, self.down = nn.Linear(D, F, bias=False), nn.Linear(D, F, bias=False), nn.Linear(F, D, bias=False)
-
-    def forward(self, x):
-        b, t, _ = x.shape
-        h = self.attn_norm(x)
-        q, k, v = (proj(h).view(b, t, H, D // H).transpose(1, 2) for proj in (self.q, self.k, self.v))  # (B, H, T, d_head)
-        q, k = _rotary(q, torch), _rotary(k, torch)
-        scores = (q @ k.transpose(-1, -2)) / (D // H) ** 0.5
-        scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
-        x = x + self.o((scores.softmax(-1) @ v).transpose(1, 2).reshape(b, t, D))
-        h = self.mlp_norm(x)
-        return x + self.down(nn.functional.silu(self.gate(h)) * self.up(h))
-
-
-class TorchLlama(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.embed = nn.Embedding(V, D)
-        self.layers = nn.ModuleList([TorchLayer() for _ in range(LAYERS)])
-        self.norm, self.head = nn.RMSNorm(D, eps=1e-6), nn.Linear(D, V, bias=False)
-
-    def forward(self, tokens):
-        x = self.embed(tokens)
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(self.norm(x))  # (B, T, V)
-
-
-class FlaxLayer(nnx.Module):
-    def __init__(self, rngs):
-        self.attn_norm, self.mlp_norm = nnx.RMSNorm(D, epsilon=1e-6, rngs=rngs), nnx.RMSNorm(D, epsilon=1e-6, rngs=rngs)
-        self.q, self.k, self.v, self.o = (nnx.Linear(D, D, use_bias=False, rngs=rngs) for _ in range(4))
-        self.gate, self.up = nnx.Linear(D, F, use_bias=False, rngs=rngs), nnx.Linear(D, F, use_bias=False, rngs=rngs)
-        self.down = nnx.Linear(F, D, use_bias=False, rngs=rngs)
-
-    def __call__(self, x):
-        b, t, _ = x.shape
-        h = self.attn_norm(x)
-        q, k, v = (proj(h).reshape(b, t, H, D // H).swapaxes(1, 2) for proj in (self.q, self.k, self.v))  # (B, H, T, d_head)
-        q, k = _rotary(q, jnp), _rotary(k, jnp)
-        scores = (q @ k.swapaxes(-1, -2)) / (D // H) ** 0.5
-        scores = jnp.where(jnp.triu(jnp.ones((t, t), bool), 1), -jnp.inf, scores)
-        x = x + self.o((jax.nn.softmax(scores, -1) @ v).swapaxes(1, 2).reshape(b, t, D))
-        h = self.mlp_norm(x)
-        return x + self.down(jax.nn.silu(self.gate(h)) * self.up(h))
-
-
-class FlaxLlama(nnx.Module):
-    def __init__(self, rngs):
-        self.embed = nnx.Embed(V, D, rngs=rngs)
-        self.layers = nnx.List([FlaxLayer(rngs) for _ in range(LAYERS)])
-        self.norm, self.head = nnx.RMSNorm(D, epsilon=1e-6, rngs=rngs), nnx.Linear(D, V, use_bias=False, rngs=rngs)
-
-    def __call__(self, tokens):
-        x = self.embed(tokens)
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(self.norm(x))  # (B, T, V)
-
-
-def _batches() -> list[tuple[np.ndarray]]:
-    rng = np.random.default_rng(0)
-    return [(rng.integers(0, V, (B, T)),) for _ in range(BATCHES)]
-
-
-def torch_factory():
-    """The reference: AdamW(lr 1e-3, betas (0.9, 0.95), weight decay 0.1), gradients clipped to norm 1."""
-    torch.manual_seed(0)
-    model = TorchLlama()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
-
-    def loss(logits, tokens):  # next-token cross-entropy
-        return nn.functional.cross_entropy(logits[:, :-1].reshape(-1, V), tokens[:, 1:].reshape(-1))
-
-    return {"model": model, "optimizer": optimizer, "loss": loss, "inputs": _batches(), "clip": 1.0}
-
-
-def flax_factory():
-    """The port, with the same optimizer in optax."""
-
-    def loss(logits, tokens):
-        return optax.softmax_cross_entropy_with_integer_labels(logits[:, :-1], tokens[:, 1:]).mean()
-
-    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3, b1=0.9, b2=0.95, weight_decay=0.1))
-    return {"model": FlaxLlama(nnx.Rngs(0)), "optimizer": tx, "loss": loss, "inputs": _batches()}
 
 
 def bare_torch(setup: dict, steps: int, dtype=None) -> None:
@@ -184,7 +77,7 @@ def bare_flax(setup: dict, steps: int) -> None:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="benchmarks/port_check_train.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("factories", nargs="*", metavar="FACTORY", help="TORCH_FACTORY FLAX_FACTORY (default: this script's Llama-style pair)")
+    parser.add_argument("factories", nargs="*", metavar="FACTORY", help="TORCH_FACTORY FLAX_FACTORY (default: the zoo's Llama-style pair)")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, help="torch's threads for every candidate (default: torch's own choice)")
@@ -194,7 +87,7 @@ def main(argv: list[str]) -> int:
         torch.set_num_threads(args.threads)
     if len(args.factories) not in (0, 2):
         parser.error("give both factories, or neither")
-    specs = args.factories or ["port_check_train:torch_factory", "port_check_train:flax_factory"]
+    specs = args.factories or ["examples.zoo.llama_train:reference", "examples.zoo.llama_train:port"]
 
     def build():
         return check_setup(call_factory(specs[0], "TORCH_FACTORY"), "reference"), check_setup(call_factory(specs[1], "FLAX_FACTORY"), "port")

@@ -85,8 +85,8 @@ def test_a_planted_b2_in_jax_parts_the_trainings_at_the_first_step_and_moment(mo
     _, row = trainings("torch", "jax", dtype, steps=3)
     assert not row.passed and row.failing_pair() == "torch-jax"
     # the loss and the gradients of step 0 agree; Adam's second moment, (1 - b2) g^2, is the first to part
+    # (mhsa parity runs the check without the lint's probes: the moments name the setting's effect)
     assert row.name.endswith(", the trainings part at step 0: exp_avg_sq tok_emb.weight (optax nu)")
-    assert any("b2" in problem for problem in row.problems)  # and the optimizer lint names the setting
     assert verdict(row, lambda key: key).startswith(f"torch-jax {row.diffs['torch-jax']:.2e} > ")
 
 

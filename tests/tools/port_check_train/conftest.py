@@ -1,6 +1,5 @@
 """One torch thread for these tests' tiny models: a second thread of torch's pool only waits for
-the other at every operation, most of all on a busy machine (benchmarks/RESULTS.md, "Busy
-machine"); restored after each test."""
+the other at every operation, most of all on a busy machine; restored after each test."""
 
 import pytest
 import torch

@@ -33,3 +33,20 @@ def test_port_check_names_every_planted_bug_where_the_models_part(name, dtype):
     (reference, x), (port, y) = catalog.build(bug.reference), catalog.build(bug.port)
     report = check_port(reference, port, x, target_inputs=y, dtype=dtype, grads=bug.section == "gradient", probes=False)
     assert not report.passed and survey.names(report, bug), format_report(report)
+
+
+def test_the_llama_pair_trains_alike_through_the_check_and_a_port_without_the_clip_parts_at_step_1():
+    # examples/zoo/llama_train.py: the zoo's faithful Llama pair with AdamW and clipping, the
+    # factories of `mhsa port-check --train` and of benchmarks/port_check_train.py
+    import optax
+
+    from examples.zoo import llama_train
+    from mhsa.port_check.train_check import check_training
+    from mhsa.port_check.train_report import format_train_report
+
+    report = check_training(llama_train.reference(), llama_train.port(), 3, probes=False)
+    assert report.passed, format_train_report(report)
+    port = llama_train.port()
+    port["optimizer"] = optax.adamw(llama_train.LR, b1=llama_train.BETAS[0], b2=llama_train.BETAS[1], weight_decay=llama_train.WEIGHT_DECAY)
+    report = check_training(llama_train.reference(), port, 3, probes=False)
+    assert report.first_failure is not None and report.first_failure.step == 1, format_train_report(report)
