@@ -114,10 +114,11 @@ def training_row(a: str, b: str, report: TrainReport, steps: int) -> Row:
     uncompared = [f"{report.uncompared} parameter(s) not compared"] if report.uncompared else []
     row = Row(
         SECTION,
-        f"loss, gradients, Adam moments, parameters at each of {span}",
+        f"trainings at each of {span}",
         {pair_key(*pair): None for pair in pairs()} | {pair_key(a, b): shown.abs_diff},
         shown.tol,
-        note=f"{SECTION}: {a} vs {b} trainings are compared as `mhsa port-check --train` compares them; {report.tolerance_note}",
+        note=f"{SECTION}: the {a} and {b} trainings, their loss, every gradient, Adam moment and parameter at each step, are compared "
+        f"as `mhsa port-check --train` compares them; {report.tolerance_note}",
         step=shown.step - 1,
         at=shown.label,
         derived_elsewhere=report.dtype != "float64",

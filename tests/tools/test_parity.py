@@ -93,7 +93,7 @@ def test_float64_default_run_trajectories_and_final_weights_agree(runs):
     report = build_report(DEFAULT, "float64", seed=0, epochs=3, samples=2, decode=False, runs=runs)
     trajectory = [row for row in report.rows if row.section == "trajectory"]
     assert [row.name.split(" (at step")[0] for row in trajectory] == [
-        "loss, gradients, Adam moments, parameters at each of the first 32 of 192 steps",
+        "trainings at each of the first 32 of 192 steps",
         "loss at each of 192 steps",
         "weights after 192 steps",
     ]
