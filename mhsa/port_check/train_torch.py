@@ -138,7 +138,9 @@ def _describe(value) -> str:
 def settings(optimizer: torch.optim.Optimizer) -> tuple[str, str | None, list[dict]]:
     """(class name, the name the lint reads it by or None, each param group's settings)."""
     groups = [{key: _plain(group[key]) for key in SETTINGS if key in group} for group in optimizer.param_groups]
-    return type(optimizer).__name__, READ.get(type(optimizer)) or READ.get(getattr(type(optimizer), "behaves_as", None)), groups
+    behaves_as = getattr(type(optimizer), "behaves_as", None)  # a hand-rolled optimizer's torch.optim class
+    read = READ.get(type(optimizer)) or (READ.get(behaves_as) if isinstance(behaves_as, type) else None)
+    return type(optimizer).__name__, read, groups
 
 
 def _plain(value):
