@@ -5,10 +5,13 @@ table says (examples/zoo/catalog.py). The keyword pair (the Llama pair called wi
 arguments) runs once: the property it adds is the keywords. `python -m examples.zoo.survey`
 runs every pair and bug in both dtypes."""
 
+import optax
 import pytest
 
-from examples.zoo import catalog, survey
+from examples.zoo import catalog, llama_train, survey
 from mhsa.port_check import check_port, format_report
+from mhsa.port_check.train_check import check_training
+from mhsa.port_check.train_report import format_train_report
 
 
 @pytest.mark.parametrize(("name", "dtype"), [(name, "float32") for name in catalog.FAITHFUL])
@@ -38,12 +41,6 @@ def test_port_check_names_every_planted_bug_where_the_models_part(name, dtype):
 def test_the_llama_pair_trains_alike_through_the_check_and_a_port_without_the_clip_parts_at_step_1():
     # examples/zoo/llama_train.py: the zoo's faithful Llama pair with AdamW and clipping, the
     # factories of `mhsa port-check --train` and of benchmarks/port_check_train.py
-    import optax
-
-    from examples.zoo import llama_train
-    from mhsa.port_check.train_check import check_training
-    from mhsa.port_check.train_report import format_train_report
-
     report = check_training(llama_train.reference(), llama_train.port(), 3, probes=False)
     assert report.passed, format_train_report(report)
     port = llama_train.port()
