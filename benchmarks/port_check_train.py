@@ -32,6 +32,7 @@ import torch  # noqa: E402
 from flax import nnx  # noqa: E402
 from torch import nn  # noqa: E402
 
+from mhsa.flags import int_flag  # noqa: E402
 from mhsa.port_check.factories import call_factory  # noqa: E402
 from mhsa.port_check.train_check import check_setup, check_training  # noqa: E402
 
@@ -78,9 +79,9 @@ def bare_flax(setup: dict, steps: int) -> None:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="benchmarks/port_check_train.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("factories", nargs="*", metavar="FACTORY", help="TORCH_FACTORY FLAX_FACTORY (default: the zoo's Llama-style pair)")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, help="torch's threads for every candidate (default: torch's own choice)")
+    parser.add_argument("--steps", type=int_flag("port-check --train"), default=20, help="steps of each training, in [1, 100000] (default 20)")
+    parser.add_argument("--repeats", type=int_flag("--repeats"), default=5, help="interleaved rounds, in [1, 1000] (default 5)")
+    parser.add_argument("--threads", type=int_flag("--threads"), help="torch's threads for every candidate (default: torch's own choice)")
     bench_common.add_write_flag(parser)
     args = parser.parse_args(argv)
     if args.threads:

@@ -67,6 +67,10 @@ def test_a_missing_benchmarks_folder_is_a_clear_error(monkeypatch, tmp_path, cap
         ("train.py", "--repeats -1", "--repeats: expected an integer in [1, 1000], got -1"),
         ("attention.py", "--repeats 0", "--repeats: expected an integer in [1, 1000], got 0"),
         ("generate.py", "--torch-threads 0", "--torch-threads: expected an integer in [1, 1024], got 0"),
+        ("port_check_train.py", "--steps 0", "--steps: expected an integer in [1, 100000], got 0"),
+        ("port_check_train.py", "--repeats 0", "--repeats: expected an integer in [1, 1000], got 0"),
+        ("vs_checkout.py", ". --rounds 0", "--rounds: expected an integer in [1, 1000], got 0"),
+        ("vs_checkout.py", "/nonexistent/checkout", "/nonexistent/checkout has no .venv/bin/python: run `make install` there first"),
     ],
 )
 def test_the_scripts_refuse_a_count_outside_its_range_before_any_work(script, argv, message):
