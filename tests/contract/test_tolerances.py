@@ -48,6 +48,32 @@ def test_max_abs_diff_stays_what_its_other_callers_rely_on():
         reference_error(np.zeros((2, 3)), np.zeros((3, 2)))
 
 
+def _by_the_rules(a, b) -> float:
+    """max_abs_diff element by element, as its docstring states the rules."""
+    gaps = [0.0 if (x == y or (math.isnan(x) and math.isnan(y))) else (INF if math.isnan(x) or math.isnan(y) else abs(x - y)) for x, y in zip(a, b)]
+    return max(gaps, default=0.0)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_max_abs_diff_and_scale_follow_their_rules_on_any_mix_of_nan_infinities_and_extremes(seed):
+    rng = np.random.default_rng(seed)
+    specials = np.array([NAN, INF, -INF, 0.0, -0.0, 3.0e38, -3.0e38, 1e-45, 1.7e308, -1.7e308])
+    a, b = (rng.standard_normal(9) for _ in range(2))
+    for x in (a, b):
+        picked = rng.random(9) < 0.4
+        x[picked] = rng.choice(specials, picked.sum())
+    shared_places = rng.random(9) < 0.3  # equal values, NaN and infinities in the same places
+    b[shared_places] = a[shared_places]
+    for dtype in (np.float64, np.float32):
+        with np.errstate(over="ignore"):  # float64 extremes become float32 infinities
+            x, y = a.astype(dtype), b.astype(dtype)
+        assert max_abs_diff(x, y) == _by_the_rules(x.astype(float).tolist(), y.astype(float).tolist()), (x, y)
+        finite = np.abs(x[np.isfinite(x)]).astype(float)
+        assert scale(x) == (finite.max() if finite.size else 0.0), x
+    same = a.copy()
+    assert max_abs_diff(a, same) == 0.0  # equal arrays with NaN and infinities in the same places
+
+
 def test_an_exact_stage_is_held_to_the_floor_of_one_rounding_per_side():
     # an embedding lookup: the float32 rows are exactly the float64 rows, the error is 0
     table = np.random.default_rng(4).standard_normal((11, 5)).astype(np.float32)

@@ -157,3 +157,62 @@ def test_a_reference_whose_float64_run_is_no_twin_does_not_loosen_its_tolerances
     down = next(row for row in report.rows if row.name == "down")
     assert not report.passed and down.reference_error is None and down.tol == tolerance("stage", "float32"), format_report(report)
     assert any(note.startswith("the reference's float64 run differs from its float32 run by more than rounding at 'down'") for note in report.notes)
+
+
+class Tied(torch.nn.Module):
+    """Token ids (B, 5) -> logits (B, 5, 11): a tied head, a BatchNorm in eval and a bfloat16 buffer."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(1)
+        self.emb, self.head, self.bn = torch.nn.Embedding(11, D), torch.nn.Linear(D, 11, bias=False), torch.nn.BatchNorm1d(5)
+        self.head.weight = self.emb.weight
+        self.register_buffer("gate", torch.full((D,), 0.5, dtype=torch.bfloat16))
+
+    def forward(self, ids):
+        return self.head(self.bn(self.emb(ids)) * self.gate.float())
+
+
+def test_the_references_float64_run_converts_it_in_place_and_gives_it_back_as_it_was():
+    """GPT-2 small's float32 weights are let go while its float64 ones run (a copy would hold
+    both); afterwards every tensor, its dtype, its .grad and the tying are as they were, even when
+    the float64 run fails."""
+    from mhsa.port_check import torch_reader
+
+    model = Tied().eval()
+    model.emb.weight.grad = torch.ones(11, D)
+    before = {name: (p, p.detach().clone(), p.grad) for name, p in model.named_parameters()}
+    buffers = {name: b.clone() for name, b in model.named_buffers()}
+    with torch_reader.float64_twin(model) as twin:
+        assert twin is model and model.emb.weight.dtype == torch.float64 and model.gate.dtype == torch.float64
+        assert model.head.weight is model.emb.weight and model.emb.weight.grad is None
+        assert model(torch.tensor([[1, 2, 3, 4, 5]])).dtype == torch.float64
+    with pytest.raises(RuntimeError, match="planted"), torch_reader.float64_twin(model):
+        raise RuntimeError("planted")
+    for name, p in model.named_parameters():
+        same, value, grad = before[name]
+        assert p is same and p.dtype == value.dtype and torch.equal(p, value) and p.grad is grad, name
+    for name, b in model.named_buffers():
+        assert b.dtype == buffers[name].dtype and torch.equal(b, buffers[name]), name
+    assert model.head.weight is model.emb.weight
+
+
+def test_a_reference_whose_weights_share_one_storage_gets_a_float64_copy_and_keeps_its_views():
+    from mhsa.port_check import torch_reader
+
+    flat = torch.zeros(D * D + D)
+    model = torch.nn.Linear(D, D)
+    model.weight, model.bias = torch.nn.Parameter(flat[: D * D].view(D, D)), torch.nn.Parameter(flat[D * D :])
+    with torch_reader.float64_twin(model) as twin:
+        assert twin is not model and twin.weight.dtype == torch.float64 and model.weight.dtype == torch.float32
+    assert model.weight.untyped_storage().data_ptr() == model.bias.untyped_storage().data_ptr()
+
+
+def test_the_float64_run_in_place_gives_the_same_tolerances_as_a_copy(monkeypatch):
+    from mhsa.port_check import torch_reader
+
+    report = check_port(TorchNorm(), FlaxNorm(1e-5), inputs(), grads=True)
+    monkeypatch.setattr(torch_reader, "_owns_storage", lambda model: False)  # the copy
+    copied = check_port(TorchNorm(), FlaxNorm(1e-5), inputs(), grads=True)
+    assert [(row.name, row.reference_error, row.tol) for row in report.rows] == [(row.name, row.reference_error, row.tol) for row in copied.rows]
+    assert all(row.reference_error is not None for row in report.rows), format_report(report)

@@ -37,12 +37,12 @@ def test_a_broadcast_comparison_in_blocks_is_the_whole_ones_and_dot_accumulates_
     assert dot(x, x, size=5) == pytest.approx(float(np.vdot(x.astype(np.float64), x.astype(np.float64))), rel=1e-15)
 
 
-def recording(sizes: list[int]):
-    """max_abs_diff, appending the size of every block it is handed to `sizes`."""
+def recording(sizes: list[int], reduce=max_abs_diff):
+    """`reduce` (max_abs_diff), appending the size of every block it is handed to `sizes`."""
 
     def recorded(a, b):
         sizes.append(a.size)
-        return max_abs_diff(a, b)
+        return reduce(a, b)
 
     return recorded
 
@@ -55,11 +55,16 @@ def test_an_output_larger_than_a_block_is_compared_one_block_at_a_time(monkeypat
 
     sizes: list[int] = []
     monkeypatch.setattr(rows, "max_abs_diff", recording(sizes))
+    monkeypatch.setattr(rows, "_finite_gap", recording(sizes, rows._finite_gap))
     a = np.random.default_rng(2).standard_normal((2, 3, BLOCK // 2)).astype(np.float32)  # 3 blocks
     b = a.copy()
     b[1, 2, -1] += 1.0
     assert rows.compare_arrays(a, b, ("torch", "jax"))[0] == max_abs_diff(a, b)
     assert len(sizes) > 1 and max(sizes) <= BLOCK, sizes
+    b[0, 0, 0] = np.inf  # the exact rules for infinities, also block by block
+    sizes.clear()
+    assert rows.compare_arrays(a, b, ("torch", "jax"))[0] == np.inf
+    assert len(sizes) > 3 and max(sizes) <= BLOCK, sizes
 
 
 def test_a_fresh_ports_weight_is_told_apart_from_the_reference_one_block_at_a_time(monkeypatch):
