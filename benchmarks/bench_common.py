@@ -124,12 +124,10 @@ def header(title: str, argv: list[str]) -> str:
         [
             f"## {title}",
             "",
-            f"- machine: {cpu_model()}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}{threads}",
-            f"- sgemm: {gflops:.0f} GFLOP/s (NumPy float32 1024 x 1024 matmul, median of 7, "
-            f"{blas_threads or 'unknown'} BLAS threads, measured at the start of this run)",
-            f"- libraries: Python {platform.python_version()}, {', '.join(versions)}",
-            f"- measured: {when}, load average at start {load} (1, 5, 15 min)",
-            f"- command: `{command}`",
+            f"- `{command}`, {when}, load average at the start {load} (1, 5, 15 min)",
+            f"- machine: {cpu_model()}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}{threads}; "
+            f"sgemm {gflops:.0f} GFLOP/s (NumPy float32 1024 x 1024 matmul, median of 7, {blas_threads or 'unknown'} BLAS threads, "
+            f"at the start); Python {platform.python_version()}, {', '.join(versions)}",
         ]
     )
 

@@ -344,22 +344,19 @@ def demo_table(runs):
                     times[backend, kind].append(time.perf_counter() - started)
                     if result.returncode != 0:
                         raise RuntimeError(f"{backend} {kind} failed:\n{result.stderr}")
-    runs_rows, import_rows = [], []
+    rows = []
     for backend, kinds in commands.items():
         bare, modules = times[backend, "import"], times[backend, "modules"]
-        for kind in ("import", "modules"):
-            import_rows.append([kinds[kind][1], ms(median(times[backend, kind])), spread(times[backend, kind])])
         for kind in kinds:
             if kind not in ("import", "modules"):
                 run = times[backend, kind]
                 cells = [kinds[kind][1], ms(median(run)), spread(run)]
-                runs_rows.append([*cells, ratio(median(run), median(bare)), ratio(median(run), median(modules))])
+                rows.append([*cells, ms(median(bare)), ratio(median(run), median(bare)), ms(median(modules)), ratio(median(run), median(modules))])
     return (
         f"### Start-up: the default run (imports, 3 epochs, compilation, the heatmap) against its framework's bare import "
         f"and against the import of its trainer module, process start to exit (median of {runs} runs each, interleaved)\n\n"
-        + table(["run", "ms", "middle half", "run / bare import", "run / its modules' import"], runs_rows)
-        + "\n\n"
-        + table(["import", "ms", "middle half"], import_rows)
+        + table(["run", "ms", "middle half", "bare import ms", "run / bare import", "its modules' import ms", "run / its modules' import"], rows)
+        + "\n\n- bare import: `python -c 'import FRAMEWORK'` (numpy, torch, jax); its modules' import: `python -c 'import PACKAGE.train'`"
     )
 
 
