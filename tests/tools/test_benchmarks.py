@@ -258,3 +258,23 @@ def test_the_data_parallel_rows_run_the_data_parallel_trainer(bench_common):
     for dp in (1, 2):
         seconds, steps = module.dp_epochs("torch", dp, 8, 1, quick=True)
         assert steps == 8 and len(seconds) == 1 and seconds[0] > 0, (dp, seconds)
+
+
+def test_results_md_holds_current_tables_only_each_headed_by_its_command_and_machine():
+    """benchmarks/RESULTS.md (issue 30): at most 250 lines; a short preamble, then only sections
+    that a script wrote, each headed by the command that regenerates it, the machine line it
+    printed (CPU, sgemm, versions) and closed by the load at its end."""
+    text = (ROOT / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8")
+    lines = text.splitlines()
+    assert len(lines) <= 250, f"RESULTS.md has {len(lines)} lines; at most 250"
+    sections = re.findall(r"^<!-- table: (python benchmarks/\S+\.py[^\n]*?) -->\n(.*?)\n<!-- /table -->$", text, re.M | re.S)
+    assert sections and text.count("<!-- table: ") == len(sections) == text.count("<!-- /table -->")
+    for command, body in sections:
+        script = ROOT / command.split()[1]
+        assert script.is_file(), f"{command}: no such script"
+        head = body.splitlines()
+        assert head[0].startswith("## ") and head[2].startswith(f"- `{command}`, "), (command, head[:3])
+        assert re.match(r"- machine: .+; sgemm \d+ GFLOP/s .+; Python 3\.\d+\.\d+, numpy ", head[3]), (command, head[3])
+        assert head[-1].startswith("- load average at the end of this run: "), (command, head[-1])
+    outside = re.sub(r"^<!-- table: .*?<!-- /table -->$", "", text, flags=re.M | re.S)
+    assert len(outside.strip().splitlines()) <= 8, outside  # the preamble, no notes between the tables
