@@ -7,11 +7,11 @@ roundings of the largest value (an exact stage, an embedding lookup, has no erro
 
 Nothing of the float64 run is kept but those two numbers per row: the reference is float64 only
 while it runs (a torch model converted in place and back: reader.float64_twin), and its outputs
-live one at a time. A leaf that the reference computes in
-float32 even in its float64 run (a cast in its code) has no float64 twin: its row keeps the fixed
-tolerance, and says so; so do all rows when the reference cannot run in float64 at all, and a
-row where the two runs differ by more than rounding can (NOT_A_TWIN: a random layer left in train
-mode), which would otherwise loosen its tolerance to whatever the randomness reaches.
+live one at a time. A leaf that the reference computes in float32 even in its float64 run (a
+cast in its code) has no float64 twin: its row keeps the fixed tolerance, and says so; so do all
+rows when the reference cannot run in float64 at all, and a row where the two runs differ by more
+than rounding can (NOT_A_TWIN: a random layer left in train mode), which would otherwise loosen
+its tolerance to whatever the randomness reaches.
 """
 
 from __future__ import annotations
