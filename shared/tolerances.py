@@ -53,19 +53,25 @@ def stage_kind(name: str) -> str:
     return "weights" if name == "weights" else "stage"
 
 
+def finite_gap(a: np.ndarray, b: np.ndarray) -> float:
+    """max |a - b| of two arrays of one shape in one float64 pass (each input cast as the
+    subtraction reads it), or inf where a NaN or an infinity is in sight: max_abs_diff's rules
+    settle those; 0.0 for empty arrays."""
+    if a.size == 0:
+        return 0.0
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf, float64 extremes: inf below
+        gap = float(np.max(np.abs(np.subtract(a, b, dtype=np.float64))))
+    return gap if gap < math.inf else math.inf  # a NaN is not < inf
+
+
 def max_abs_diff(a: ArrayLike, b: ArrayLike) -> float:
     """max |a - b|, where equal infinities count as equal and a NaN on one side only is inf."""
     a, b = np.asarray(a), np.asarray(b)
     if a.shape != b.shape:
         raise ValueError(f"cannot compare shapes {a.shape} and {b.shape}")
-    if a.size == 0:
-        return 0.0
-    # one pass in float64 (the inputs cast as the subtraction reads them); exact unless a NaN or
-    # an infinity is in sight, which the rules below settle
-    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf, float64 extremes
-        largest = np.max(np.abs(np.subtract(a, b, dtype=np.float64)))
-    if np.isfinite(largest):
-        return float(largest)
+    gap = finite_gap(a, b)
+    if gap < math.inf:
+        return gap
     a, b = a.astype(np.float64, copy=False), b.astype(np.float64, copy=False)
     same = (a == b) | (np.isnan(a) & np.isnan(b))
     with np.errstate(invalid="ignore", over="ignore"):  # inf - inf is NaN (equal infinities are `same` already)

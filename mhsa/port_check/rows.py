@@ -18,7 +18,7 @@ from mhsa.port_check import precision
 from mhsa.port_check.chunks import largest, largest_abs
 from mhsa.port_check.records import Row, map_name
 from mhsa.port_check.structure import Output
-from shared.tolerances import max_abs_diff, tolerance
+from shared.tolerances import finite_gap, max_abs_diff, tolerance
 
 
 def compare_arrays(a: np.ndarray, b: np.ndarray, sides: tuple[str, str]) -> tuple[float, float, str, str]:
@@ -35,7 +35,7 @@ def compare_arrays(a: np.ndarray, b: np.ndarray, sides: tuple[str, str]) -> tupl
                 return float("nan"), float("nan"), "shape", f"shape {a.shape} in {sides[0]}, {b.shape} in {sides[1]}: they do not broadcast"
             note = f"compared after broadcasting: {a.shape} in {sides[0]}, {b.shape} in {sides[1]}"
             a, b = np.broadcast_to(a, shape), np.broadcast_to(b, shape)
-    diff = largest(_finite_gap, a, b)  # inf when a NaN or an infinity is in either block: looked at below
+    diff = largest(finite_gap, a, b)  # inf when a NaN or an infinity is in either block: looked at below
     if diff == np.inf:
         nan_a, nan_b = (largest(lambda block: float(np.isnan(block).any()), x) > 0 for x in (a, b))
         if nan_a or nan_b:
@@ -44,15 +44,6 @@ def compare_arrays(a: np.ndarray, b: np.ndarray, sides: tuple[str, str]) -> tupl
         diff = largest(max_abs_diff, a, b)
     scale = largest_abs(a)
     return diff, diff / scale if scale > 0 else (0.0 if diff == 0 else float("inf")), "", note
-
-
-def _finite_gap(a: np.ndarray, b: np.ndarray) -> float:
-    """max |a - b| in float64 where both blocks are finite, else inf: one pass for the common case."""
-    if not a.size:
-        return 0.0
-    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf, float64 extremes: inf, settled by the caller
-        gap = float(np.max(np.abs(np.subtract(a, b, dtype=np.float64))))
-    return gap if gap < np.inf else np.inf  # a NaN is not < inf
 
 
 def _calls(outputs: list[Output]) -> list[tuple[str, int, list[Output]]]:

@@ -55,7 +55,7 @@ def test_an_output_larger_than_a_block_is_compared_one_block_at_a_time(monkeypat
 
     sizes: list[int] = []
     monkeypatch.setattr(rows, "max_abs_diff", recording(sizes))
-    monkeypatch.setattr(rows, "_finite_gap", recording(sizes, rows._finite_gap))
+    monkeypatch.setattr(rows, "finite_gap", recording(sizes, rows.finite_gap))
     a = np.random.default_rng(2).standard_normal((2, 3, BLOCK // 2)).astype(np.float32)  # 3 blocks
     b = a.copy()
     b[1, 2, -1] += 1.0
