@@ -33,12 +33,14 @@ def owns(optimizer: object) -> bool:
     its param_groups, state, zero_grad and step."""
     if isinstance(optimizer, torch.optim.Optimizer):
         return True
+    return _behaves_as(optimizer) is not None and all(hasattr(optimizer, name) for name in ("param_groups", "state", "zero_grad", "step"))
+
+
+def _behaves_as(optimizer: object) -> type | None:
+    """The torch.optim class a hand-rolled optimizer says it steps as (its class's `behaves_as`),
+    or None."""
     kind = getattr(type(optimizer), "behaves_as", None)
-    return (
-        isinstance(kind, type)
-        and issubclass(kind, torch.optim.Optimizer)
-        and all(hasattr(optimizer, name) for name in ("param_groups", "state", "zero_grad", "step"))
-    )
+    return kind if isinstance(kind, type) and issubclass(kind, torch.optim.Optimizer) else None
 
 
 def check_setup(setup: dict) -> None:
@@ -138,8 +140,8 @@ def _describe(value) -> str:
 def settings(optimizer: torch.optim.Optimizer) -> tuple[str, str | None, list[dict]]:
     """(class name, the name the lint reads it by or None, each param group's settings)."""
     groups = [{key: _plain(group[key]) for key in SETTINGS if key in group} for group in optimizer.param_groups]
-    behaves_as = getattr(type(optimizer), "behaves_as", None)  # a hand-rolled optimizer's torch.optim class
-    read = READ.get(type(optimizer)) or (READ.get(behaves_as) if isinstance(behaves_as, type) else None)
+    behaves_as = _behaves_as(optimizer)
+    read = READ.get(type(optimizer)) or (READ.get(behaves_as) if behaves_as is not None else None)
     return type(optimizer).__name__, read, groups
 
 
