@@ -295,8 +295,8 @@ def float64_twin(model: nn.Module) -> Iterator[nn.Module]:
     """`model` itself in float64 for the block (the tolerances' reference run, derived.py), and
     back as it was after it, even on error: every floating-point parameter and buffer converted in
     place, tensor by tensor, so that a large model's float32 weights are let go while its float64
-    ones live (a copy would hold both: 1.5 GB more than the float32 model for GPT-2 small, 1 GB
-    this way). Converting back is exact: every value came from the original dtype. The Parameter
+    ones live (for GPT-2 small's 0.5 GB of float32 weights, 1 GB of float64 ones instead of a copy's
+    1.5 GB of both). Converting back is exact: every value came from the original dtype. The Parameter
     objects stay the same (an optimizer's references to them hold), and so does each one's .grad;
     a tensor registered twice (a tied weight) is converted once and stays shared. A model whose
     tensors share storage otherwise (views of one flat buffer) gets a float64 copy instead:
