@@ -12,7 +12,7 @@ import pytest
 import torch
 from flax import nnx
 
-from mhsa.port_check import check_port, format_report
+from mhsa.port_check import check_port, format_report, torch_reader
 from shared.tolerances import K, derived, reference_error, scale, tolerance
 
 D = 16
@@ -177,8 +177,6 @@ def test_the_references_float64_run_converts_it_in_place_and_gives_it_back_as_it
     """GPT-2 small's float32 weights are let go while its float64 ones run (a copy would hold
     both); afterwards every tensor, its dtype, its .grad and the tying are as they were, even when
     the float64 run fails."""
-    from mhsa.port_check import torch_reader
-
     model = Tied().eval()
     model.emb.weight.grad = torch.ones(11, D)
     before = {name: (p, p.detach().clone(), p.grad) for name, p in model.named_parameters()}
@@ -198,8 +196,6 @@ def test_the_references_float64_run_converts_it_in_place_and_gives_it_back_as_it
 
 
 def test_a_reference_whose_weights_share_one_storage_gets_a_float64_copy_and_keeps_its_views():
-    from mhsa.port_check import torch_reader
-
     flat = torch.zeros(D * D + D)
     model = torch.nn.Linear(D, D)
     model.weight, model.bias = torch.nn.Parameter(flat[: D * D].view(D, D)), torch.nn.Parameter(flat[D * D :])
@@ -209,8 +205,6 @@ def test_a_reference_whose_weights_share_one_storage_gets_a_float64_copy_and_kee
 
 
 def test_the_float64_run_in_place_gives_the_same_tolerances_as_a_copy(monkeypatch):
-    from mhsa.port_check import torch_reader
-
     report = check_port(TorchNorm(), FlaxNorm(1e-5), inputs(), grads=True)
     monkeypatch.setattr(torch_reader, "_owns_storage", lambda model: False)  # the copy
     copied = check_port(TorchNorm(), FlaxNorm(1e-5), inputs(), grads=True)
