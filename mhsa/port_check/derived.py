@@ -7,7 +7,8 @@ roundings of the largest value (an exact stage, an embedding lookup, has no erro
 
 Nothing of the float64 run is kept but those two numbers per row: the reference is float64 only
 while it runs (a torch model converted in place and back: reader.float64_twin), and its outputs
-live one at a time. A leaf that the reference computes in float32 even in its float64 run (a
+live one at a time; meanwhile the memory it frees is kept for its next allocations
+(freed_memory.py). A leaf that the reference computes in float32 even in its float64 run (a
 cast in its code) has no float64 twin: its row keeps the fixed tolerance, and says so; so do all
 rows when the reference cannot run in float64 at all, and a row where the two runs differ by more
 than rounding can (NOT_A_TWIN: a random layer left in train mode), which would otherwise loosen
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mhsa.port_check.chunks import blocks
+from mhsa.port_check.freed_memory import kept_for_reuse
 from mhsa.port_check.structure import Inputs, Output, is_float_dtype, map_inputs
 from shared.tolerances import derived, reference_error, scale
 
@@ -78,7 +80,7 @@ def from_float64_run(reader, model, inputs, outputs32: list[Output], grads32: di
             found.outputs[output64.call, output64.label] = twinned
         return output64._replace(value=None)
 
-    with reader.float64_twin(model) as twin_model:
+    with kept_for_reuse(), reader.float64_twin(model) as twin_model:  # its many large blocks reused, not faulted in anew
         _, grads64 = reader.run(twin_model, _float64(inputs), grads32 is not None, reduce)
         for name, grad64 in (grads64 or {}).items():
             if grads32 is not None and name in grads32 and grads32[name].shape == grad64.shape:
