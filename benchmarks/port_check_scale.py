@@ -14,7 +14,7 @@ ratios against the targets: time and memory at most 1.5x the floor without gradi
     python benchmarks/port_check_scale.py                 # GPT-2 small, 5 rounds (about 20 min on 2 cores)
     python benchmarks/port_check_scale.py --rounds 3 --length 256
     python benchmarks/port_check_scale.py --size tiny --rounds 1   # the zoo's tiny pair: seconds, a smoke test
-    python benchmarks/port_check_scale.py --breakdown     # and the check without its float64 twin
+    python benchmarks/port_check_scale.py --breakdown     # and the check without its float64 twin, the floor keeping freed memory
 """
 
 from __future__ import annotations
@@ -45,6 +45,9 @@ KINDS = ("floor", "check", "floor --grads", "check --grads")
 # held to the fixed 1e-5, a faithful GPT-2 small at 1024 tokens fails (its hidden states reach 1.5e-5
 # apart in the later blocks, within their derived tolerances), and a failing check stops earlier
 FIXED = ("check, no float64 twin", "check, no float64 twin --grads")
+# --breakdown: the floor again, its two runs keeping freed memory for reuse as the check's runs do
+# (mhsa/port_check/freed_memory.py): what that setting alone gives, to read the check against
+KEPT = ("floor, freed memory kept", "floor, freed memory kept --grads")
 
 
 def _resolve(spec: str):
@@ -68,18 +71,23 @@ def pair(size: str, batch: int, length: int):
     return reference, port, config, inputs.gpt2(config, (batch, length))[0]
 
 
-def floor(size: str, batch: int, length: int, grads: bool) -> None:
-    """Build both models, transfer the weights, one forward each (and one backward each)."""
+def floor(size: str, batch: int, length: int, grads: bool, kept: bool = False) -> None:
+    """Build both models, transfer the weights, one forward each (and one backward each); with
+    `kept`, each side's run keeps the memory it frees for reuse, as the check's runs do."""
+    import contextlib
+
     import jax
     import torch
     from flax import nnx
 
     from examples.zoo import convert, gpt2_convert
     from examples.zoo.torch_weights import numpy_state
+    from mhsa.port_check.freed_memory import kept_for_reuse
 
+    block = kept_for_reuse if kept else contextlib.nullcontext
     reference, port, config, ids = pair(size, batch, length)
     convert.load_nnx(port, gpt2_convert.to_flax(numpy_state(reference), config))
-    with torch.set_grad_enabled(grads):
+    with block(), torch.set_grad_enabled(grads):
         logits = reference(torch.as_tensor(ids)).logits
         if grads:
             logits.sum().backward()
@@ -88,7 +96,8 @@ def floor(size: str, batch: int, length: int, grads: bool) -> None:
         return model(ids).logits.sum()
 
     run = nnx.jit(nnx.grad(total) if grads else lambda model, ids: model(ids).logits)
-    jax.block_until_ready(run(port, jax.numpy.asarray(ids)))
+    with block():
+        jax.block_until_ready(run(port, jax.numpy.asarray(ids)))
 
 
 def check_argv(size: str, batch: int, length: int, grads: bool) -> list[str]:
@@ -129,7 +138,7 @@ def argv_of(kind: str, args) -> list[str]:
     grads = kind.endswith("--grads")
     if kind.startswith("floor"):
         sizes = ["--size", args.size, "--batch", str(args.batch), "--length", str(args.length)]
-        return [os.path.abspath(__file__), "--child", *sizes] + (["--grads"] if grads else [])
+        return [os.path.abspath(__file__), "--child", *sizes] + (["--grads"] if grads else []) + (["--kept"] if "kept" in kind else [])
     return ["-c", NO_TWIN if "twin" in kind else CHECK, *check_argv(args.size, args.batch, args.length, grads)]
 
 
@@ -150,6 +159,20 @@ def report(results: dict[str, list[tuple[float, int]]], verdicts: dict[str, set[
         verdict = "/".join(sorted(verdicts["check" + suffix]))
         ratios = [f"{check_s / floor_s:.2f}x", f"{check_b / floor_b:.2f}x", f"{limit}x: {within}"]
         rows.append([f"port-check --no-probes{suffix}", verdict, f"{check_s:.1f}", gib(check_b), *ratios])
+        kept = KEPT[grads]
+        if results.get(kept):
+            kept_s, kept_b = (median([r[i] for r in results[kept]]) for i in (0, 1))
+            rows.append(
+                [
+                    f"({kept}: the check {check_s / kept_s:.2f}x its time, {check_b / kept_b:.2f}x its memory)",
+                    "-",
+                    f"{kept_s:.1f}",
+                    gib(kept_b),
+                    f"{kept_s / floor_s:.2f}x",
+                    f"{kept_b / floor_b:.2f}x",
+                    "-",
+                ]
+            )
         fixed = FIXED[grads]
         if results.get(fixed):
             fixed_s, fixed_b = (median([r[i] for r in results[fixed]]) for i in (0, 1))
@@ -177,17 +200,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int_in(1, 64), default=1)
     parser.add_argument("--length", type=int_in(1, 1024), default=1024, help="tokens per row (default 1024)")
     parser.add_argument("--rounds", type=int_in(1, 100), default=5, help="interleaved rounds (default 5)")
-    parser.add_argument("--breakdown", action="store_true", help="also the check without its float64 twin of the reference: what the twin costs")
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also the check without its float64 twin (what the twin costs), and the floor keeping freed memory as the check's runs do",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one floor measurement, in its own process
     parser.add_argument("--grads", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--kept", action="store_true", help=argparse.SUPPRESS)
     bench_common.add_write_flag(parser)
     args = parser.parse_args(argv)
     if args.child:
-        floor(args.size, args.batch, args.length, args.grads)
+        floor(args.size, args.batch, args.length, args.grads, args.kept)
         return 0
     if args.size == "tiny" and args.length > 11:
         parser.error(f"--length: the tiny pair has 11 positions; got {args.length}")
-    kinds = KINDS + (FIXED if args.breakdown else ())
+    kinds = KINDS + (FIXED + KEPT if args.breakdown else ())
     results: dict[str, list[tuple[float, int]]] = {kind: [] for kind in kinds}
     verdicts: dict[str, set[str]] = {kind: set() for kind in kinds}
     shown = bench_common.shown_command("benchmarks/port_check_scale.py", argv if argv is not None else sys.argv[1:])

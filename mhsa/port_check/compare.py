@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from mhsa.port_check import derived, names, precision, weights
+from mhsa.port_check.freed_memory import kept_for_reuse
 from mhsa.port_check.hints import Side, hints, run_probes
 from mhsa.port_check.padding import explain_same
 from mhsa.port_check.records import NORMS, WHY, PortCheckError, PortReport, Transfer, backend_of, map_name
@@ -230,19 +231,25 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
     the precision findings, the hints and the probes."""
     sides, pairing = report.sides, report.transfer
     doing = "running and differentiating" if grads else "running"  # one forward (and backward) pass per side
-    source_outputs, source_grads = _running(
-        f"{doing} the reference ({sides[0]}) on the inputs ({describe_inputs(source.inputs)})", source.reader.run, source.model, source.inputs, grads
-    )
+    with kept_for_reuse():  # each run reuses the large blocks it frees, handed back after it (freed_memory.py)
+        source_outputs, source_grads = _running(
+            f"{doing} the reference ({sides[0]}) on the inputs ({describe_inputs(source.inputs)})",
+            source.reader.run,
+            source.model,
+            source.inputs,
+            grads,
+        )
     if asked == "float32":  # before the port runs: its outputs and the float64 copy are never held together
         source.derived = _derive(report, source, source_outputs, source_grads)
-    target_outputs, target_grads = _running(
-        f"{doing} the port ({sides[1]}) on the inputs ({describe_inputs(target.inputs)})",
-        target.reader.run,
-        target.model,
-        target.inputs,
-        grads,
-        also=_shape_advice(pairing),
-    )
+    with kept_for_reuse():
+        target_outputs, target_grads = _running(
+            f"{doing} the port ({sides[1]}) on the inputs ({describe_inputs(target.inputs)})",
+            target.reader.run,
+            target.model,
+            target.inputs,
+            grads,
+            also=_shape_advice(pairing),
+        )
     tolerances = source.derived or derived.Derived()
     report.rows, report.unmatched_source, report.unmatched_target, skipped = output_rows(
         source_outputs, target_outputs, source.desc, target.desc, asked, sides, name_map, tolerances.outputs

@@ -1,5 +1,5 @@
-"""Freed memory kept for reuse while the reference's float64 run lasts (derived.py): a speed
-device for the check's one run of its own, and nothing else.
+"""Freed memory kept for reuse while the port check runs a model: the reference, the port, and
+the reference's float64 run (compare.py, derived.py). A speed device for those runs alone.
 
 A large model's run allocates and frees blocks of the same sizes over and over, layer after
 layer (a GPT-2 small attention block: 100 MB of float64 scores, then their mask, then their

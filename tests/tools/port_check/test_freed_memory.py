@@ -1,18 +1,18 @@
-"""The reference's float64 run keeps the memory it frees for its next allocations
-(mhsa/port_check/freed_memory.py): inside the block a large block freed and asked for again
-takes no page faults; after it, or after an error in it, glibc's settled thresholds are back: a
+"""Every run of a model in the port check (the reference, its float64 run, the port) keeps the
+memory it frees for its next allocations (mhsa/port_check/freed_memory.py): inside the block a
+large block freed and asked for again takes no page faults; after it, or after an error in it, glibc's settled thresholds are back: a
 48 MiB block (above the settled mmap threshold, 32 MiB) and 72 MiB freed in 24 MiB blocks (above
 the settled trim threshold, 64 MiB) go back to the kernel and fault in again; a process started
 with its own malloc settings is left as it is. Measured by the process's minor page faults."""
 
 import resource
 
-import numpy as np
+import jax.numpy as jnp
 import pytest
 import torch
 
-from mhsa.port_check import derived, freed_memory, torch_reader
-from mhsa.port_check.structure import as_inputs
+from mhsa.port_check import check_port, format_report, freed_memory
+from tests.tools.port_check.models import NNXMLP, TorchMLP, activations
 
 MIB = 2**20
 LARGE = [48 * MIB]  # above glibc's settled mmap threshold (32 MiB), below its settled trim threshold (64 MiB)
@@ -85,19 +85,20 @@ def test_the_users_malloc_settings_are_read_from_glibc_tunables_and_malloc_varia
     assert freed_memory.user_settings({"GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX2", "PATH": "/bin"}) == []
 
 
-def test_the_references_float64_run_is_the_block_that_keeps_memory():
-    depths = []
+def test_every_run_of_a_model_in_the_check_is_in_a_block_that_keeps_memory():
+    runs = []
 
-    class Recording(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.scale = torch.nn.Parameter(torch.full((5,), 2.0))
-
+    class Reference(TorchMLP):
         def forward(self, x):
-            depths.append((x.dtype, freed_memory._depth))
-            return x * self.scale
+            runs.append(("torch", x.dtype, freed_memory._depth))
+            return super().forward(x)
 
-    model, inputs = Recording(), as_inputs((np.ones((3, 5), np.float32),))
-    outputs32, _ = torch_reader.run(model, inputs)
-    derived.from_float64_run(torch_reader, model, inputs, outputs32, None)
-    assert depths == [(torch.float32, 0), (torch.float64, 1)]
+    class Port(NNXMLP):
+        def __call__(self, x):
+            runs.append(("flax", x.dtype, freed_memory._depth))  # at trace time, inside the run
+            return super().__call__(x)
+
+    report = check_port(Reference(), Port(), (activations(),), grads=True)
+    assert report.passed, format_report(report)
+    assert runs == [("torch", torch.float32, 1), ("torch", torch.float64, 1), ("flax", jnp.float32, 1)]
+    assert freed_memory._depth == 0

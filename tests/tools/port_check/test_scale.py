@@ -259,5 +259,6 @@ def test_the_scale_benchmark_measures_a_childs_own_peak_and_runs_its_floor_and_c
     seconds, peak, status, _ = bench.measure(["-c", "x = bytearray(300 << 20); x[::4096] = b'1' * len(x[::4096])"])
     assert status == 0 and seconds > 0 and peak > 300 << 20  # the child's resident peak, its 300 MiB touched
     bench.floor("tiny", 3, 7, grads=True)  # build, transfer, forward and backward each, in this process
+    bench.floor("tiny", 3, 7, grads=True, kept=True)  # the same, each run keeping the memory it frees
     assert main(bench.check_argv("tiny", 3, 7, grads=True)) == 0, capsys.readouterr().out
     assert capsys.readouterr().out.rstrip().splitlines()[-1].startswith("PASS: all 59 comparisons")
