@@ -14,8 +14,9 @@ blocks are reused, not added to, so the run's peak stays what it has in use at o
 
 Nothing changes where glibc is not the C library (macOS, musl, Windows), or where the process
 was started with its own malloc settings (GLIBC_TUNABLES glibc.malloc.*, MALLOC_*_ variables):
-those are the user's to choose. Results are the same either way: only where memory comes from
-changes.
+those are the user's to choose. A program that calls mallopt itself while it runs gets glibc's
+settled values back after each block: glibc has no call that reads them. Results are the same
+either way: only where memory comes from changes.
 """
 
 from __future__ import annotations
