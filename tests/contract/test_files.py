@@ -180,3 +180,5 @@ def test_a_killed_writers_temporary_is_removed_by_the_next_save_but_a_live_ones_
     finally:
         live.kill()
         live.wait(timeout=30)
+        for child in (killed, live):
+            child.stdout.close()
