@@ -82,6 +82,7 @@ def test_a_flag_the_model_contradicts_is_refused_with_the_commands_usage(capsys,
     assert out == "" and err.startswith("usage: mhsa generate ") and err.splitlines()[-1] == f"mhsa generate: error: {message}", err
 
 
+@pytest.mark.filterwarnings("error")  # a warning printed before the refusal would make it more than one line
 def test_generate_refuses_weights_that_overflow_the_logits_in_one_line(capsys, tmp_path):
     path = saved(tmp_path, overflowing())
     assert main(["generate", "--load", str(path), "--prompt", "1,2", "--max-new-tokens", "2"]) == 1
@@ -91,7 +92,7 @@ def test_generate_refuses_weights_that_overflow_the_logits_in_one_line(capsys, t
     )
 
 
-@pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning", "ignore:invalid value:RuntimeWarning")  # NumPy's, on purpose
+@pytest.mark.filterwarnings("error")  # NumPy's overflow warnings are not printed around the heatmap
 def test_a_nan_weight_gets_the_heatmaps_nan_mark_not_a_traceback(tmp_path, capsys):
     """Weights that overflow the scores give NaN attention weights; the command prints them as the
     heatmap does (with no new token to choose, nothing is refused)."""
