@@ -21,6 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as `python benchmarks/x.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
+from mhsa.freed_memory import M_MMAP_MAX, M_TRIM_THRESHOLD, mallopt  # noqa: E402  (after the repository is on sys.path)
+
 PACKAGES = ("numpy", "torch", "jax", "jaxlib", "flax", "optax")
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 
@@ -42,22 +44,6 @@ def torch_threads(count: int | None):
         yield
     finally:
         torch.set_num_threads(previous)
-
-
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4  # glibc's malloc.h
-
-
-def mallopt(*settings: tuple[int, int]) -> bool:
-    """glibc's mallopt(option, value) for each (option, value), for the rest of this process;
-    False where there is no glibc, or where it refuses one of them."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        call = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return False
-    return all([bool(call(option, value)) for option, value in settings])
 
 
 def keep_freed_memory() -> bool:

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from mhsa.freed_memory import kept_for_reuse
 from mhsa.port_check import derived, names, precision, weights
-from mhsa.port_check.freed_memory import kept_for_reuse
 from mhsa.port_check.hints import Side, hints, run_probes
 from mhsa.port_check.padding import explain_same
 from mhsa.port_check.records import NORMS, WHY, PortCheckError, PortReport, Transfer, backend_of, map_name
@@ -231,7 +231,7 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
     the precision findings, the hints and the probes."""
     sides, pairing = report.sides, report.transfer
     doing = "running and differentiating" if grads else "running"  # one forward (and backward) pass per side
-    with kept_for_reuse():  # each run reuses the large blocks it frees, handed back after it (freed_memory.py)
+    with kept_for_reuse():  # each run reuses the large blocks it frees, handed back after it (mhsa/freed_memory.py)
         source_outputs, source_grads = _running(
             f"{doing} the reference ({sides[0]}) on the inputs ({describe_inputs(source.inputs)})",
             source.reader.run,

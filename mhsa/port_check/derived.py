@@ -8,7 +8,7 @@ roundings of the largest value (an exact stage, an embedding lookup, has no erro
 Nothing of the float64 run is kept but those two numbers per row: the reference is float64 only
 while it runs (a torch model converted in place and back: reader.float64_twin), and its outputs
 live one at a time; meanwhile the memory it frees is kept for its next allocations
-(freed_memory.py). A leaf that the reference computes in float32 even in its float64 run (a
+(mhsa/freed_memory.py). A leaf that the reference computes in float32 even in its float64 run (a
 cast in its code) has no float64 twin: its row keeps the fixed tolerance, and says so; so do all
 rows when the reference cannot run in float64 at all, and a row where the two runs differ by more
 than rounding can (NOT_A_TWIN: a random layer left in train mode), which would otherwise loosen
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mhsa.freed_memory import kept_for_reuse
 from mhsa.port_check.chunks import blocks
-from mhsa.port_check.freed_memory import kept_for_reuse
 from mhsa.port_check.structure import Inputs, Output, is_float_dtype, map_inputs
 from shared.tolerances import derived, reference_error, scale
 

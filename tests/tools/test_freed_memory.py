@@ -1,5 +1,5 @@
 """Every run of a model in the port check (the reference, its float64 run, the port) keeps the
-memory it frees for its next allocations (mhsa/port_check/freed_memory.py): inside the block a
+memory it frees for its next allocations (mhsa/freed_memory.py): inside the block a
 large block freed and asked for again takes no page faults; after it, or after an error in it, glibc's settled thresholds are back: a
 48 MiB block (above the settled mmap threshold, 32 MiB) and 72 MiB freed in 24 MiB blocks (above
 the settled trim threshold, 64 MiB) go back to the kernel and fault in again; a process started
@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import pytest
 import torch
 
-from mhsa.port_check import check_port, format_report, freed_memory
+from mhsa import freed_memory
+from mhsa.port_check import check_port, format_report
 from tests.tools.port_check.models import NNXMLP, TorchMLP, activations
 
 MIB = 2**20
