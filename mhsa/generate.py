@@ -84,10 +84,9 @@ def run(args) -> int:
     backend = registry.get(args.backend)
     model = backend.model.from_exchange(loaded.arrays, config)
     try:
-        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is this command's to report, in one line (below)
-            ids = backend.module("generate").generate(
-                model, prompt, args.max_new_tokens, greedy=greedy, temperature=args.temperature or 1.0, seed=args.seed, use_cache=not args.no_cache
-            )
+        ids = backend.module("generate").generate(
+            model, prompt, args.max_new_tokens, greedy=greedy, temperature=args.temperature or 1.0, seed=args.seed, use_cache=not args.no_cache
+        )
     except NonFiniteLogitsError as error:  # finite weights large enough to overflow: no token to choose
         print(f"mhsa generate: error: {error}", file=sys.stderr)
         return 1
@@ -99,8 +98,7 @@ def run(args) -> int:
     print(f"tokens:    {','.join(map(str, tokens))}")
     if args.heatmap_head is not None:
         # the last token as a query over every position: the last row of a forward over the whole sequence
-        with np.errstate(over="ignore", invalid="ignore"):  # weights that overflow show as NAN marks
-            _, attention = backend.model.predict(model, ids, return_weights=True)  # (1, H, T, T)
+        _, attention = backend.model.predict(model, ids, return_weights=True)  # (1, H, T, T)
         print(f"\nhead {args.heatmap_head}: attention of the last token (position {len(tokens) - 1}) over the context")
         print(attention_row(attention[0, args.heatmap_head, -1], tokens))
     return 0

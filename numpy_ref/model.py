@@ -106,7 +106,9 @@ class TinyLM:
 
     @checks.at_entry(check)
     def __call__(self, tokens: Any, mask: Any = None, return_weights: bool = False, cache: KVCache | None = None) -> Any:
-        return forward(tokens, self.params, self.config, mask, return_weights, cache)
+        # weights that overflow give inf and NaN unwarned, as in torch and JAX: the caller names them
+        with np.errstate(over="ignore", invalid="ignore"):
+            return forward(tokens, self.params, self.config, mask, return_weights, cache)
 
 
 def from_exchange(arrays: dict[str, np.ndarray], config: ModelConfig) -> TinyLM:
@@ -136,7 +138,7 @@ def attend(model: TinyLM, x: Any, *, mask: Any = None, return_weights: bool = Fa
     """The attention block alone: x (B, T, D) -> (B, T, D), or (out, weights); T <= max_len
     as in the frameworks' blocks (the pure `attention` function has no context limit)."""
     x = np.asarray(x)
-    with checks.entry(_check_attend, model, x, mask):
+    with checks.entry(_check_attend, model, x, mask), np.errstate(over="ignore", invalid="ignore"):  # as TinyLM's call
         return attention(x, model.params, model.config.n_heads, mask=mask, return_weights=return_weights)
 
 

@@ -157,3 +157,16 @@ def test_save_then_load_reproduces_the_logits_exactly(trainer_backend, tmp_path)
     before = module.predict(history.model, tokens)
     after = module.predict(module.from_exchange(arrays, config), tokens)
     np.testing.assert_array_equal(after, before)
+
+
+@pytest.mark.filterwarnings("error")  # NumPy warns of an overflow unless told not to; torch and JAX never do
+def test_weights_that_overflow_give_non_finite_outputs_without_a_warning(backend):
+    """The same in every backend: the caller names the inf and NaN (mhsa generate refuses them in
+    one line, the heatmaps mark them), with no warning printed before it."""
+    arrays = {key: value * 1e30 if "qkv" in key else value for key, value in init_weights(SMALL, 10).items()}
+    module = backend.backend.model
+    model = module.from_exchange(arrays, SMALL)
+    logits, attention = module.predict(model, tokens_for(), return_weights=True)
+    out, block_attention = module.attend(model, np.full((B, T, SMALL.d_model), 1e30, np.float32), return_weights=True)
+    for name, value in (("logits", logits), ("attention", attention), ("attend", out), ("attend's attention", block_attention)):
+        assert not np.isfinite(np.asarray(value)).all(), f"{name}: all finite; expected the overflow's inf or NaN"
