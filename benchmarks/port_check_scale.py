@@ -11,7 +11,7 @@ and its peak resident memory read from the kernel (os.wait4's ru_maxrss, the chi
 four kinds run interleaved, in a new order each round; the table gives the medians and their
 ratios against the targets: time and memory at most 1.5x the floor without gradients, 2x with.
 
-    python benchmarks/port_check_scale.py                 # GPT-2 small, 5 rounds (about 20 min on 2 cores)
+    python benchmarks/port_check_scale.py                 # GPT-2 small, 5 rounds (about 10 min on 2 cores, 16 with --breakdown)
     python benchmarks/port_check_scale.py --rounds 3 --length 256
     python benchmarks/port_check_scale.py --size tiny --rounds 1   # the zoo's tiny pair: seconds, a smoke test
     python benchmarks/port_check_scale.py --breakdown     # and the check without its float64 twin, the floor keeping freed memory
