@@ -44,8 +44,8 @@ class Bug:
     """A broken port against its reference, on the reference's example inputs. parts_at: where the
     two first differ, a module path of the reference ("" = the model's own output) for section
     "output", a parameter name for "gradient" (the outputs agree), a module path for "lint" (the
-    outputs agree in eval mode; the setting differs). dtype: the one the check runs in: float64,
-    where no precision gap can pass for a bug."""
+    outputs agree in eval mode; the setting differs: the check passes, the lint names it as a
+    warning). dtype: the one the check runs in: float64, where no precision gap can pass for a bug."""
 
     reference: str
     port: str

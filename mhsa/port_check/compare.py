@@ -12,12 +12,13 @@ from typing import Any
 import numpy as np
 
 from mhsa.freed_memory import kept_for_reuse
-from mhsa.port_check import derived, names, precision, weights
+from mhsa.port_check import cotangents, derived, layouts, names, precision, weights
+from mhsa.port_check.boundaries import boundaries
 from mhsa.port_check.hints import Side, hints, run_probes
 from mhsa.port_check.padding import explain_same
-from mhsa.port_check.records import NORMS, WHY, PortCheckError, PortReport, Transfer, backend_of, map_name
-from mhsa.port_check.rows import call_paths, gradient_rows, output_rows
-from mhsa.port_check.structure import RANKS, Inputs, as_inputs, describe_inputs, dtype_name, is_float_dtype, map_inputs, numpy_inputs
+from mhsa.port_check.records import NORMS, WHY, PortCheckError, PortReport, Row, Transfer, backend_of, map_name
+from mhsa.port_check.rows import call_paths, gradient_rows, output_rows, rejudge
+from mhsa.port_check.structure import RANKS, Inputs, Output, as_inputs, describe_inputs, dtype_name, is_float_dtype, map_inputs, numpy_inputs
 from shared.config import DTYPES
 from shared.tolerances import tolerance
 
@@ -33,21 +34,24 @@ def transfer_weights(source: Any, target: Any, name_map: dict[str, str] | None =
     if not isinstance(target, tuple):  # torch and NNX know their layers without a call; Linen only while called
         types = (source_reader.describe(source, Inputs()), target_reader.describe(target, Inputs()))
     report = weights.pair_parameters(source_params, target_params, *types, name_map, (source_name, target_name))
-    return _settle(report, target, target_reader, source_params, target_params, copy), report
+    return _settle(report, target, target_reader, source_params, target_params, copy, source_reader.frozen(source)), report
 
 
-def _settle(report: Transfer, target, target_reader, source_params, target_params, copy: bool | None):
+def _settle(report: Transfer, target, target_reader, source_params, target_params, copy: bool | None, frozen=frozenset()):
     """Compare the values (unless a copy is forced), decide, copy if so; returns the port."""
-    if _decide(report, source_params, target_params, copy):
+    if _decide(report, source_params, target_params, copy, frozen):
         return target_reader.load_parameters(target, weights.arrays_to_copy(report, source_params))
     return target
 
 
-def _decide(report: Transfer, source_params, target_params, copy: bool | None) -> bool:
-    """Compare the values (unless a copy is forced) and decide whether to copy (weights.py)."""
+def _decide(report: Transfer, source_params, target_params, copy: bool | None, frozen=frozenset()) -> bool:
+    """Compare the values (unless a copy is forced) and decide whether to copy (weights.py);
+    frozen: the reference's parameters it does not train."""
     dtype = _dtype_of(source_params)
-    evidence = 0 if copy else weights.compare_values(report, source_params, target_params, tolerance("weights", dtype), keep=copy is False)
-    if weights.decide(report, evidence, weights.informative_count(report, source_params), copy):
+    tables = weights.tables(source_params, frozen)
+    tol = tolerance("weights", dtype)
+    evidence = 0 if copy else weights.compare_values(report, source_params, target_params, tol, keep=copy is False, no_evidence=tables)
+    if weights.decide(report, evidence, weights.informative_count(report, source_params, tables), copy):
         report.differing = []
         return True
     return False
@@ -158,9 +162,9 @@ def check_port(source, target, inputs, *, target_inputs=None, name_map=None, tra
     checks the port as it is when it holds converted weights and copies the reference's into a
     fresh port (weights.py); True always copies; False never does. dtype: "float32" or
     "float64", both models and floating inputs cast (None: as they are). grads: also compare
-    d sum(output) / d every parameter. probes: on a failing output, re-run with likely causes
-    switched. Raises PortCheckError (one line) when the check cannot run: a model without
-    parameters, or one that fails on the inputs.
+    d <r, output> / d every parameter, r a fixed random direction (cotangents.py). probes: on a
+    failing output, re-run with likely causes switched. Raises PortCheckError (one line) when the
+    check cannot run: a model without parameters, or one that fails on the inputs.
     """
     (source_name, source_reader), (target_name, target_reader) = backend_of(source), backend_of(target)
     sides = (source_name, target_name)
@@ -179,14 +183,20 @@ def check_port(source, target, inputs, *, target_inputs=None, name_map=None, tra
         if changed or changed_target:
             notes.append(f"compute dtype set to {dtype} as asked: " + ", ".join(changed + changed_target))
         inputs, target_inputs = _cast_inputs(inputs, dtype), _cast_inputs(target_inputs, dtype)
-    source_params, target_params = source_reader.parameters(source), target_reader.parameters(target)
+    running_source = f"running the reference ({source_name}) on the inputs ({describe_inputs(inputs)})"
+    running_target = f"running the port ({target_name}) on the inputs ({describe_inputs(target_inputs)})"
+    source_traced = _running(running_source, source_reader.trace, source, inputs)
+    try:
+        target_traced = target_reader.trace(target, target_inputs)
+    except Exception as error:  # the user's model failing on the inputs: said in one line
+        raise _port_fails(error, running_target, Side(source, source_reader, inputs, {}), target, target_reader, name_map, sides) from error
+    source_params = _read(source_reader.parameters(source), source_traced, f"the reference ({source_name})", notes)
+    target_params = _read(target_reader.parameters(target), target_traced, f"the port ({target_name})", notes)
     asked = dtype or _dtype_of(source_params)
     _require_parameters(f"the reference ({source_name})", source_params, source)
     _require_parameters(f"the port ({target_name})", target_params, target)
-    source_desc = _running(f"running the reference ({source_name}) on the inputs ({describe_inputs(inputs)})", source_reader.describe, source, inputs)
-    target_desc = _running(
-        f"running the port ({target_name}) on the inputs ({describe_inputs(target_inputs)})", target_reader.describe, target, target_inputs
-    )
+    source_desc = _running(running_source, source_reader.describe, source, inputs, source_traced)
+    target_desc = _running(running_target, target_reader.describe, target, target_inputs, target_traced)
     pairing = weights.pair_parameters(source_params, target_params, source_desc, target_desc, name_map, sides)
     tied = source_reader.tied(source)
     aliases = [name for name in pairing.unconsumed_source if name in tied and any(s == tied[name] for s, *_ in pairing.filled)]
@@ -200,7 +210,8 @@ def check_port(source, target, inputs, *, target_inputs=None, name_map=None, tra
         proposal, lines = names.propose_map(pairing, source_params, target_params, *orders, name_map)
         if proposal or not (pairing.filled or pairing.transposed_only or pairing.mismatched):
             return _stopped(report, proposal, lines, name_map)
-    copy = _decide(pairing, source_params, target_params, transfer)
+    frozen = source_reader.frozen(source)
+    copy = _decide(pairing, source_params, target_params, transfer, frozen)
     report.lint = lint(source_desc, target_desc, sides, name_map) + _untied(tied, target_params, sides, name_map)
     del target_params  # views of the port's weights: a fresh port's initial values go once overwritten (if no one else holds them)
     if copy:
@@ -211,8 +222,8 @@ def check_port(source, target, inputs, *, target_inputs=None, name_map=None, tra
     del source_params
     _compare(
         report,
-        Side(source, source_reader, inputs, source_desc),
-        Side(target, target_reader, target_inputs, target_desc, differing),
+        Side(source, source_reader, inputs, source_desc, traced=source_traced),
+        Side(target, target_reader, target_inputs, target_desc, differing, traced=target_traced),
         asked,
         name_map,
         grads,
@@ -221,14 +232,44 @@ def check_port(source, target, inputs, *, target_inputs=None, name_map=None, tra
     return report
 
 
+def _port_fails(error: Exception, what: str, source: Side, target, target_reader, name_map, sides) -> PortCheckError:
+    """The one line for a port that fails on the inputs: the reference's own failure on them when
+    it fails too (the inputs are the reference's), else the port's, with the shapes the pairing
+    finds not to fit."""
+    if isinstance(error, PortCheckError):
+        return error
+    _running(
+        f"running the reference ({sides[0]}) on the inputs ({describe_inputs(source.inputs)})", source.reader.capture, source.model, source.inputs
+    )
+    source_desc = source.reader.describe(source.model, source.inputs)
+    target_desc = {} if isinstance(target, tuple) else target_reader.describe(target, Inputs())
+    pairing = weights.pair_parameters(
+        source.reader.parameters(source.model), target_reader.parameters(target), source_desc, target_desc, name_map, sides
+    )
+    advice = _shape_advice(pairing)
+    return PortCheckError(f"{what} failed: {one_line(error)}" + (f"; {advice}" if advice else ""))
+
+
+def _read(params: dict, traced, side: str, notes: list[str]) -> dict:
+    """The parameters the forward pass reads (all of them when the reader cannot tell); the rest
+    named in one note: a converter's leftovers are not parameters of the model."""
+    if traced.read is None:
+        return params
+    unread = [name for name in params if name not in traced.read]
+    if unread:
+        notes.append(f"{len(unread)} variable(s) of {side} are never read by its forward pass, and not checked: {_some(unread)}")
+    return {name: value for name, value in params.items() if name in traced.read}
+
+
 def _require_parameters(side: str, params: dict, model) -> None:
     if not params:
         raise PortCheckError(f"{side} ({_type_name(model)}) has no floating-point parameters: there is nothing to port")
 
 
 def _compare(report: PortReport, source: Side, target: Side, asked: str, name_map, grads: bool, probes: bool) -> None:
-    """Run both models (the reference in float64 too, for float32's tolerances), fill the rows,
-    the precision findings, the hints and the probes."""
+    """Run both models (the reference in float64 too, for float32's tolerances; the port too when
+    a row fails on the reference's error alone), fill the rows, the precision findings, the hints
+    and the probes."""
     sides, pairing = report.sides, report.transfer
     doing = "running and differentiating" if grads else "running"  # one forward (and backward) pass per side
     with kept_for_reuse():  # each run reuses the large blocks it frees, handed back after it (mhsa/freed_memory.py)
@@ -237,26 +278,29 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
             source.reader.run,
             source.model,
             source.inputs,
-            grads,
+            cotangents.reference if grads else None,
         )
+    direction = cotangents.PortDirection(_model_output(source_outputs)) if grads else None
     if asked == "float32":  # before the port runs: its outputs and the float64 copy are never held together
-        source.derived = _derive(report, source, source_outputs, source_grads)
+        source.derived = _derive(report, source, source_outputs, source_grads, cotangents.reference if grads else None)
     with kept_for_reuse():
         target_outputs, target_grads = _running(
             f"{doing} the port ({sides[1]}) on the inputs ({describe_inputs(target.inputs)})",
             target.reader.run,
             target.model,
             target.inputs,
-            grads,
+            direction,
+            None,
+            target.traced,
             also=_shape_advice(pairing),
         )
+    if direction is not None and direction.left_out:
+        report.notes.append("the gradients' direction leaves out the port's output " + ", ".join(direction.left_out))
     tolerances = source.derived or derived.Derived()
     report.rows, report.unmatched_source, report.unmatched_target, skipped = output_rows(
         source_outputs, target_outputs, source.desc, target.desc, asked, sides, name_map, tolerances.outputs
     )
-    if skipped:
-        shown = ", ".join(f"'{name}' ({kind})" for name, kind in skipped[:4]) + (f" and {len(skipped) - 4} more" if len(skipped) > 4 else "")
-        report.notes.append(f"not compared, as they are not floating-point arrays: {shown}")
+    _skipped_note(report, skipped)
     for outputs, desc, side in ((source_outputs, source.desc, sides[0]), (target_outputs, target.desc, sides[1])):
         report.precision += precision.findings(outputs, asked, desc, side)
     floors = [
@@ -267,8 +311,12 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
     if report.precision:
         report.precision[0] += f"; {precision.consequence(min(floors), asked)}"
     if grads:
-        transposed = frozenset(name for name, _, _, flipped in pairing.filled if flipped)
-        report.rows += gradient_rows(source_grads, target_grads, min(floors), sides, name_map, transposed, asked, tolerances.grads)
+        pairs = {name: (mapped, flipped) for name, mapped, _, flipped in pairing.filled}
+        zero = tolerances.zero if source.derived is not None else derived.zero_gradients(source_grads)
+        report.rows += gradient_rows(source_grads, target_grads, min(floors), sides, pairs, asked, tolerances.grads, zero)
+    if asked == "float32" and any(row.failed and row.reference_error is not None for row in report.rows):
+        _port_errors(report, target, target_outputs, target_grads, direction)
+    boundaries(report.rows, source_outputs, _explainer(source_outputs, target_outputs))
     del target_outputs, target_grads, source_grads  # compared: a large model's outputs are not held any longer
     paths = call_paths(source_outputs)
     del source_outputs
@@ -282,11 +330,51 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
                 report.hints.insert(0, "read with the switches of the probes that close a gap (below) in place:")
 
 
-def _derive(report: PortReport, source: Side, outputs, grads) -> derived.Derived | None:
+def _explainer(source_outputs: list[Output], target_outputs: list[Output]):
+    """explain(row) -> how the port's output differs from the reference's at that row (a scale,
+    a transpose, an order: weights.how_it_differs), or ''."""
+    source = {(output.call, output.label): output for output in source_outputs}
+    target = {(output.call, output.label): output for output in target_outputs}
+
+    def explain(row: Row) -> str:
+        a, b = source.get(row.key), target.get(row.target_key)
+        if a is None or b is None or a.value is None or b.value is None:
+            return ""
+        value = a.value
+        permutation = layouts.order(a.layout, b.layout)
+        if permutation is not None:
+            value = value.transpose(permutation)
+        how = weights.how_it_differs(value, b.value, row.tol) if value.shape == b.value.shape else None
+        if how is None:
+            return ""
+        return f"the port's is the reference's {how}" if how.startswith("scaled") else f"the port's output {how}"
+
+    return explain
+
+
+def _model_output(outputs: list[Output]) -> list[Output]:
+    """The leaves of the model's own output: its last call, path ''."""
+    last = max((output.call for output in outputs if output.path == ""), default=None)
+    return [output for output in outputs if output.call == last]
+
+
+def _skipped_note(report: PortReport, skipped: list[tuple[str, str]]) -> None:
+    """One note for the leaves that are no floating-point arrays, one for those None on one side."""
+    absent = [(name, why) for name, why in skipped if why.startswith("None in ")]
+    other = [(name, kind) for name, kind in skipped if not kind.startswith("None in ")]
+    if other:
+        shown = ", ".join(f"'{name}' ({kind})" for name, kind in other[:4]) + (f" and {len(other) - 4} more" if len(other) > 4 else "")
+        report.notes.append(f"not compared, as they are not floating-point arrays: {shown}")
+    if absent:
+        shown = ", ".join(f"'{name}' ({why})" for name, why in absent[:4]) + (f" and {len(absent) - 4} more" if len(absent) > 4 else "")
+        report.notes.append(f"not compared, as one side returns None there: {shown}")
+
+
+def _derive(report: PortReport, source: Side, outputs, grads, direction) -> derived.Derived | None:
     """The float32 rows' tolerances from the reference's float64 run (derived.py); None, with a
     note, when the reference cannot run in float64: its rows then hold the fixed tolerances."""
     try:
-        found = derived.from_float64_run(source.reader, source.model, source.inputs, outputs, grads)
+        found = derived.from_float64_run(source.reader, source.model, source.inputs, outputs, grads, direction)
     except Exception as error:  # a model that cannot compute in float64: said, and checked all the same
         report.notes.append(f"the reference cannot run in float64 ({one_line(error)}): its float32 rows hold the fixed tolerances of docs/DESIGN.md")
         return None
@@ -294,10 +382,49 @@ def _derive(report: PortReport, source: Side, outputs, grads) -> derived.Derived
         report.notes.append(f"the reference computes {_some(found.fixed)} in float32 even in float64: those rows hold the fixed tolerance")
     if found.apart:
         report.notes.append(
-            f"the reference's float64 run differs from its float32 run by more than rounding at {_some(found.apart)} "
-            f"(over {derived.NOT_A_TWIN:g} of the largest value: a random layer in train mode?): those rows hold the fixed tolerance"
+            f"the reference's float64 run differs from its float32 run by more than rounding (over {derived.NOT_A_TWIN:g} of the largest "
+            f"value) at {_some(found.apart)}: {_why_apart(source, outputs, found.apart)}; those rows hold the fixed tolerance"
         )
     return found
+
+
+def _why_apart(side: Side, outputs: list[Output], apart: list[str]) -> str:
+    """Why a model's float64 run is no rounding twin of its float32 one, as far as can be told: a
+    dropout left active, two float32 runs that differ (a random layer), or neither."""
+    active = [path for path, info in side.desc.items() if info.get("type") == "Dropout" and info.get("active")]
+    if active:
+        return f"its dropout {_some(active)} is active (train mode), so each run draws other numbers"
+    try:
+        again = side.reader.capture(side.model, side.inputs)
+    except Exception:  # the first run succeeded; a second that fails says nothing about randomness
+        again = None
+    if again is not None:
+        first = {(output.call, output.label): output.value for output in outputs if output.value is not None}
+        moved = any(
+            output.value is not None
+            and (output.call, output.label) in first
+            and not np.array_equal(first[output.call, output.label], output.value, equal_nan=True)
+            for output in again
+        )
+        if moved:
+            return "two float32 runs of it on the same inputs differ too, so it draws random numbers (a layer in train mode)"
+    return (
+        "two float32 runs of it agree, so it is deterministic: a branch on a value (a comparison, an argmax, a top-k), "
+        "a cancellation that float32 rounding dominates, or code that computes otherwise in float64"
+    )
+
+
+def _port_errors(report: PortReport, target: Side, outputs, grads, direction) -> None:
+    """The port's own float32 errors, from its float64 run, joined to the rows' tolerances (the
+    larger of the two sides' errors sets each); said in a note, and where it cannot be made."""
+    try:
+        found = derived.from_float64_run(target.reader, target.model, target.inputs, outputs, grads, direction)
+    except Exception as error:  # a port that cannot compute in float64: its rows keep the reference's error alone
+        report.notes.append(f"the port cannot run in float64 ({one_line(error)}): its rows hold the reference's error alone")
+        return
+    target.derived = found
+    report.port_twin = True
+    report.port_sets = rejudge(report.rows, {**found.outputs, **found.grads})
 
 
 def _some(names: list[str], shown: int = 4) -> str:

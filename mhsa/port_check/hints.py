@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from mhsa.port_check.records import WHY, Row
-from mhsa.port_check.rows import output_rows
+from mhsa.port_check.rows import output_rows, rejudge
 
 
 @dataclass
@@ -37,8 +37,10 @@ class Side:
     # the port only, when its own weights are checked: reference parameter -> (port parameter,
     # the reference's values in the port's layout) for every parameter that differs
     differing: dict | None = None
-    # the reference only, in a float32 check: its rows' tolerances, from its float64 run (derived.py)
+    # in a float32 check, the side's own float32 errors from its float64 run (derived.py): always
+    # the reference's, the port's when a row failed on the reference's alone
     derived: Any = None
+    traced: Any = None  # what the reader's trace() gave before the run (structure.Traced)
 
 
 def hints(rows: list[Row], call_paths: list[str], source_desc: dict, sides: tuple[str, str], asked: str, differing=()) -> list[str]:
@@ -152,15 +154,17 @@ def _probe(first: Row, what, kind, make, source: Side, target: Side, sides, aske
         switched = make() if make is not None else None
         if kind != "precision" and switched is None:
             return None, None, source, target
-        if kind == "source":  # the reference's own errors stay those of the reference as it is: a switch is a probe
+        if kind == "source":  # each side's own errors stay those of the side as it is: a switch is a probe
             source = Side(switched, source.reader, source.inputs, source.desc, derived=source.derived)
         elif kind == "target":
-            target = Side(switched, target.reader, target.inputs, target.desc, target.differing)
+            target = Side(switched, target.reader, target.inputs, target.desc, target.differing, derived=target.derived)
         with _precision(kind, source, target):
             runs = source.reader.capture(source.model, source.inputs), target.reader.capture(target.model, target.inputs)
     except Exception as error:  # a switched model that cannot run answers nothing
         return f"probe: {what}: could not run ({type(error).__name__})", None, source, target
     probed, *_ = output_rows(*runs, source.desc, target.desc, asked, sides, name_map, source.derived and source.derived.outputs)
+    if target.derived is not None:
+        rejudge(probed, target.derived.outputs)
     row = next((r for r in probed if r.name == first.name), None)
     if row is None or not row.passed:
         diff = "no output" if row is None else f"{row.abs_diff:.2e}"

@@ -80,8 +80,16 @@ class Row:
     position: int = -1  # index of the output in the reference's calls
     module: str = ""  # the reference's module path ("" for the model itself; the parameter for a gradient)
     target_module: str = ""  # the port's
-    status: str = ""  # "" compared; "shape" (cannot broadcast), "nan" (NaN in an output), "unjudged" (below float32)
+    # "" compared; "shape" (cannot broadcast), "nan" (NaN in an output), "unjudged" (below float32),
+    # "dtype" (a float on one side, an int on the other: shown, not judged)
+    status: str = ""
     reference_error: float | None = None  # the reference's own float32 error `tol` is derived from; None: a fixed tolerance
+    port_error: float | None = None  # the port's own float32 error, once its float64 run is made; the larger sets `tol`
+    scale: float = 0.0  # the largest value of the reference's float64 twin: the floor of a derived tolerance
+    key: Any = None  # the reference's (call, leaf label) of this output, or its parameter's name
+    target_key: Any = None  # the port's
+    zero: bool = False  # a gradient that is 0 in exact arithmetic: both sides' values are rounding
+    boundary: str = ""  # why a difference that the next outputs do not carry is no failure (compare.py)
 
     @property
     def passed(self) -> bool:
@@ -89,6 +97,8 @@ class Row:
 
     @property
     def failed(self) -> bool:
+        if self.boundary:
+            return False
         return self.status in ("shape", "nan") or (self.status == "" and not self.abs_diff <= self.tol)
 
 
@@ -108,6 +118,8 @@ class PortReport:
     stopped: str = ""  # why nothing was compared (names that do not correspond); "" when compared
     proposed_map: dict[str, str] = field(default_factory=dict)  # a name map by structure, when names differ
     map_lines: list[str] = field(default_factory=list)  # the module pairs behind it, one line each
+    port_twin: bool = False  # whether the port ran in float64 too, its own errors joining the tolerances
+    port_sets: int = 0  # how many rows' tolerances the port's own error sets
 
     @property
     def first_failure(self) -> Row | None:
@@ -119,4 +131,5 @@ class PortReport:
 
     @property
     def passed(self) -> bool:
-        return not self.stopped and bool(self.rows) and self.first_failure is None and not self.unjudged and not self.lint
+        """Every comparison agrees (a lint difference that no output or gradient shows is a warning)."""
+        return not self.stopped and bool(self.rows) and self.first_failure is None and not self.unjudged

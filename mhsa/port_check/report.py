@@ -87,9 +87,33 @@ def _mapped(name: str, name_map: dict[str, str]) -> bool:
     return any(name == key or name.startswith(key + ".") for key in name_map)
 
 
+def _result(row: Row) -> str:
+    """PASS, FAIL, 'zero' (a gradient that is 0 in exact arithmetic, the port's rounding too),
+    'split' (a difference the outputs reading it do not carry), 'skip' (below float32), 'dtype'."""
+    if row.boundary:
+        return "split"
+    if row.status == "unjudged":
+        return "skip"
+    if row.status == "dtype":
+        return "dtype"
+    if row.passed:
+        return "zero" if row.zero else "PASS"
+    return "FAIL"
+
+
+def _error(row: Row) -> str:
+    """The own error the row's tolerance is derived from: the reference's, or the port's marked '*'
+    where it is the larger; 'fixed' for a fixed tolerance."""
+    if row.reference_error is None:
+        return f"{'fixed':>9}"
+    if row.port_error is not None and row.port_error > row.reference_error:
+        return f"{row.port_error:>8.2e}*"
+    return f"{row.reference_error:>9.2e}"
+
+
 def _cells(row: Row) -> tuple[str, str, str]:
     """(max abs, max rel, result) as the table shows them."""
-    result = "PASS" if row.passed else "skip" if row.status == "unjudged" else "FAIL"
+    result = _result(row)
     if row.status in ("shape", "nan", "dtype"):
         shown = {"shape": "shape", "nan": "NaN", "dtype": "dtype"}[row.status]
         return f"{shown:>9}", f"{'':>9}", result
@@ -115,7 +139,7 @@ def _table(report: PortReport) -> list[str]:
         marker = "  <- the models part here" if row is first else ""
         note = f"  ({row.note})" if row.note else ""
         abs_cell, rel_cell, result = _cells(row)
-        error = f"{row.reference_error:>9.2e}" if row.reference_error is not None else f"{'fixed':>9}"
+        error = _error(row)
         tol = f"{tolerance_text(row):>9}" if row.status != "dtype" else f"{'':>9}"
         lines.append(f"| {name:<{width}} | {row.kind:<{kind_width}} | {abs_cell} | {rel_cell} | {error} | {tol} | {result:<6} |{marker}{note}")
     return lines
@@ -135,6 +159,21 @@ def _tolerance_notes(report: PortReport) -> list[str]:
             f"float64, the same weights cast up and inputs); tolerance = {K:g} x ref error, at least {K:g} float32 roundings "
             "of the largest value compared (shared/tolerances.py)"
         )
+    if report.port_twin:
+        notes.append(
+            f"note: a row failed on the reference's error alone, so {report.sides[1]} ran in float64 too: each row is held to {K:g} x the "
+            f"larger of the two sides' own errors, and the {report.port_sets} marked * take {report.sides[1]}'s (its float32 run "
+            "against its float64 run), larger than the reference's"
+        )
+    zero = [row for row in report.rows if row.zero]
+    if zero:
+        notes.append(
+            f"note: 'zero': {len(zero)} gradient(s) are 0 in exact arithmetic (the reference's float64 gradient there is rounding), "
+            "so both sides' values are rounding; such a row fails only where the port's value is beyond its tolerance"
+        )
+    for row in report.rows:
+        if row.boundary:
+            notes.append(f"note: 'split' at '{row.name}': {row.boundary}")
     if any(row.reference_error is None and row.status in ("", "shape", "nan") for row in report.rows):
         notes.append(
             "note: a 'fixed' row holds docs/DESIGN.md's fixed tolerance: float64 has no higher-precision twin, "
@@ -149,10 +188,10 @@ def _verdict(report: PortReport) -> str:
     failures = sum(row.failed for row in report.rows)
     if first is not None:
         if first.status == "":
+            port = first.port_error is not None and first.reference_error is not None and first.port_error > first.reference_error
+            error, whose = (first.port_error, "the port's") if port else (first.reference_error, "the reference's")
             what = f"{first.abs_diff:.2e} > {tolerance_text(first)}" + (
-                f" ({first.abs_diff / first.reference_error:.1f}x the reference's own error {first.reference_error:.1e})"
-                if first.reference_error
-                else ""
+                f" ({first.abs_diff / error:.1f}x {whose} own error {error:.1e})" if error else ""
             )
         else:
             what = first.note
@@ -166,13 +205,17 @@ def _verdict(report: PortReport) -> str:
             f"NO VERDICT: {len(report.unjudged)} of {len(report.rows)} comparisons not judged, computed below float32 "
             f"(see precision above); the {judged} judged agree"
         )
-    if report.lint:
-        return f"FAIL: every output agrees on this batch, but {len(report.lint)} setting(s) differ (lint above)"
     if not report.rows:
         return "FAIL: no output of the reference has a counterpart in the port: nothing was compared"
     lowered = " (some at a lower precision's tolerance: see precision above)" if report.precision else ""
     derived = sum(row.reference_error is not None for row in report.rows)
     which = "the tolerances of docs/DESIGN.md"
     if derived:
-        which = "tolerances derived from the reference's own error" + ("" if derived == len(report.rows) else " (or fixed: see the notes)")
-    return f"PASS: all {len(report.rows)} comparisons ({outputs} outputs) within {which}{lowered}"
+        own = "the two sides' own errors" if report.port_twin else "the reference's own error"
+        which = f"tolerances derived from {own}" + ("" if derived == len(report.rows) else " (or fixed: see the notes)")
+    split = sum(bool(row.boundary) for row in report.rows)
+    more = f", {split} split at another module boundary (notes above)" if split else ""
+    warned = ""
+    if report.lint:
+        warned = f"; warning: {len(report.lint)} setting(s) differ (lint above) that no output shows on this batch"
+    return f"PASS: all {len(report.rows) - split} comparisons ({outputs - split} outputs) within {which}{lowered}{more}{warned}"

@@ -3,38 +3,48 @@ every parameter's gradient.
 
 Calls are paired by module path (through the name map) and call number; within a call, leaves by
 their place in the output ("[0]", "[logits]"), and where the two structures differ but hold the
-same number of floating-point leaves, by position. Shapes that differ are compared channels-last
-where only that makes them agree (Conv: torch NCL, Flax NLC), else after broadcasting where they
-broadcast (position embeddings computed once for the batch, (1, T, D), against per row,
-(B, T, D)); only shapes that cannot broadcast fail, as a shape, never as a number. NaN in either
-output fails its row, also NaN on both sides at the same places.
+same number of floating-point leaves, by position. Two outputs are laid out alike before they are
+compared by what computed them (layouts.py: torch's convolutions NCHW, Flax's NHWC), not by their
+shapes, which agree at C = H = W; where one side's layout is unknown (a model run eagerly), the
+channels are moved only when that is the one arrangement whose shapes agree. Shapes that still
+differ are compared after broadcasting where they broadcast (position embeddings computed once for
+the batch, (1, T, D), against per row, (B, T, D)); only shapes that cannot broadcast fail, as a
+shape, never as a number. NaN in either output fails its row, also NaN on both sides at the same
+places. A leaf that one side returns as None and the other as an array is no row: it is skipped
+and named in a note.
+
+Each float32 row is held to K times the larger of the two sides' own float32 errors there
+(derived.py), each row keeping both so that the port's can join once measured (`rejudge`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from mhsa.port_check import precision
+from mhsa.port_check import layouts, precision
 from mhsa.port_check.chunks import largest, largest_abs
 from mhsa.port_check.records import Row, map_name
 from mhsa.port_check.structure import Output
-from shared.tolerances import finite_gap, max_abs_diff, tolerance
+from shared.tolerances import derived, finite_gap, max_abs_diff, tolerance
 
 
-def compare_arrays(a: np.ndarray, b: np.ndarray, sides: tuple[str, str]) -> tuple[float, float, str, str]:
-    """(max abs, max abs / max |reference|, status, note) of reference `a` against port `b`;
-    status "" (a number), "shape" (no broadcast makes them comparable) or "nan"."""
+def compare_arrays(a: np.ndarray, b: np.ndarray, sides: tuple[str, str], axes=(None, None)) -> tuple[float, float, str, str]:
+    """(max abs, max abs / max |reference|, status, note) of reference `a` against port `b`, each
+    laid out as `axes` says (layouts.py); status "" (a number), "shape" (no broadcast makes them
+    comparable) or "nan"."""
     note = ""
+    permutation = layouts.order(*axes)
+    if permutation is not None and a.ndim == len(permutation):
+        a, note = a.transpose(permutation), layouts.describe(permutation)
+    elif a.shape != b.shape and None in axes and a.ndim >= 3 and np.moveaxis(a, 1, -1).shape == b.shape:
+        a, note = np.moveaxis(a, 1, -1), "compared channels-last (one side's layout is unknown; only that arrangement fits)"
     if a.shape != b.shape:
-        if a.ndim >= 3 and np.moveaxis(a, 1, -1).shape == b.shape:
-            a, note = np.moveaxis(a, 1, -1), "compared channels-last"
-        else:
-            try:
-                shape = np.broadcast_shapes(a.shape, b.shape)
-            except ValueError:
-                return float("nan"), float("nan"), "shape", f"shape {a.shape} in {sides[0]}, {b.shape} in {sides[1]}: they do not broadcast"
-            note = f"compared after broadcasting: {a.shape} in {sides[0]}, {b.shape} in {sides[1]}"
-            a, b = np.broadcast_to(a, shape), np.broadcast_to(b, shape)
+        try:
+            shape = np.broadcast_shapes(a.shape, b.shape)
+        except ValueError:
+            return float("nan"), float("nan"), "shape", f"shape {a.shape} in {sides[0]}, {b.shape} in {sides[1]}: they do not broadcast"
+        note = f"compared after broadcasting: {a.shape} in {sides[0]}, {b.shape} in {sides[1]}"
+        a, b = np.broadcast_to(a, shape), np.broadcast_to(b, shape)
     diff = largest(finite_gap, a, b)  # inf when a NaN or an infinity is in either block: looked at below
     if diff == np.inf:
         nan_a, nan_b = (largest(lambda block: float(np.isnan(block).any()), x) > 0 for x in (a, b))
@@ -82,10 +92,11 @@ def _pair_leaves(source: list[Output], target: list[Output]) -> tuple[list[tuple
 
 def output_rows(source_outputs, target_outputs, source_desc, target_desc, asked, sides, name_map=None, derived=None):
     """(rows in the reference's call order, unmatched reference labels, unmatched port labels,
-    leaves skipped as not floating-point: [(label, kind)]). *_desc: the readers' describe, for the
-    module types and the compute dtypes (precision.py). derived: {(call, leaf label) of the
-    reference's run: (its own error, tolerance)} for the rows judged in float32 when float32 was
-    asked for (derived.py); every other row holds the fixed tolerance of its dtype."""
+    leaves skipped: [(label, why)], not floating-point on either side or None on one).
+    *_desc: the readers' describe, for the module types and the compute dtypes (precision.py).
+    derived: {(call, leaf label) of the reference's run: (its own error, largest value)} for the
+    rows judged in float32 when float32 was asked for (derived.py); every other row holds the
+    fixed tolerance of its dtype."""
     source, target = _calls(source_outputs), _calls(target_outputs)
     counts_s, counts_t = _counts(source), _counts(target)
     index = {(path, call): (position, leaves) for position, (path, call, leaves) in enumerate(target)}
@@ -102,23 +113,28 @@ def output_rows(source_outputs, target_outputs, source_desc, target_desc, asked,
         for s, t in pairs:
             name, target_name = label(path, call, counts_s[path], s.label), label(*key, counts_t[key[0]], t.label)
             if s.value is None or t.value is None:
-                if (s.value is None) != (t.value is None):
+                if (s.value is None) == (t.value is None):
+                    skipped.append((name, s.dtype))
+                elif "NoneType" in (s.dtype, t.dtype):  # attention weights nobody asked for, say: nothing to compare
+                    absent, other = (sides[0], t.dtype) if s.dtype == "NoneType" else (sides[1], s.dtype)
+                    skipped.append((name, f"None in {absent}, {other} in the other"))
+                else:
                     note = f"{s.dtype} in {sides[0]}, {t.dtype} in {sides[1]}"
                     rows.append(Row("output", name, target_name, kind, float("nan"), float("nan"), 0.0, note, position, path, key[0], "dtype"))
-                else:
-                    skipped.append((name, s.dtype))
                 continue
             rank = min(floor_s[s.call], floor_t[t.call])
             dtype = precision.dtype_of(rank)
-            abs_diff, rel_diff, status, note = compare_arrays(s.value, t.value, sides)
+            abs_diff, rel_diff, status, note = compare_arrays(s.value, t.value, sides, (s.layout, t.layout))
             if by_position:
                 note = f"paired by position: '{s.label or '(whole)'}' in {sides[0]}, '{t.label or '(whole)'}' in {sides[1]}" + (
                     f"; {note}" if note else ""
                 )
             if dtype is None and status == "":
                 status = "unjudged"
-            error, tol = _tolerance("stage", dtype, asked, (derived or {}).get((s.call, s.label)))
-            rows.append(Row("output", name, target_name, kind, abs_diff, rel_diff, tol, note, position, path, key[0], status, error))
+            row = Row("output", name, target_name, kind, abs_diff, rel_diff, 0.0, note, position, path, key[0], status)
+            row.key, row.target_key = (s.call, s.label), (t.call, t.label)
+            _hold(row, "stage", dtype, asked, (derived or {}).get((s.call, s.label)))
+            rows.append(row)
     unmatched_target = [
         label(path, call, counts_t[path], output.label)
         for path, call, leaves in target
@@ -141,41 +157,51 @@ def _counts(calls) -> dict[str, int]:
     return counts
 
 
-def gradient_rows(source_grads, target_grads, rank, sides, name_map=None, transposed=frozenset(), asked="float64", derived=None) -> list[Row]:
-    """One row per reference parameter with a gradient on both sides; rank: the lowest precision
-    any output reached (a gradient runs through every one of them); transposed: the reference
-    parameters whose layout is the port's transposed (weights.py); derived: {parameter: (the
-    reference's own error, tolerance)}, as output_rows'."""
+def gradient_rows(source_grads, target_grads, rank, sides, pairs: dict[str, tuple[str, bool]], asked="float64", derived=None, zero=()) -> list[Row]:
+    """One row per paired reference parameter with a gradient on both sides; rank: the lowest
+    precision any output reached (a gradient runs through every one of them); pairs: {reference
+    parameter: (port parameter, whether its layout is the port's transposed)} (weights.py);
+    derived: {parameter: (the reference's own error, largest value)}, as output_rows'; zero: the
+    parameters whose exact gradient is 0 (derived.py): their rows say so, and pass while the port's
+    gradient is rounding too."""
     dtype = precision.dtype_of(rank)
     rows = []
     for name, value in source_grads.items():
-        mapped = map_name(name, name_map)
-        if mapped in target_grads:
-            abs_diff, rel_diff, status, note = compare_arrays(value.T if name in transposed else value, target_grads[mapped], sides)
-            status = "unjudged" if dtype is None and status == "" else status
-            error, tol = _tolerance("grad", dtype, asked, (derived or {}).get(name))
-            rows.append(
-                Row(
-                    "gradient",
-                    name,
-                    mapped,
-                    "",
-                    abs_diff,
-                    rel_diff,
-                    tol,
-                    note,
-                    module=name,
-                    target_module=mapped,
-                    status=status,
-                    reference_error=error,
-                )
-            )
+        if name not in pairs or pairs[name][0] not in target_grads:
+            continue
+        mapped, transposed = pairs[name]
+        abs_diff, rel_diff, status, note = compare_arrays(value.T if transposed else value, target_grads[mapped], sides)
+        status = "unjudged" if dtype is None and status == "" else status
+        row = Row("gradient", name, mapped, "", abs_diff, rel_diff, 0.0, note, module=name, target_module=mapped, status=status)
+        row.key, row.target_key = name, mapped
+        _hold(row, "grad", dtype, asked, (derived or {}).get(name))
+        if name in zero and status == "":
+            row.zero = True
+        rows.append(row)
     return rows
 
 
-def _tolerance(kind: str, dtype: str | None, asked: str, twin: tuple[float, float] | None) -> tuple[float | None, float]:
-    """(the reference's own error or None, tolerance) of one row judged at `dtype`: derived where
-    float32 was asked for and the reference's float64 run has the row's twin, else fixed."""
+def _hold(row: Row, kind: str, dtype: str | None, asked: str, twin: tuple[float, float] | None) -> None:
+    """Set the row's tolerance at `dtype`: derived from the reference's own error where float32 was
+    asked for and its float64 run has the row's twin, else fixed."""
     if dtype == "float32" and asked == "float32" and twin is not None:
-        return twin
-    return None, tolerance(kind, dtype or "float32")
+        row.reference_error, row.scale = twin
+        row.tol = derived(*twin)
+    else:
+        row.reference_error, row.tol = None, tolerance(kind, dtype or "float32")
+
+
+def rejudge(rows: list[Row], port: dict) -> int:
+    """Hold every derived row to K times the larger of the two sides' own errors, the port's from
+    `port` ({(call, label) of the port's run or port parameter: (its own error, largest value)});
+    returns how many rows the port's error now sets."""
+    count = 0
+    for row in rows:
+        twin = port.get(row.target_key) if row.reference_error is not None else None
+        if twin is None:
+            continue
+        row.port_error = twin[0]
+        if twin[0] > row.reference_error:
+            row.tol = derived(twin[0], max(row.scale, twin[1]))
+            count += 1
+    return count

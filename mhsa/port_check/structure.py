@@ -136,25 +136,48 @@ def flatten(output: Any, leaf: Callable[[Any], bool]) -> list[tuple[str, Any]]:
 class Output(NamedTuple):
     """One leaf of one call's output: which call (its index among all the calls recorded), the
     module path ("" for the model), where the leaf sits in the output ("" or "[0]", "[logits]",
-    ...), its values (None where it is not a floating-point array; bfloat16 comes as float32,
-    which holds it exactly) and its dtype name or, for a value that is no array, its type name."""
+    ...), its values (None where it is not a floating-point array, or not computed yet; bfloat16
+    comes as float32, which holds it exactly), its dtype name or, for a value that is no array,
+    its type name, its shape, its layout (layouts.py: which axis holds the channels of a
+    convolution's output; None where nothing fixes one), and `upstream`, the calls whose outputs
+    it is computed from, as bits (1 << call; -1: not known)."""
 
     call: int
     path: str
     label: str
     value: np.ndarray | None
     dtype: str
+    shape: tuple = ()
+    layout: tuple | None = None
+    upstream: int = -1
 
 
-def leaves(call: int, path: str, output: Any, leaf: Callable[[Any], bool], convert: Callable[[Any], np.ndarray]) -> list[Output]:
+@dataclasses.dataclass
+class Traced:
+    """What a reader learns of a model from its inputs before running it: `read`, the neutral names
+    of the variables its forward pass reads (None: every variable counts, the reader cannot tell);
+    `modules`, {path: module} as called (Linen builds its submodules only while called; None:
+    the model knows its own); `outputs`, every leaf of every call without values (None: unknown
+    before the run); `program`, the reader's own (a traced program to compile and run)."""
+
+    read: frozenset[str] | None = None
+    modules: dict | None = None
+    outputs: list[Output] | None = None
+    program: Any = None
+
+
+def leaves(call: int, path: str, output: Any, leaf: Callable[[Any], bool], convert: Callable[[Any], np.ndarray], flow=None) -> list[Output]:
     """Every leaf of one call's output as Output records; `convert` turns a floating-point array
-    of the framework into a NumPy array."""
+    of the framework into a NumPy array, `flow(array) -> (layout, upstream)` (optional) says how
+    it was computed."""
     records = []
     for label, value in flatten(output, leaf):
         if leaf(value) and is_float_dtype(value.dtype):
-            records.append(Output(call, path, label, convert(value), dtype_name(value.dtype)))
+            layout, upstream = flow(value) if flow is not None else (None, -1)
+            records.append(Output(call, path, label, convert(value), dtype_name(value.dtype), tuple(value.shape), layout, upstream))
         else:
-            records.append(Output(call, path, label, None, dtype_name(value.dtype) if leaf(value) else type(value).__name__))
+            kind = dtype_name(value.dtype) if leaf(value) else type(value).__name__
+            records.append(Output(call, path, label, None, kind, tuple(value.shape) if leaf(value) else ()))
     return records
 
 

@@ -20,7 +20,10 @@ import torch
 from torch import nn
 
 from mhsa import registry
-from mhsa.port_check.structure import Inputs, Output, as_inputs, dtype_name, float_leaves, is_float_dtype, leaves, map_inputs
+from mhsa.port_check import cotangents
+from mhsa.port_check.cotangents import Direction
+from mhsa.port_check.structure import Inputs, Output, Traced, as_inputs, dtype_name, flatten, is_float_dtype, leaves, map_inputs
+from mhsa.port_check.torch_layouts import Dataflow
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -48,9 +51,10 @@ def module_type(module: nn.Module) -> str:
     return next((name for cls, name in TYPES if isinstance(module, cls)), type(module).__name__)
 
 
-def describe(model: nn.Module, inputs: Inputs) -> dict[str, dict]:
+def describe(model: nn.Module, inputs: Inputs, traced: Traced | None = None) -> dict[str, dict]:
     """module path ("" for the model itself) -> {"type": neutral name, setting: value, ...}, with
-    the settings the lint compares, in torch's conventions. inputs: unused here (Linen needs them)."""
+    the settings the lint compares, in torch's conventions. inputs, traced: unused here (Linen
+    needs them)."""
     return {path: {"type": module_type(module), **_settings(module), **_dtypes(module)} for path, module in model.named_modules()}
 
 
@@ -107,6 +111,11 @@ def _padding(conv) -> tuple | str:
         totals = [d * (k - 1) for d, k in zip(conv.dilation, conv.kernel_size)]
         return tuple((total // 2, total - total // 2) for total in totals)
     return tuple((p, p) for p in conv.padding)
+
+
+def frozen(model: nn.Module) -> frozenset[str]:
+    """The parameters the model does not train (requires_grad=False), neutral names."""
+    return frozenset(name for name, p in model.named_parameters() if not p.requires_grad)
 
 
 def tied(model: nn.Module) -> dict[str, str]:
@@ -173,27 +182,38 @@ def cast(model: nn.Module, dtype: str) -> tuple[nn.Module, list[str]]:
 def capture(model: nn.Module, inputs: Inputs) -> list[Output]:
     """Call `model(*args, **kwargs)` once and return every leaf of every submodule call's output
     (structure.py), in the order the calls return (a child before its parent; the model itself
-    last, path ""). Hooks are removed even on error."""
+    last, path ""), each with its layout and upstream calls (torch_layouts.py). Hooks are removed
+    even on error."""
     return run(model, inputs)[0]
 
 
-def gradients(model: nn.Module, inputs: Inputs) -> dict[str, np.ndarray]:
-    """d (sum of every floating-point leaf of the output) / d every parameter, neutral names and
-    layout; a parameter the output does not reach gets zeros."""
-    grads = run(model, inputs, grads=True, each=lambda output: output._replace(value=None))[1]
+def trace(model: nn.Module, inputs: Inputs) -> Traced:
+    """What can be known before a run: nothing more than the model itself holds (eager torch reads
+    its variables as it runs), so every parameter counts as read."""
+    return Traced()
+
+
+def gradients(model: nn.Module, inputs: Inputs, direction: Direction = cotangents.reference) -> dict[str, np.ndarray]:
+    """d <r, output> / d every parameter (cotangents.py), neutral names and layout; a parameter the
+    output does not reach gets zeros."""
+    grads = run(model, inputs, grads=direction, each=lambda output: output._replace(value=None))[1]
     assert grads is not None
     return grads
 
 
-def run(model: nn.Module, inputs: Inputs, grads: bool = False, each=None) -> tuple[list[Output], dict[str, np.ndarray] | None]:
-    """(capture's outputs, with `grads` gradients' too) from one forward pass (and one backward):
+def run(
+    model: nn.Module, inputs: Inputs, grads: Direction | None = None, each=None, traced: Traced | None = None
+) -> tuple[list[Output], dict[str, np.ndarray] | None]:
+    """(capture's outputs, with `grads` d <r, output> / d every parameter too, r the direction
+    `grads` gives the output's leaves: cotangents.py) from one forward pass (and one backward):
     each recorded leaf goes through `each(output) -> Output` as soon as its call returns, to reduce
     it and keep only the result (a float64 run compared as it goes): its value is then a view of
     the tensor, valid during that call only, and not kept unless `each` copies it. The model's
-    .grad are left as they were."""
+    .grad are left as they were. traced: unused (eager torch has nothing to reuse)."""
     calls: list[Output] = []
     count = [0]
     copied: dict[int, tuple] = {}  # id(tensor) -> (weak references to it and to its copy, its version)
+    flow = Dataflow()
 
     def copy_once(tensor: torch.Tensor) -> np.ndarray:
         """A tensor that several calls return (the model's logits are its head's) is copied once:
@@ -210,9 +230,11 @@ def run(model: nn.Module, inputs: Inputs, grads: bool = False, each=None) -> tup
     def hook(path):
         def record(module, args, output):
             if each is None:
-                calls.extend(leaves(count[0], path, output, _is_tensor, copy_once))
+                calls.extend(leaves(count[0], path, output, _is_tensor, copy_once, flow.flow))
             else:  # reduced at once, before anything can change the tensor in place: a view does
-                calls.extend(each(leaf) for leaf in leaves(count[0], path, output, _is_tensor, _view))
+                calls.extend(each(leaf) for leaf in leaves(count[0], path, output, _is_tensor, _view, flow.flow))
+            for _, value in flatten(output, _is_tensor):
+                flow.mark(value, count[0])
             count[0] += 1
 
         return record
@@ -220,28 +242,37 @@ def run(model: nn.Module, inputs: Inputs, grads: bool = False, each=None) -> tup
     handles = [module.register_forward_hook(hook(path)) for path, module in model.named_modules()]
     saved = {p: p.grad for p in model.parameters()}
     try:
-        with torch.set_grad_enabled(grads):
+        with torch.set_grad_enabled(grads is not None):
             for p in saved:
                 p.grad = None
             args, kwargs = _tensors(model, inputs)
-            output = model(*args, **kwargs)
+            with flow:
+                output = model(*args, **kwargs)
             for handle in handles:
                 handle.remove()
-            if not grads:
+            if grads is None:
                 return calls, None
-            outputs = float_leaves(output, _is_tensor)
-            if not outputs:
-                raise ValueError("the model's output holds no floating-point tensor to differentiate")
+            objective = _objective(output, grads, flow)
             del output
-            # a sum of tensors is a tensor (sum's start 0 makes the stub say int | Tensor)
-            typing.cast(torch.Tensor, sum(value.sum() for value in outputs)).backward()
-            del outputs
+            objective.backward()
+            del objective
             return calls, {name: _view(p.grad if p.grad is not None else torch.zeros_like(p)) for name, p in model.named_parameters()}
     finally:
         for handle in handles:
             handle.remove()
         for p, grad in saved.items():
             p.grad = grad
+
+
+def _objective(output, direction: Direction, flow: Dataflow) -> torch.Tensor:
+    """<r, output>: each floating-point leaf of the model's output weighted by its direction."""
+    found = [(label, value) for label, value in flatten(output, _is_tensor) if _is_tensor(value) and value.is_floating_point()]
+    records = [Output(-1, "", label, None, dtype_name(value.dtype), tuple(value.shape), flow.of(value)) for label, value in found]
+    weights = direction(records)
+    terms = [(value * torch.as_tensor(weights[label], dtype=value.dtype)).sum() for label, value in found if label in weights]
+    if not terms:
+        raise ValueError("the model's output holds no floating-point tensor to differentiate")
+    return typing.cast(torch.Tensor, sum(terms))  # a sum of tensors is a tensor (sum's start 0 makes the stub say int | Tensor)
 
 
 def _is_tensor(value) -> bool:

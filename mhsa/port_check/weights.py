@@ -94,18 +94,46 @@ def _view(value: np.ndarray, transposed: bool) -> np.ndarray:
 SEARCHED = 16  # differing parameters searched for a transform while none has shown a converter ran
 
 
-def compare_values(report: Transfer, source_params, target_params, tol: float, keep: bool = False) -> int:
+def tables(source_params, frozen: frozenset[str] | set[str]) -> set[str]:
+    """The reference's parameters that are no evidence of a conversion, since a fresh port can hold
+    their values without one: those the reference does not train (a sinusoidal position table
+    kept frozen; counted only while it trains others: a model frozen whole says nothing), and those
+    whose rows vary smoothly (a deterministic table: random values do not)."""
+    trained = set(source_params) - set(frozen)
+    found = set(frozen) & set(source_params) if trained else set()
+    return found | {name for name, value in source_params.items() if _smooth(value)}
+
+
+SMOOTH = 0.5  # the mean correlation of neighbouring rows above which a table is deterministic
+
+
+def _smooth(value: np.ndarray) -> bool:
+    """Whether a 2-d array's neighbouring rows are correlated, column by column, on average over
+    SMOOTH (sin and cos of a position: about 0.8 and more; random values: about 0)."""
+    if value.ndim != 2 or value.shape[0] < 8 or value.shape[1] < 2 or value.size > 1 << 22:
+        return False
+    rows = value.astype(np.float64)
+    a, b = rows[:-1] - rows[:-1].mean(0), rows[1:] - rows[1:].mean(0)
+    norms = np.sqrt((a * a).sum(0) * (b * b).sum(0))
+    varying = norms > 0
+    if not varying.any():
+        return False
+    return float(np.mean((a * b).sum(0)[varying] / norms[varying])) > SMOOTH
+
+
+def compare_values(report: Transfer, source_params, target_params, tol: float, keep: bool = False, no_evidence=frozenset()) -> int:
     """Fill report.differing with every paired parameter the port holds other values of (and how),
     and return the evidence that a converter ran: how many parameters with non-constant reference
     values hold those values or a recognisable transform of them. While there is no evidence,
     only the first SEARCHED differing parameters are searched for a transform: a fresh port of a
     large model is not searched parameter by parameter (the rest are said to differ by so much).
     keep: the port is kept whatever the evidence (--no-transfer). A fresh port, which is copied
-    over, has report.differing left empty and nothing measured beyond the first block that differs."""
+    over, has report.differing left empty and nothing measured beyond the first block that differs.
+    no_evidence: the parameters that count for neither side (tables())."""
     evidence, searched, differing = 0, 0, []
     for name, mapped, _, transposed in report.filled:
         reference, port = _view(source_params[name], transposed), target_params[mapped]
-        informative = bool(reference.size > 1 and np.ptp(reference) > 0 and np.ptp(port) > 0)
+        informative = bool(name not in no_evidence and reference.size > 1 and np.ptp(reference) > 0 and np.ptp(port) > 0)
         if within(max_abs_diff, tol, reference, port):
             evidence += informative
         else:
@@ -237,9 +265,9 @@ def decide(report: Transfer, evidence: int, informative: int, transfer: bool | N
     return report.copied
 
 
-def informative_count(report: Transfer, source_params) -> int:
-    """How many paired parameters have reference values that are not constant."""
-    return sum(source_params[name].size > 1 and np.ptp(source_params[name]) > 0 for name, *_ in report.filled)
+def informative_count(report: Transfer, source_params, no_evidence=frozenset()) -> int:
+    """How many paired parameters have reference values that are not constant (and are no table)."""
+    return sum(name not in no_evidence and source_params[name].size > 1 and np.ptp(source_params[name]) > 0 for name, *_ in report.filled)
 
 
 def arrays_to_copy(report: Transfer, source_params) -> dict[str, np.ndarray]:

@@ -37,8 +37,13 @@ def test_shapes_that_cannot_broadcast_fail_as_a_shape_never_as_inf():
 
     abs_diff, _, status, note = compare_arrays(np.zeros((3, 5)), np.zeros((3, 7)), ("torch", "jax"))
     assert status == "shape" and note == "shape (3, 5) in torch, (3, 7) in jax: they do not broadcast" and np.isnan(abs_diff)
-    # a channels-first reference against a channels-last port is still compared channels-last
-    assert compare_arrays(np.ones((3, 4, 9)), np.ones((3, 9, 4)), ("torch", "jax"))[2:] == ("", "compared channels-last")
+    # a channels-first reference against a channels-last port is compared channels-last, as their layouts say
+    first, last = (0, 1, 2), (0, 2, 1)
+    assert compare_arrays(np.ones((3, 4, 9)), np.ones((3, 9, 4)), ("torch", "jax"), (first, last))[2:] == ("", "compared channels-last")
+    # and at C = L too, where both layouts have one shape: the layouts decide, not the shapes
+    x = np.random.default_rng(0).standard_normal((3, 4, 4))
+    assert compare_arrays(x, x.transpose(0, 2, 1), ("torch", "jax"), (first, last))[:3] == (0.0, 0.0, "")
+    assert compare_arrays(x, x.transpose(0, 2, 1), ("torch", "jax"))[0] > 0  # without layouts: as they are
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

@@ -35,7 +35,8 @@ def test_port_check_names_every_planted_bug_where_the_models_part(name, dtype):
     bug = catalog.BUGS[name]
     (reference, x), (port, y) = catalog.build(bug.reference), catalog.build(bug.port)
     report = check_port(reference, port, x, target_inputs=y, dtype=dtype, grads=bug.section == "gradient", probes=False)
-    assert not report.passed and survey.names(report, bug), format_report(report)
+    # a setting that no output shows on the batch is named by the lint, as a warning: the check passes
+    assert report.passed is (bug.section == "lint") and survey.names(report, bug), format_report(report)
 
 
 def test_the_llama_pair_trains_alike_through_the_check_and_a_port_without_the_clip_parts_at_step_1():

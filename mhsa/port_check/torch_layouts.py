@@ -1,0 +1,150 @@
+"""How a torch model's outputs were computed, followed operation by operation while the model runs,
+through torch's public hook for every function call (`torch.overrides.TorchFunctionMode`): each
+tensor's layout (layouts.py) and the recorded calls whose outputs it is computed from (its
+upstream, as bits: the port check's row after a difference is the first that reads it).
+
+torch's convolutions, poolings and batch, group and instance norms put the channels first; a
+transpose, permute or movedim moves them; an operation whose result has the shape of an input
+with a layout keeps it (elementwise operations, a norm, a dropout, a cast); a padding, a slice,
+a concatenation or an interpolation keeps the rank and the layout; a linear layer over the
+channels of a channels-last array keeps it. Anything else has no layout.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from mhsa.port_check import layouts
+
+# functions whose output is channels-first whatever their input
+FIRST = {
+    "conv1d",
+    "conv2d",
+    "conv3d",
+    "conv_transpose1d",
+    "conv_transpose2d",
+    "conv_transpose3d",
+    "batch_norm",
+    "group_norm",
+    "instance_norm",
+    "max_pool1d",
+    "max_pool2d",
+    "max_pool3d",
+    "max_pool1d_with_indices",
+    "max_pool2d_with_indices",
+    "max_pool3d_with_indices",
+    "avg_pool1d",
+    "avg_pool2d",
+    "avg_pool3d",
+    "adaptive_avg_pool1d",
+    "adaptive_avg_pool2d",
+    "adaptive_avg_pool3d",
+    "adaptive_max_pool1d",
+    "adaptive_max_pool2d",
+    "adaptive_max_pool3d",
+    "lp_pool1d",
+    "lp_pool2d",
+    "local_response_norm",
+    "interpolate",
+    "upsample",
+}
+# functions that keep the rank and the layout of their first input with one
+SAME_RANK = {"pad", "__getitem__", "cat", "concat", "concatenate", "narrow", "roll", "flip", "chunk", "split"}
+PERMUTE = {"permute", "transpose", "swapaxes", "swapdims", "movedim", "moveaxis"}
+
+
+class Dataflow(TorchFunctionMode):
+    """While active, every tensor a torch function returns is given the layout its operation
+    implies and the union of its inputs' upstream calls; `flow(tensor)` reads both, `mark(tensor,
+    call)` records that call `call` returned it."""
+
+    def __init__(self):
+        super().__init__()
+        self._known: dict[int, tuple[weakref.ref, layouts.Axes | None, int]] = {}
+
+    def _get(self, tensor) -> tuple[layouts.Axes | None, int]:
+        known = self._known.get(id(tensor))
+        return (known[1], known[2]) if known is not None and known[0]() is tensor else (None, 0)
+
+    def of(self, tensor) -> layouts.Axes | None:
+        return self._get(tensor)[0]
+
+    def flow(self, tensor) -> tuple[layouts.Axes | None, int]:
+        """(layout, upstream calls as bits) of a tensor."""
+        return self._get(tensor)
+
+    def mark(self, tensor, call: int) -> None:
+        if isinstance(tensor, torch.Tensor):
+            axes, upstream = self._get(tensor)
+            self._known[id(tensor)] = (weakref.ref(tensor), axes, upstream | (1 << call))
+
+    def _set(self, tensor, axes, upstream: int) -> None:
+        if isinstance(tensor, torch.Tensor):
+            axes = axes if axes is not None and len(axes) == tensor.ndim else None
+            if axes is not None or upstream:
+                self._known[id(tensor)] = (weakref.ref(tensor), axes, upstream)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        output = func(*args, **kwargs)
+        name = _name(func)
+        inputs = [value for value in _flat(args) if isinstance(value, torch.Tensor)]
+        inputs += [value for value in _flat(list(kwargs.values())) if isinstance(value, torch.Tensor)]
+        upstream = 0
+        for tensor in inputs:
+            upstream |= self._get(tensor)[1]
+        for result in _flat(output):
+            if isinstance(result, torch.Tensor):
+                self._set(result, self._layout(name, args, kwargs, inputs, result), upstream | self._get(result)[1])
+        return output
+
+    def _layout(self, name, args, kwargs, inputs, result) -> layouts.Axes | None:
+        first = inputs[0] if inputs else None
+        axes = self.of(first) if first is not None else None
+        if name in FIRST:
+            return axes if axes is not None and name in ("interpolate", "upsample") else layouts.channels_first(result.ndim)
+        if name in ("T", "mT") and first is not None:  # the properties: every axis reversed, the last two swapped
+            return layouts.transposed(axes, range(first.ndim - 1, -1, -1)) if name == "T" else layouts.swapped(axes, -2, -1)
+        if name in PERMUTE and first is not None:
+            return _permuted(name, axes, args[1:], kwargs, first.ndim)
+        if name in SAME_RANK or name in ("contiguous", "clone"):
+            return next((self.of(t) for t in inputs if t.ndim == result.ndim and self.of(t) is not None), None)
+        if name == "linear" and first is not None and layouts.channels_last(axes) and result.ndim == first.ndim:
+            return axes
+        return next((self.of(t) for t in inputs if tuple(t.shape) == tuple(result.shape) and self.of(t) is not None), None)
+
+
+def _name(func) -> str:
+    """A torch function's name; a property's getter (`x.T`) by its property's name."""
+    name = getattr(func, "__name__", "")
+    if name == "__get__":
+        return getattr(getattr(func, "__self__", None), "__name__", "")
+    return name
+
+
+def _permuted(name, axes, rest, kwargs, ndim):
+    """The layout after one of torch's axis permutations, from its arguments as given."""
+    if axes is None:
+        return None
+    if name == "permute":
+        dims = rest[0] if len(rest) == 1 and isinstance(rest[0], (tuple, list)) else rest
+        dims = kwargs.get("dims", dims)
+        return layouts.transposed(axes, [int(d) % ndim for d in dims])
+    if name in ("transpose", "swapaxes", "swapdims"):
+        a, b = (list(rest) + [kwargs.get("dim0"), kwargs.get("dim1")])[:2] if len(rest) >= 2 else (kwargs.get("dim0"), kwargs.get("dim1"))
+        return layouts.swapped(axes, int(a), int(b))
+    source = rest[0] if rest else kwargs.get("source")
+    destination = rest[1] if len(rest) > 1 else kwargs.get("destination")
+    return layouts.moved(axes, source, destination)
+
+
+def _flat(value):
+    """The tensors (and other values) inside nested tuples and lists."""
+    if isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _flat(item)
+    else:
+        yield value
