@@ -205,6 +205,10 @@ def check_port(source, target, inputs, *, target_inputs=None, name_map=None, tra
         notes.append(f"tied in {source_name}: " + ", ".join(f"{name} is {tied[name]}" for name in aliases) + " (one parameter, paired once)")
     title = f"mhsa port-check · {_type_name(source)} ({source_name}) vs {_type_name(target)} ({target_name}) · {asked}"
     report = PortReport(title, sides, pairing, notes=notes)
+    if pairing.ambiguous:  # a rename with several choices: the user says which
+        proposal = {name: options[0] for name, options in pairing.ambiguous}
+        lines = [f"{name} -> {' or '.join(options)} (each of the same kind and shape: choose one)" for name, options in pairing.ambiguous]
+        return _stopped(report, proposal, lines, name_map)
     if pairing.unconsumed_source and pairing.unconsumed_target:
         orders = (_order(source_reader, source, inputs, source_params), _order(target_reader, target, target_inputs, target_params))
         proposal, lines = names.propose_map(pairing, source_params, target_params, *orders, name_map)
@@ -311,6 +315,10 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
     if report.precision:
         report.precision[0] += f"; {precision.consequence(min(floors), asked)}"
     if grads:
+        frozen = source.reader.frozen(source.model)
+        if frozen & set(source_grads):  # a parameter the reference does not train has no gradient to compare
+            report.notes.append(f"gradients not compared, as {sides[0]} does not train them (frozen): {_some(sorted(frozen & set(source_grads)))}")
+            source_grads = {name: grad for name, grad in source_grads.items() if name not in frozen}
         pairs = {name: (mapped, flipped) for name, mapped, _, flipped in pairing.filled}
         zero = tolerances.zero if source.derived is not None else derived.zero_gradients(source_grads)
         report.rows += gradient_rows(source_grads, target_grads, min(floors), sides, pairs, asked, tolerances.grads, zero)

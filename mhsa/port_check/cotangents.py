@@ -55,6 +55,7 @@ class PortDirection:
 
     def __init__(self, reference_outputs: list[Output]):
         self.reference = floats(reference_outputs)
+        self.kinds = {output.label: output.dtype for output in reference_outputs}
         self.left_out: list[str] = []
 
     def __call__(self, outputs: list[Output]) -> dict[str, np.ndarray]:
@@ -64,7 +65,7 @@ class PortDirection:
         if len(pairs) < len(port) and len(port) == len(self.reference):
             pairs = list(zip(self.reference, port))
         paired = {id(output) for _, output in pairs}
-        self.left_out = [f"'{output.label or '(whole)'}' (no counterpart in the reference)" for output in port if id(output) not in paired]
+        self.left_out = [f"'{output.label or '(whole)'}' ({self._missing(output.label)})" for output in port if id(output) not in paired]
         directions = {}
         for ref, output in pairs:
             r = draw(ref.label, ref.shape)
@@ -76,3 +77,7 @@ class PortDirection:
                 continue
             directions[output.label] = r
         return directions
+
+    def _missing(self, label: str) -> str:
+        kind = self.kinds.get(label)
+        return "no counterpart in the reference" if kind is None else f"{'None' if kind == 'NoneType' else kind} in the reference"

@@ -62,6 +62,7 @@ class Transfer:
     unconsumed_target: list[str] = field(default_factory=list)
     differing: list[tuple[str, float, str]] = field(default_factory=list)  # kept as the port holds them: name, max abs, how
     layouts: list[str] = field(default_factory=list)  # the transposed layouts inferred, one line each
+    ambiguous: list[tuple[str, list[str]]] = field(default_factory=list)  # reference parameters a rename could pair with several of the port's
     copied: bool = True
     decision: str = ""  # why the weights were copied or kept
     sides: tuple[str, str] = ("torch", "jax")

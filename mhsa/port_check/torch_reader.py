@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 from mhsa import registry
 from mhsa.port_check import cotangents
@@ -51,11 +52,17 @@ def module_type(module: nn.Module) -> str:
     return next((name for cls, name in TYPES if isinstance(module, cls)), type(module).__name__)
 
 
+def _modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(path, module) of every submodule but a parametrization's own (the code that computes a
+    weight-normed weight, say: part of its module, not a layer of the model)."""
+    return [(path, module) for path, module in model.named_modules() if "parametrizations" not in path.split(".")]
+
+
 def describe(model: nn.Module, inputs: Inputs, traced: Traced | None = None) -> dict[str, dict]:
     """module path ("" for the model itself) -> {"type": neutral name, setting: value, ...}, with
     the settings the lint compares, in torch's conventions. inputs, traced: unused here (Linen
     needs them)."""
-    return {path: {"type": module_type(module), **_settings(module), **_dtypes(module)} for path, module in model.named_modules()}
+    return {path: {"type": module_type(module), **_settings(module), **_dtypes(module)} for path, module in _modules(model)}
 
 
 def _dtypes(module) -> dict:
@@ -115,7 +122,42 @@ def _padding(conv) -> tuple | str:
 
 def frozen(model: nn.Module) -> frozenset[str]:
     """The parameters the model does not train (requires_grad=False), neutral names."""
-    return frozenset(name for name, p in model.named_parameters() if not p.requires_grad)
+    names = _neutral_names(model)
+    return frozenset(names[name] for name, p in model.named_parameters() if not p.requires_grad and names.get(name))
+
+
+def _neutral_names(model: nn.Module) -> dict[str, str | None]:
+    """state_dict key -> neutral name: the key itself, but for parametrized tensors (torch's
+    weight_norm and spectral_norm): weight_norm's two originals are `W_g` and `W_v`, the names
+    torch's own legacy weight_norm gives them (and the Flax ports and converters of libraries
+    use); any other parametrization's original and state are None, read as the weight they
+    compute instead (computed())."""
+    names: dict[str, str | None] = {}
+    for path, module in model.named_modules():
+        if not parametrize.is_parametrized(module):
+            continue
+        prefix = f"{path}." if path else ""
+        for tensor, chain in module.parametrizations.items():
+            base = f"{prefix}parametrizations.{tensor}."
+            weight_norm = len(chain) == 1 and type(chain[0]).__name__ == "_WeightNorm"
+            for key in chain.state_dict():
+                if weight_norm and key in ("original0", "original1"):
+                    names[base + key] = f"{prefix}{tensor}_{'g' if key == 'original0' else 'v'}"
+                else:
+                    names[base + key] = None
+    return {key: names.get(key, key) for key in model.state_dict()}
+
+
+def _computed(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
+    """(neutral name, module, tensor name) of every parametrized tensor read as the weight it
+    computes: every parametrization but weight_norm, whose originals are read as they are."""
+    found = []
+    for path, module in model.named_modules():
+        if parametrize.is_parametrized(module):
+            for tensor, chain in module.parametrizations.items():
+                if not (len(chain) == 1 and type(chain[0]).__name__ == "_WeightNorm"):
+                    found.append((f"{path}.{tensor}" if path else tensor, module, tensor))
+    return found
 
 
 def tied(model: nn.Module) -> dict[str, str]:
@@ -123,8 +165,10 @@ def tied(model: nn.Module) -> dict[str, str]:
     model's output layer that reuses the embedding), which state_dict lists under both names."""
     first: dict[tuple, str] = {}
     found = {}
-    for name, value in model.state_dict().items():
-        if not value.is_floating_point() or value.numel() == 0:
+    names = _neutral_names(model)
+    for state_key, value in model.state_dict().items():
+        name = names[state_key]
+        if name is None or not value.is_floating_point() or value.numel() == 0:
             continue
         key = (value.data_ptr(), tuple(value.shape), tuple(value.stride()), value.dtype)
         if key in first:
@@ -136,9 +180,15 @@ def tied(model: nn.Module) -> dict[str, str]:
 
 def parameters(model: nn.Module) -> dict[str, np.ndarray]:
     """Every floating-point parameter and persistent buffer (BatchNorm's running statistics), named
-    and laid out as in state_dict: the neutral form itself. Read-only views of the tensors (no
-    copy: a large model's weights are not held twice); bfloat16 and float16 as float32 copies."""
-    return {name: _view(value) for name, value in model.state_dict().items() if value.is_floating_point()}
+    and laid out as in state_dict: the neutral form itself, parametrized tensors as
+    _neutral_names says. Read-only views of the tensors (no copy: a large model's weights are not
+    held twice); bfloat16 and float16 as float32 copies."""
+    names = _neutral_names(model)
+    found = {names[key]: _view(value) for key, value in model.state_dict().items() if value.is_floating_point() and names[key] is not None}
+    with torch.no_grad():
+        for name, module, tensor in _computed(model):
+            found[name] = _view(getattr(module, tensor))
+    return found
 
 
 def _view(tensor: torch.Tensor) -> np.ndarray:
@@ -153,9 +203,14 @@ def _view(tensor: torch.Tensor) -> np.ndarray:
 def load_parameters(model: nn.Module, arrays: dict[str, np.ndarray]) -> nn.Module:
     """Write neutral arrays (already matched and shape-checked by the caller) into `model`, in
     its dtype; returns the model."""
+    keys = {name: key for key, name in _neutral_names(model).items() if name is not None}
+    computed = {name for name, *_ in _computed(model)}
     state = model.state_dict()
     with torch.no_grad():
-        for name, value in arrays.items():
+        for neutral, value in arrays.items():
+            if neutral in computed:
+                raise ValueError(f"'{neutral}' is computed by a parametrization: the weight it computes cannot be written")
+            name = keys[neutral]
             value = np.ascontiguousarray(value)
             state[name].copy_(torch.as_tensor(value if value.flags.writeable else value.copy()))  # torch warns on a read-only view
     return model
@@ -239,14 +294,15 @@ def run(
 
         return record
 
-    handles = [module.register_forward_hook(hook(path)) for path, module in model.named_modules()]
+    handles = [module.register_forward_hook(hook(path)) for path, module in _modules(model)]
     saved = {p: p.grad for p in model.parameters()}
     try:
         with torch.set_grad_enabled(grads is not None):
             for p in saved:
                 p.grad = None
             args, kwargs = _tensors(model, inputs)
-            with flow:
+            with flow, parametrize.cached():  # a parametrized weight computed once, its gradient kept
+                computed = {name: _retained(getattr(module, tensor), grads is not None) for name, module, tensor in _computed(model)}
                 output = model(*args, **kwargs)
             for handle in handles:
                 handle.remove()
@@ -256,12 +312,21 @@ def run(
             del output
             objective.backward()
             del objective
-            return calls, {name: _view(p.grad if p.grad is not None else torch.zeros_like(p)) for name, p in model.named_parameters()}
+            names = _neutral_names(model)
+            found = {names[name]: _view(p.grad if p.grad is not None else torch.zeros_like(p)) for name, p in model.named_parameters() if names.get(name)}
+            found.update({name: _view(weight.grad if weight.grad is not None else torch.zeros_like(weight)) for name, weight in computed.items()})
+            return calls, found
     finally:
         for handle in handles:
             handle.remove()
         for p, grad in saved.items():
             p.grad = grad
+
+
+def _retained(weight: torch.Tensor, grads: bool) -> torch.Tensor:
+    if grads and weight.requires_grad:
+        weight.retain_grad()
+    return weight
 
 
 def _objective(output, direction: Direction, flow: Dataflow) -> torch.Tensor:

@@ -47,13 +47,18 @@ def pair_parameters(source_params, target_params, source_desc, target_desc, name
             report.unconsumed_source.append(name)
         else:
             candidates.append((name, mapped))
+    renamed, report.ambiguous = _renamed(report.unconsumed_source, target_params, {mapped for _, mapped in candidates}, source_params, name_map)
+    candidates += renamed
+    kernels = {pair for pair in renamed if pair[1].rpartition(".")[2] == "kernel"}  # Flax's convention: (in, out)
+    paired = {name for name, _ in candidates}
+    report.unconsumed_source = [name for name in report.unconsumed_source if name not in paired]
     consumed = {mapped for _, mapped in candidates}
     report.unconsumed_target = [name for name in target_params if name not in consumed]
     transposed_types = _transposed_types(candidates, source_params, target_params, source_desc, target_desc, report)
     for name, mapped in candidates:
         value, expected = source_params[name], target_params[mapped].shape
         kinds = (_type_of(source_desc, name), _type_of(target_desc, mapped))
-        if value.ndim == 2 and kinds in transposed_types and value.T.shape == expected:
+        if value.ndim == 2 and (kinds in transposed_types or (name, mapped) in kernels) and value.T.shape == expected:
             report.filled.append((name, mapped, value.shape, True))
         elif value.ndim == 2 and kinds in transposed_types:
             report.mismatched.append((name, mapped, value.T.shape, expected))
@@ -64,6 +69,39 @@ def pair_parameters(source_params, target_params, source_desc, target_desc, name
         else:
             report.mismatched.append((name, mapped, value.shape, expected))
     return report
+
+
+# the names one kind of parameter goes by: torch's weight, Flax's kernel, scale and embedding, the
+# gamma and beta of older code; weight norm's two factors
+CONVENTIONAL = (("weight", "kernel", "scale", "embedding", "gamma"), ("bias", "beta"), ("weight_g", "g"), ("weight_v", "v"))
+
+
+def _renamed(unpaired, target_params, consumed, source_params, name_map) -> tuple[list[tuple[str, str]], list[tuple[str, list[str]]]]:
+    """([(reference name, port name)] for the parameters left unpaired by name that a conventional
+    rename pairs: in the module the name map gives, the one unpaired port parameter of the same
+    kind (CONVENTIONAL) whose shape fits, as it is or transposed; [(reference name, the port's
+    candidates)] where there are several: ambiguous, paired by no rule)."""
+    left = [name for name in target_params if name not in consumed]
+    by_module: dict[str, list[str]] = {}
+    for name in left:
+        by_module.setdefault(_module(name), []).append(name)
+    found, ambiguous, taken = [], [], set()
+    for name in unpaired:
+        module, leaf = _module(name), name.rpartition(".")[2]
+        kind = next((names for names in CONVENTIONAL if leaf in names), None)
+        if kind is None:
+            continue
+        target_module = _module(map_name(name, name_map)) if module else ""
+        options = [other for other in by_module.get(target_module, []) if other.rpartition(".")[2] in kind and other not in taken]
+        value = source_params[name]
+        fits = [other for other in options if target_params[other].shape in (value.shape, value.T.shape)]
+        siblings = [other for other in unpaired if _module(other) == module and other.rpartition(".")[2] in kind]
+        if len(fits) == 1 and len(options) == 1 and len(siblings) == 1:
+            found.append((name, fits[0]))
+            taken.add(fits[0])
+        elif fits:
+            ambiguous.append((name, fits))
+    return found, ambiguous
 
 
 def _type_of(desc, name) -> str:

@@ -1,0 +1,131 @@
+"""The classes of model that popular libraries ship, on which a port check once gave a faithful
+port a false FAIL (library_models.py holds a small pair of each): a fresh final LayerNorm under
+--grads, a Flax side that rounds more than torch, a converter's leftovers, C = H = W, a
+deterministic table, a computation split at another module boundary, weight norm and renamed
+weights, attention weights one side returns as None. Each faithful pair passes; a bug in each
+is still named where it is."""
+
+import numpy as np
+import pytest
+from flax import nnx
+
+from mhsa.port_check import check_port, format_report
+from shared.tolerances import K
+from tests.tools.port_check import library_models as lib
+
+
+def _rows(report, section="output"):
+    return {row.name: row for row in report.rows if row.section == section}
+
+
+def test_gradients_behind_a_fresh_final_layernorm_are_taken_along_a_random_direction_and_an_exact_zero_is_said():
+    # the features of a LayerNorm with weight 1 and bias 0 sum to 0 in every row: d sum(output) is 0
+    report = check_port(lib.TorchEncoder().eval(), lib.FlaxEncoder(), lib.token_ids(), grads=True)
+    text = format_report(report)
+    assert report.passed and not any("more than rounding" in note for note in report.notes), text
+    grads = _rows(report, "gradient")
+    # softmax ignores what a key's bias adds to every score of a row: that gradient alone is 0
+    assert [name for name, row in grads.items() if row.zero] == ["k.bias"], text
+    assert "| grad k.bias " in text and text.split("| grad k.bias ")[1].split("\n")[0].rstrip().endswith("| zero   |")
+    assert all(row.scale > 1e-2 for name, row in grads.items() if name != "k.bias"), text  # the direction's gradient is a number
+
+
+@pytest.mark.parametrize(("eps", "passes"), [(1e-5, True), (1e-3, False)])
+def test_a_port_whose_float32_rounds_more_than_the_references_is_held_to_its_own_error_and_a_bug_still_fails(eps, passes):
+    # Flax's LayerNorm computes the variance as E[x^2] - E[x]^2: on features far from 0 it rounds far more than torch's
+    port = lib.FlaxNormed()
+    port.norm.epsilon = eps
+    report = check_port(lib.TorchNormed().eval(), port, lib.activations(), grads=True, probes=False)
+    assert report.passed is passes and report.port_twin, format_report(report)
+    if passes:  # rows the reference's error alone would fail
+        rescued = [row for row in report.rows if row.port_error > row.reference_error and row.abs_diff > K * row.reference_error]
+        assert rescued and report.port_sets >= len(rescued), format_report(report)
+    else:
+        assert report.first_failure.name == "norm", format_report(report)
+
+
+def test_a_converters_leftovers_are_not_parameters_and_one_embedding_module_used_twice_is_tying():
+    reference = lib.TorchSeq2Seq().eval()
+    for grads in (False, True):
+        report = check_port(reference, lib.converted_seq2seq(reference), lib.seq2seq_inputs(), grads=grads)
+        assert report.passed and not report.lint and not report.transfer.copied, format_report(report)
+        assert "2 variable(s) of the port (jax) are never read by its forward pass, and not checked: " in report.notes[0], report.notes
+
+
+def test_an_untied_port_is_a_lint_warning_until_the_gradients_part():
+    reference = lib.TorchSeq2Seq().eval()
+    untied = lib.converted_seq2seq(reference, untie=True)
+    report = check_port(reference, untied, lib.seq2seq_inputs())
+    assert report.passed and report.lint[0].startswith("decoder.embed_tokens.weight: tied to shared.weight in torch, a parameter of its own")
+    assert "; warning: 1 setting(s) differ (lint above) that no output shows on this batch" in format_report(report)
+    report = check_port(reference, untied, lib.seq2seq_inputs(), grads=True, probes=False)
+    assert report.first_failure.section == "gradient" and report.first_failure.name == "shared.weight", format_report(report)
+
+
+@pytest.mark.parametrize(("bug", "parts_at"), [("", None), ("transposed", "conv2")])
+def test_at_c_equal_h_equal_w_layouts_come_from_what_computed_each_output_not_from_shapes(bug, parts_at):
+    x = lib.images()
+    report = check_port(lib.TorchConvNet().eval(), lib.FlaxConvNet(bug), x, target_inputs=x.transpose(0, 2, 3, 1), grads=True, probes=False)
+    rows = _rows(report)
+    assert rows["conv1"].note == "compared channels-last" and rows["head"].note == "", format_report(report)
+    if parts_at is None:
+        assert report.passed and not report.lint, format_report(report)
+    else:  # the second conv reads its map with H and W swapped: same shape, other values
+        assert report.first_failure.name == parts_at, format_report(report)
+
+
+def test_a_frozen_sinusoidal_table_a_fresh_port_holds_too_is_no_evidence_of_a_conversion():
+    report = check_port(lib.TorchTabled().eval(), lib.FlaxTabled(), lib.activations(), grads=True)
+    assert report.transfer.copied and report.transfer.decision.startswith("a fresh port: none of the 2 parameters"), format_report(report)
+    assert report.passed, format_report(report)
+    assert "gradients not compared, as torch does not train them (frozen): 'embed_positions.weight'" in report.notes
+
+
+@pytest.mark.parametrize("bug", ["", "fc2_bias"])
+def test_a_computation_split_at_another_module_boundary_passes_with_a_note_and_a_later_bug_is_still_named(bug):
+    report = check_port(lib.TorchScaled().eval(), lib.FlaxScaled(bug), lib.token_ids(), grads=True, probes=False)
+    split = _rows(report)["embed_tokens"]
+    assert split.boundary.startswith("differs (the port's is the reference's scaled by 0.204124 (1/sqrt(24))), but 'norm', computed from it, agrees")
+    assert report.passed is (bug == ""), format_report(report)
+    if bug:
+        assert report.first_failure.name == "(model output)" and "1 split at another module boundary" not in format_report(report)
+    else:
+        assert "1 split at another module boundary (notes above)" in format_report(report)
+
+
+def test_a_difference_that_flows_on_is_no_split_even_when_the_next_row_is_within_its_tolerance():
+    from tests.tools.port_check.test_derived import FlaxNorm, TorchNorm, inputs
+
+    report = check_port(TorchNorm(), FlaxNorm(1e-6), inputs(), probes=False)  # eps 1e-6 for 1e-5: a small gap that 'down' carries
+    assert report.first_failure.name == "ln" and not report.first_failure.boundary, format_report(report)
+
+
+def test_weight_norm_and_a_norm_whose_weight_is_called_scale_pair_without_a_map():
+    report = check_port(lib.TorchWeightNormed().eval(), lib.FlaxWeightNormed(), lib.sequences(), grads=True)
+    paired = {name: mapped for name, mapped, *_ in report.transfer.filled}
+    assert paired == {"conv.bias": "conv.bias", "conv.weight_g": "conv.weight_g", "conv.weight_v": "conv.weight_v", "norm.weight": "norm.scale"}
+    assert report.passed and not report.unmatched_source, format_report(report)
+
+
+class TwoScales(lib.FlaxRMSNorm):
+    """A norm with two weight-like vectors, `scale` and `gamma`: which is torch's `weight`?"""
+
+    def __init__(self):
+        super().__init__()
+        self.gamma = nnx.Param(np.ones(lib.D, np.float32))
+
+    def __call__(self, x):
+        return super().__call__(x) * self.gamma[...]
+
+
+def test_a_rename_with_two_choices_still_stops_with_a_proposed_map():
+    port = lib.FlaxWeightNormed()
+    port.norm = TwoScales()
+    report = check_port(lib.TorchWeightNormed().eval(), port, lib.sequences())
+    assert report.stopped and "norm.weight" in report.transfer.unconsumed_source, format_report(report)
+
+
+def test_an_output_one_side_returns_as_none_is_a_note_never_a_row():
+    report = check_port(lib.TorchWithWeights().eval(), lib.FlaxWithWeights(), lib.activations(), grads=True)
+    assert report.passed and all("[1]" not in row.name for row in report.rows), format_report(report)
+    assert "not compared, as one side returns None there: '(model output)[1]' (None in torch, float32 in the other)" in report.notes
