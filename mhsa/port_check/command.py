@@ -119,7 +119,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--map", help="JSON file {reference prefix: port prefix} for names that do not correspond")
     parser.add_argument("--write-map", metavar="FILE", help="write the name map (the proposed one, when names do not correspond) to FILE as JSON")
     parser.add_argument("--dtype", choices=DTYPES, default="float32", help="cast both models and the inputs (default float32)")
-    parser.add_argument("--grads", action="store_true", help="also compare d sum(output) / d every parameter")
+    parser.add_argument("--grads", action="store_true", help="also compare d <r, output> / d every parameter, r a fixed random direction")
     weights = parser.add_mutually_exclusive_group()
     weights.add_argument("--transfer", dest="transfer", action="store_true", default=None, help="always copy the reference's weights into the port")
     weights.add_argument("--no-transfer", dest="transfer", action="store_false", default=None, help="always check the port's own weights")
