@@ -314,6 +314,12 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
     ]
     if report.precision:
         report.precision[0] += f"; {precision.consequence(min(floors), asked)}"
+    rounding = precision.rounding(source_outputs, asked, sides[0]) + precision.rounding(target_outputs, asked, sides[1])
+    if rounding:
+        lowest = min(precision.leaf_floor(output) for output in source_outputs + target_outputs)
+        rounding[0] += f"; the rows computed through it are compared at {precision.dtype_of(lowest) or 'no'} tolerance"
+        report.precision += rounding
+        floors.append(lowest)
     if grads:
         frozen = source.reader.frozen(source.model)
         if frozen & set(source_grads):  # a parameter the reference does not train has no gradient to compare

@@ -19,6 +19,7 @@ from __future__ import annotations
 from jax.extend import core
 
 from mhsa.port_check import layouts
+from mhsa.port_check.structure import RANKS, dtype_name, is_float_dtype
 
 # primitives that keep the rank and the layout of an input with one
 SAME_RANK = {
@@ -49,49 +50,61 @@ def _is_var(atom) -> bool:
     return isinstance(atom, core.Var)
 
 
-def flow(closed: core.ClosedJaxpr, marks: list[int]) -> list[tuple[layouts.Axes | None, int]]:
-    """(layout, upstream bits) of each output of the program: its layout, and the union of the
-    `marks` (bits, one per output: the calls that return it) of the outputs it is computed from."""
+def flow(closed: core.ClosedJaxpr, marks: list[int]) -> list[tuple[layouts.Axes | None, int, int | None]]:
+    """(layout, upstream bits, floor) of each output of the program: its layout, the union of the
+    `marks` (bits, one per output: the calls that return it) of the outputs it is computed from,
+    and the lowest floating-point precision (structure.RANKS) its computation from the program's
+    inputs went through (None: a constant of the code)."""
     jaxpr = closed.jaxpr if isinstance(closed, core.ClosedJaxpr) else closed
     own: dict = {}
     for atom, mark in zip(jaxpr.outvars, marks):
         if _is_var(atom):
             own[atom] = own.get(atom, 0) | mark
-    known = _walk(jaxpr, [None] * len(jaxpr.invars), [0] * len(jaxpr.invars), own)
+    inputs = [(None, 0, _rank(var)) for var in jaxpr.invars]
+    known = _walk(jaxpr, inputs, own)
     results = []
     for atom in jaxpr.outvars:
-        axes, bits = known.get(atom, (None, 0)) if _is_var(atom) else (None, 0)
-        results.append((axes, bits & ~own.get(atom, 0) if _is_var(atom) else 0))
+        axes, bits, floor = known.get(atom, (None, 0, None)) if _is_var(atom) else (None, 0, None)
+        results.append((axes, bits & ~own.get(atom, 0) if _is_var(atom) else 0, floor))
     return results
 
 
-def _walk(jaxpr: core.Jaxpr, input_layouts: list, input_bits: list, own: dict) -> dict:
-    """{var: (layout, upstream bits)} of every variable of the program; `own`: bits a variable adds
-    for the variables computed from it."""
+def _rank(var) -> int | None:
+    """The precision rank of a variable's floating dtype; None for another dtype."""
+    dtype = getattr(getattr(var, "aval", None), "dtype", None)
+    return RANKS.get(dtype_name(dtype)) if dtype is not None and is_float_dtype(dtype) else None
+
+
+def _walk(jaxpr: core.Jaxpr, inputs: list, own: dict) -> dict:
+    """{var: (layout, upstream bits, floor)} of every variable of the program, from its inputs'
+    (one triple per input); `own`: bits a variable adds for the variables computed from it."""
     known: dict = {}
-    for var, axes, bits in zip(jaxpr.invars, input_layouts, input_bits):
-        known[var] = (axes, bits | own.get(var, 0))
+    for var, (axes, bits, floor) in zip(jaxpr.invars, inputs):
+        known[var] = (axes, bits | own.get(var, 0), floor)
 
     def of(atom):
-        return known.get(atom, (None, 0)) if _is_var(atom) else (None, 0)
+        return known.get(atom, (None, 0, None)) if _is_var(atom) else (None, 0, None)
 
     for eqn in jaxpr.eqns:
         ins = [of(atom) for atom in eqn.invars]
         bits = 0
-        for _, b in ins:
+        for _, b, _ in ins:
             bits |= b
+        floors = [floor for _, _, floor in ins if floor is not None]
         inner = _inner(eqn)
         if inner is not None:
-            found = _walk(inner, [axes for axes, _ in ins], [b for _, b in ins], {})
-            outs = [found.get(atom, (None, 0))[0] if _is_var(atom) else None for atom in inner.outvars]
-            inner_bits = [found.get(atom, (None, 0))[1] if _is_var(atom) else 0 for atom in inner.outvars]
+            found = _walk(inner, ins, {})
+            outs = [found.get(atom, (None, 0, None)) if _is_var(atom) else (None, 0, None) for atom in inner.outvars]
         else:
-            outs = [_layout(eqn, [axes for axes, _ in ins], out) for out in eqn.outvars]
-            inner_bits = [bits] * len(eqn.outvars)
-        for var, axes, b in zip(eqn.outvars, outs, inner_bits):
+            outs = []
+            for out in eqn.outvars:
+                rank = _rank(out)
+                floor = min(floors + ([rank] if rank is not None else [])) if floors else None  # from the inputs: its least precise step
+                outs.append((_layout(eqn, [axes for axes, _, _ in ins], out), bits, floor))
+        for var, (axes, b, floor) in zip(eqn.outvars, outs):
             if axes is not None and len(axes) != len(getattr(var.aval, "shape", ())):
                 axes = None
-            known[var] = (axes, b | own.get(var, 0))
+            known[var] = (axes, b | own.get(var, 0), floor)
     return known
 
 

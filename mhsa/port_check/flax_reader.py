@@ -513,7 +513,7 @@ def trace(model: Model, inputs: Inputs) -> Traced:
             marks[slot] |= 1 << call
     flows = flax_jaxpr.flow(traced.jaxpr, marks)
     outputs = [
-        Output(call, path, label, None, kind, shape, *(flows[slot] if slot is not None else (None, -1)))
+        Output(call, path, label, None, kind, shape, *(flows[slot] if slot is not None else (None, -1, None)))
         for call, path, label, kind, shape, slot in labels
     ]
     names = frozenset(name for name, used in zip(program.names, read) if name is not None and used)
@@ -546,7 +546,7 @@ def run(
         gradients = None
     else:
         values, gradients = _with_gradients(program, arrays, rebuild, labels, traced.outputs, grads, eager=compiled is None)
-    flows = {slot: (output.layout, output.upstream) for output, (*_, slot) in zip(traced.outputs or [], labels) if slot is not None}
+    flows = {slot: (output.layout, output.upstream, output.floor) for output, (*_, slot) in zip(traced.outputs or [], labels) if slot is not None}
     outputs: list[Output] = []
     arrays_of: dict[int, np.ndarray | None] = {}
     last = {slot: index for index, (*_, slot) in enumerate(labels) if slot is not None}
@@ -557,7 +557,7 @@ def run(
             values[slot] = None  # with `each`, each array is let go once reduced
             if last[slot] > index:
                 arrays_of[slot] = value
-        output = Output(call, path, label, value, kind, shape, *flows.get(slot, (None, -1)))
+        output = Output(call, path, label, value, kind, shape, *flows.get(slot, (None, -1, None)))
         outputs.append(output if each is None else each(output))
     if gradients is None:
         return outputs, None

@@ -51,6 +51,38 @@ def floors(outputs: list[Output], asked: str, desc: dict) -> dict[int, int]:
     return found
 
 
+def leaf_floor(output: Output) -> int:
+    """The lowest precision one output leaf's own computation went through (Output.floor, from the
+    dataflow: a float32 step inside a float64 run that converts back leaves no other trace); 3
+    (float64) where the reader cannot tell."""
+    return 3 if output.floor is None else output.floor
+
+
+def rounding(outputs: list[Output], asked: str, side: str) -> list[str]:
+    """One line per module of one side where a lower precision than `asked` enters the dataflow
+    while the module's output dtype says `asked` (a cast in its code that converts back): the
+    first outputs computed through it, each named once, not those computed from an earlier one
+    nor a parent returning its child's."""
+    low = {output.call: output for output in outputs if output.value is not None and leaf_floor(output) < RANKS[asked]}
+    entries = []
+    for call, output in low.items():
+        upstream = output.upstream if output.upstream >= 0 else 0
+        inner = any(_inside(entry.path, output.path) for entry in entries)  # a parent returning its child's value
+        if RANKS.get(output.dtype, 3) >= RANKS[asked] and not inner and not any(upstream >> other & 1 for other in low if other != call):
+            entries.append(output)
+    names = list(dict.fromkeys(output.path for output in entries))
+    lines = [
+        f"in {side}, the code rounds through {_lowest(entries, path)} before or inside {_where(path)} (the first output computed through it), "
+        f"below the {asked} asked for: a cast that converts back"
+        for path in names
+    ]
+    return lines[:SHOWN] + ([f"and {len(lines) - SHOWN} more module(s) of {side}"] if len(lines) > SHOWN else [])
+
+
+def _lowest(entries: list[Output], path: str) -> str:
+    return dtype_of(min(leaf_floor(output) for output in entries if output.path == path)) or "a precision below float32"
+
+
 def dtype_of(rank: int) -> str | None:
     """The dtype whose tolerances a row of this rank is held to; None: not judged."""
     return NAMES.get(min(rank, 3))

@@ -122,7 +122,7 @@ def output_rows(source_outputs, target_outputs, source_desc, target_desc, asked,
                     note = f"{s.dtype} in {sides[0]}, {t.dtype} in {sides[1]}"
                     rows.append(Row("output", name, target_name, kind, float("nan"), float("nan"), 0.0, note, position, path, key[0], "dtype"))
                 continue
-            rank = min(floor_s[s.call], floor_t[t.call])
+            rank = min(floor_s[s.call], floor_t[t.call], precision.leaf_floor(s), precision.leaf_floor(t))
             dtype = precision.dtype_of(rank)
             abs_diff, rel_diff, status, note = compare_arrays(s.value, t.value, sides, (s.layout, t.layout))
             if by_position:

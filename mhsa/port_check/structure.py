@@ -139,8 +139,10 @@ class Output(NamedTuple):
     ...), its values (None where it is not a floating-point array, or not computed yet; bfloat16
     comes as float32, which holds it exactly), its dtype name or, for a value that is no array,
     its type name, its shape, its layout (layouts.py: which axis holds the channels of a
-    convolution's output; None where nothing fixes one), and `upstream`, the calls whose outputs
-    it is computed from, as bits (1 << call; -1: not known)."""
+    convolution's output; None where nothing fixes one), `upstream`, the calls whose outputs it
+    is computed from, as bits (1 << call; -1: not known), and `floor`, the lowest precision
+    (RANKS) its computation went through, a float32 step inside a float64 run say (None: not
+    known)."""
 
     call: int
     path: str
@@ -150,6 +152,7 @@ class Output(NamedTuple):
     shape: tuple = ()
     layout: tuple | None = None
     upstream: int = -1
+    floor: int | None = None
 
 
 @dataclasses.dataclass
@@ -168,13 +171,13 @@ class Traced:
 
 def leaves(call: int, path: str, output: Any, leaf: Callable[[Any], bool], convert: Callable[[Any], np.ndarray], flow=None) -> list[Output]:
     """Every leaf of one call's output as Output records; `convert` turns a floating-point array
-    of the framework into a NumPy array, `flow(array) -> (layout, upstream)` (optional) says how
-    it was computed."""
+    of the framework into a NumPy array, `flow(array) -> (layout, upstream, floor)` (optional)
+    says how it was computed."""
     records = []
     for label, value in flatten(output, leaf):
         if leaf(value) and is_float_dtype(value.dtype):
-            layout, upstream = flow(value) if flow is not None else (None, -1)
-            records.append(Output(call, path, label, convert(value), dtype_name(value.dtype), tuple(value.shape), layout, upstream))
+            layout, upstream, floor = flow(value) if flow is not None else (None, -1, None)
+            records.append(Output(call, path, label, convert(value), dtype_name(value.dtype), tuple(value.shape), layout, upstream, floor))
         else:
             kind = dtype_name(value.dtype) if leaf(value) else type(value).__name__
             records.append(Output(call, path, label, None, kind, tuple(value.shape) if leaf(value) else ()))

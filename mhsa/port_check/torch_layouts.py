@@ -1,7 +1,9 @@
 """How a torch model's outputs were computed, followed operation by operation while the model runs,
 through torch's public hook for every function call (`torch.overrides.TorchFunctionMode`): each
-tensor's layout (layouts.py) and the recorded calls whose outputs it is computed from (its
-upstream, as bits: the port check's row after a difference is the first that reads it).
+tensor's layout (layouts.py), the recorded calls whose outputs it is computed from (its
+upstream, as bits: the port check's row after a difference is the first that reads it), and the
+lowest precision its data went through (a float64 run that rounds through float32 in a step of
+the model's code, a softmax asked for in float32, say, and converts back).
 
 torch's convolutions, poolings and batch, group and instance norms put the channels first; a
 transpose, permute or movedim moves them; an operation whose result has the shape of an input
@@ -13,11 +15,13 @@ channels of a channels-last array keeps it. Anything else has no layout.
 from __future__ import annotations
 
 import weakref
+from typing import NamedTuple
 
 import torch
 from torch.overrides import TorchFunctionMode
 
 from mhsa.port_check import layouts
+from mhsa.port_check.structure import RANKS, dtype_name
 
 # functions whose output is channels-first whatever their input
 FIRST = {
@@ -56,36 +60,53 @@ SAME_RANK = {"pad", "__getitem__", "cat", "concat", "concatenate", "narrow", "ro
 PERMUTE = {"permute", "transpose", "swapaxes", "swapdims", "movedim", "moveaxis"}
 
 
+class Flow(NamedTuple):
+    """What is known of how a tensor was computed: its layout, the recorded calls it is computed
+    from (bits), and the lowest floating-point precision it went through (structure.RANKS; None:
+    it does not come from the model's inputs and weights, a constant of its code)."""
+
+    axes: layouts.Axes | None = None
+    upstream: int = 0
+    floor: int | None = None
+
+
 class Dataflow(TorchFunctionMode):
     """While active, every tensor a torch function returns is given the layout its operation
-    implies and the union of its inputs' upstream calls; `flow(tensor)` reads both, `mark(tensor,
-    call)` records that call `call` returned it."""
+    implies, the union of its inputs' upstream calls, and the lowest precision its data went
+    through; `flow(tensor)` reads them, `mark(tensor, call)` records that call `call` returned it,
+    `data(tensors)` says which tensors are the model's own (inputs, parameters, buffers)."""
 
     def __init__(self):
         super().__init__()
-        self._known: dict[int, tuple[weakref.ref, layouts.Axes | None, int]] = {}
+        self._known: dict[int, tuple[weakref.ref, Flow]] = {}
 
-    def _get(self, tensor) -> tuple[layouts.Axes | None, int]:
+    def _get(self, tensor) -> Flow:
         known = self._known.get(id(tensor))
-        return (known[1], known[2]) if known is not None and known[0]() is tensor else (None, 0)
+        return known[1] if known is not None and known[0]() is tensor else Flow()
 
     def of(self, tensor) -> layouts.Axes | None:
-        return self._get(tensor)[0]
+        return self._get(tensor).axes
 
-    def flow(self, tensor) -> tuple[layouts.Axes | None, int]:
-        """(layout, upstream calls as bits) of a tensor."""
+    def flow(self, tensor) -> Flow:
         return self._get(tensor)
 
     def mark(self, tensor, call: int) -> None:
         if isinstance(tensor, torch.Tensor):
-            axes, upstream = self._get(tensor)
-            self._known[id(tensor)] = (weakref.ref(tensor), axes, upstream | (1 << call))
+            known = self._get(tensor)
+            self._known[id(tensor)] = (weakref.ref(tensor), known._replace(upstream=known.upstream | (1 << call)))
 
-    def _set(self, tensor, axes, upstream: int) -> None:
+    def data(self, tensors) -> None:
+        """The model's inputs, parameters and buffers: what its outputs are computed from."""
+        for tensor in tensors:
+            if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():
+                known = self._get(tensor)
+                self._known[id(tensor)] = (weakref.ref(tensor), known._replace(floor=RANKS.get(dtype_name(tensor.dtype), 3)))
+
+    def _set(self, tensor, flow: Flow) -> None:
         if isinstance(tensor, torch.Tensor):
-            axes = axes if axes is not None and len(axes) == tensor.ndim else None
-            if axes is not None or upstream:
-                self._known[id(tensor)] = (weakref.ref(tensor), axes, upstream)
+            axes = flow.axes if flow.axes is not None and len(flow.axes) == tensor.ndim else None
+            if axes is not None or flow.upstream or flow.floor is not None:
+                self._known[id(tensor)] = (weakref.ref(tensor), flow._replace(axes=axes))
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -93,12 +114,19 @@ class Dataflow(TorchFunctionMode):
         name = _name(func)
         inputs = [value for value in _flat(args) if isinstance(value, torch.Tensor)]
         inputs += [value for value in _flat(list(kwargs.values())) if isinstance(value, torch.Tensor)]
-        upstream = 0
+        upstream, floors = 0, []
         for tensor in inputs:
-            upstream |= self._get(tensor)[1]
+            known = self._get(tensor)
+            upstream |= known.upstream
+            if known.floor is not None:
+                floors.append(known.floor)
         for result in _flat(output):
             if isinstance(result, torch.Tensor):
-                self._set(result, self._layout(name, args, kwargs, inputs, result), upstream | self._get(result)[1])
+                floor = None
+                if floors:  # computed from the model's data: as precise as its least precise step
+                    floor = min(floors + ([RANKS.get(dtype_name(result.dtype), 3)] if result.is_floating_point() else []))
+                axes = self._layout(name, args, kwargs, inputs, result)
+                self._set(result, Flow(axes, upstream | self._get(result).upstream, floor))
         return output
 
     def _layout(self, name, args, kwargs, inputs, result) -> layouts.Axes | None:

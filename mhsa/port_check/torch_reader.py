@@ -302,6 +302,7 @@ def run(
                 p.grad = None
             args, kwargs = _tensors(model, inputs)
             with flow, parametrize.cached():  # a parametrized weight computed once, its gradient kept
+                flow.data([*_flat_tensors(args), *_flat_tensors(list(kwargs.values())), *model.parameters(), *model.buffers()])
                 computed = {name: _retained(getattr(module, tensor), grads is not None) for name, module, tensor in _computed(model)}
                 output = model(*args, **kwargs)
             for handle in handles:
@@ -313,7 +314,9 @@ def run(
             objective.backward()
             del objective
             names = _neutral_names(model)
-            found = {names[name]: _view(p.grad if p.grad is not None else torch.zeros_like(p)) for name, p in model.named_parameters() if names.get(name)}
+            found = {
+                names[name]: _view(p.grad if p.grad is not None else torch.zeros_like(p)) for name, p in model.named_parameters() if names.get(name)
+            }
             found.update({name: _view(weight.grad if weight.grad is not None else torch.zeros_like(weight)) for name, weight in computed.items()})
             return calls, found
     finally:
@@ -321,6 +324,19 @@ def run(
             handle.remove()
         for p, grad in saved.items():
             p.grad = grad
+
+
+def _flat_tensors(values) -> list:
+    """The tensors inside nested tuples, lists and dicts."""
+    found = []
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, (tuple, list)):
+            found += _flat_tensors(value)
+        elif isinstance(value, dict):
+            found += _flat_tensors(list(value.values()))
+    return found
 
 
 def _retained(weight: torch.Tensor, grads: bool) -> torch.Tensor:

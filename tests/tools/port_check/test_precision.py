@@ -13,6 +13,7 @@ import torch
 
 from mhsa.cli import main as mhsa
 from mhsa.port_check import check_port, format_report
+from shared.tolerances import tolerance
 from tests.tools.port_check import models
 
 
@@ -67,7 +68,18 @@ def test_bfloat16_computation_is_not_judged_and_the_verdict_says_why(capsys):
     assert "| skip   |" in text
 
 
-def test_a_float32_sized_difference_in_a_float64_run_points_at_a_cast_in_the_code():
+def test_a_float32_step_inside_a_float64_run_is_read_off_the_dataflow_and_holds_its_rows_to_float32s_tolerance():
+    torch.manual_seed(0)
+    report = check_port(models.TorchUpcast(), models.NNXMLP(), models.activations(), dtype="float64")
+    assert report.passed and report.precision[0].startswith("in torch, the code rounds through float32 before or inside 'act'"), format_report(report)
+    rows = {row.name: row.tol for row in report.rows}
+    assert rows["fc1"] == tolerance("stage", "float64") and rows["fc2"] == tolerance("stage", "float32"), rows
+
+
+def test_a_float32_sized_difference_no_dataflow_explains_points_at_a_cast_in_the_code(monkeypatch):
+    from mhsa.port_check import precision
+
+    monkeypatch.setattr(precision, "leaf_floor", lambda output: 3)  # a reader that cannot follow its model's dataflow
     torch.manual_seed(0)
     report = check_port(models.TorchUpcast(), models.NNXMLP(), models.activations(), dtype="float64")
     assert report.first_failure.name == "fc2"
