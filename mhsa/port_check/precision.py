@@ -64,7 +64,7 @@ def rounding(outputs: list[Output], asked: str, side: str) -> list[str]:
     first outputs computed through it, each named once, not those computed from an earlier one
     nor a parent returning its child's."""
     low = {output.call: output for output in outputs if output.value is not None and leaf_floor(output) < RANKS[asked]}
-    entries = []
+    entries: list[Output] = []
     for call, output in low.items():
         upstream = output.upstream if output.upstream >= 0 else 0
         inner = any(_inside(entry.path, output.path) for entry in entries)  # a parent returning its child's value

@@ -123,15 +123,15 @@ def _padding(conv) -> tuple | str:
 def frozen(model: nn.Module) -> frozenset[str]:
     """The parameters the model does not train (requires_grad=False), neutral names."""
     names = _neutral_names(model)
-    return frozenset(names[name] for name, p in model.named_parameters() if not p.requires_grad and names.get(name))
+    return frozenset(names[name] for name, p in model.named_parameters() if not p.requires_grad and name in names)
 
 
-def _neutral_names(model: nn.Module) -> dict[str, str | None]:
+def _neutral_names(model: nn.Module) -> dict[str, str]:
     """state_dict key -> neutral name: the key itself, but for parametrized tensors (torch's
     weight_norm and spectral_norm): weight_norm's two originals are `W_g` and `W_v`, the names
     torch's own legacy weight_norm gives them (and the Flax ports and converters of libraries
     use); any other parametrization's original and state are None, read as the weight they
-    compute instead (computed())."""
+    compute instead (computed()), and have no entry here."""
     names: dict[str, str | None] = {}
     for path, module in model.named_modules():
         if not parametrize.is_parametrized(module):
@@ -145,7 +145,7 @@ def _neutral_names(model: nn.Module) -> dict[str, str | None]:
                     names[base + key] = f"{prefix}{tensor}_{'g' if key == 'original0' else 'v'}"
                 else:
                     names[base + key] = None
-    return {key: names.get(key, key) for key in model.state_dict()}
+    return {key: name for key in model.state_dict() if (name := names.get(key, key)) is not None}
 
 
 def _computed(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
@@ -167,7 +167,7 @@ def tied(model: nn.Module) -> dict[str, str]:
     found = {}
     names = _neutral_names(model)
     for state_key, value in model.state_dict().items():
-        name = names[state_key]
+        name = names.get(state_key)
         if name is None or not value.is_floating_point() or value.numel() == 0:
             continue
         key = (value.data_ptr(), tuple(value.shape), tuple(value.stride()), value.dtype)
@@ -184,7 +184,7 @@ def parameters(model: nn.Module) -> dict[str, np.ndarray]:
     _neutral_names says. Read-only views of the tensors (no copy: a large model's weights are not
     held twice); bfloat16 and float16 as float32 copies."""
     names = _neutral_names(model)
-    found = {names[key]: _view(value) for key, value in model.state_dict().items() if value.is_floating_point() and names[key] is not None}
+    found = {names[key]: _view(value) for key, value in model.state_dict().items() if value.is_floating_point() and key in names}
     with torch.no_grad():
         for name, module, tensor in _computed(model):
             found[name] = _view(getattr(module, tensor))
@@ -203,7 +203,7 @@ def _view(tensor: torch.Tensor) -> np.ndarray:
 def load_parameters(model: nn.Module, arrays: dict[str, np.ndarray]) -> nn.Module:
     """Write neutral arrays (already matched and shape-checked by the caller) into `model`, in
     its dtype; returns the model."""
-    keys = {name: key for key, name in _neutral_names(model).items() if name is not None}
+    keys = {name: key for key, name in _neutral_names(model).items()}
     computed = {name for name, *_ in _computed(model)}
     state = model.state_dict()
     with torch.no_grad():
@@ -315,7 +315,7 @@ def run(
             del objective
             names = _neutral_names(model)
             found = {
-                names[name]: _view(p.grad if p.grad is not None else torch.zeros_like(p)) for name, p in model.named_parameters() if names.get(name)
+                names[name]: _view(p.grad if p.grad is not None else torch.zeros_like(p)) for name, p in model.named_parameters() if name in names
             }
             found.update({name: _view(weight.grad if weight.grad is not None else torch.zeros_like(weight)) for name, weight in computed.items()})
             return calls, found
