@@ -652,23 +652,34 @@ def _wrapped(model, calls):
 def _linen_run(model, inputs: Inputs):
     """One Linen apply: ([(path, output)] in return order, {path: module}), recorded by an
     interceptor on every module's __call__ (once per call: a subclass's __call__ that calls
-    super().__call__ is intercepted twice)."""
+    super().__call__ is intercepted twice). A module that the model's code runs with an apply of
+    its own (a library's tied head: `self.decoder.apply({"params": {"kernel": embedding.T}}, x)`)
+    has a path of its own scope's: it is named where it sits, the calling module's path and its
+    name."""
     module, variables = model
     calls: list[tuple[str, Any]] = []
     modules: dict[str, nn.Module] = {}
-    active: list[nn.Module] = []  # the modules whose __call__ is running, innermost last
+    active: list[tuple[nn.Module, str]] = []  # the modules whose __call__ is running and their paths, innermost last
+    roots: dict[int, str] = {}  # id(root scope) -> the path its modules' paths are relative to
+
+    def path_of(instance) -> str:
+        root = instance.scope.root if instance.scope is not None else None
+        if not roots:
+            roots[id(root)] = ""
+        if id(root) not in roots:  # a nested apply: placed under the module that runs it
+            roots[id(root)] = ".".join(part for part in (active[-1][1] if active else "", instance.name or type(instance).__name__) if part)
+        return ".".join(part for part in (roots[id(root)], _join(instance.path)) if part)
 
     def watch(next_fun, args, kwargs, context):
-        outer = context.method_name == "__call__" and not any(seen is context.module for seen in active)
+        outer = context.method_name == "__call__" and not any(seen is context.module for seen, _ in active)
         if outer:
-            active.append(context.module)
+            active.append((context.module, path_of(context.module)))
         try:
             output = next_fun(*args, **kwargs)
         finally:
             if outer:
-                active.pop()
+                _, path = active.pop()
         if outer:
-            path = _join(context.module.path)
             modules[path] = context.module
             calls.append((path, output))
         return output
