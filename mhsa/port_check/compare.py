@@ -300,6 +300,8 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
         )
     if direction is not None and direction.left_out:
         report.notes.append("the gradients' direction leaves out the port's output " + ", ".join(direction.left_out))
+    if asked == "float64" and _falls_to_float32(source_outputs, target_outputs, source.desc, target.desc):
+        source.derived = _float32_errors(report, source, source_outputs, source_grads, cotangents.reference if grads else None)
     tolerances = source.derived or derived.Derived()
     report.rows, report.unmatched_source, report.unmatched_target, skipped = output_rows(
         source_outputs, target_outputs, source.desc, target.desc, asked, sides, name_map, tolerances.outputs
@@ -328,8 +330,8 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
         pairs = {name: (mapped, flipped) for name, mapped, _, flipped in pairing.filled}
         zero = tolerances.zero if source.derived is not None else derived.zero_gradients(source_grads)
         report.rows += gradient_rows(source_grads, target_grads, min(floors), sides, pairs, asked, tolerances.grads, zero)
-    if asked == "float32" and any(row.failed and row.reference_error is not None for row in report.rows):
-        _port_errors(report, target, target_outputs, target_grads, direction)
+    if any(row.failed and row.status == "" and (asked == "float32" or row.reference_error is not None) for row in report.rows):
+        _port_errors(report, target, target_outputs, target_grads, direction, asked)
     boundaries(report.rows, source_outputs, _explainer(source_outputs, target_outputs))
     del target_outputs, target_grads, source_grads  # compared: a large model's outputs are not held any longer
     paths = call_paths(source_outputs)
@@ -428,16 +430,38 @@ def _why_apart(side: Side, outputs: list[Output], apart: list[str]) -> str:
     )
 
 
-def _port_errors(report: PortReport, target: Side, outputs, grads, direction) -> None:
-    """The port's own float32 errors, from its float64 run, joined to the rows' tolerances (the
-    larger of the two sides' errors sets each); said in a note, and where it cannot be made."""
+def _falls_to_float32(source_outputs, target_outputs, source_desc, target_desc) -> bool:
+    """Whether a float64 check judges some row at float32: an output, a module's dtype or a step of
+    either model's code below float64 (precision.py)."""
+    lowest = min(
+        [*precision.floors(source_outputs, "float64", source_desc).values(), *precision.floors(target_outputs, "float64", target_desc).values(), 3]
+    )
+    return lowest == 2 or any(precision.leaf_floor(output) == 2 for output in source_outputs + target_outputs)
+
+
+def _float32_errors(report: PortReport, source: Side, outputs, grads, direction) -> derived.Derived | None:
+    """In a float64 check whose models compute parts in float32: the reference's own float32 error
+    at each row (its float32 run against its run as checked), for the rows judged at float32."""
     try:
-        found = derived.from_float64_run(target.reader, target.model, target.inputs, outputs, grads, direction)
-    except Exception as error:  # a port that cannot compute in float64: its rows keep the reference's error alone
-        report.notes.append(f"the port cannot run in float64 ({one_line(error)}): its rows hold the reference's error alone")
+        return derived.from_float32_run(source.reader, source.model, source.inputs, outputs, grads, direction)
+    except Exception as error:  # the fixed float32 tolerances then hold, as where no twin exists
+        report.notes.append(f"the reference cannot run in float32 ({one_line(error)}): its rows judged at float32 hold the fixed tolerance")
+        return None
+
+
+def _port_errors(report: PortReport, target: Side, outputs, grads, direction, asked: str = "float32") -> None:
+    """The port's own float32 errors, from its float64 run (its float32 run in a float64 check),
+    joined to the rows' tolerances (the larger of the two sides' errors sets each); said in a note,
+    and where it cannot be made."""
+    twin = derived.from_float64_run if asked == "float32" else derived.from_float32_run
+    try:
+        found = twin(target.reader, target.model, target.inputs, outputs, grads, direction)
+    except Exception as error:  # a port that cannot compute in the other dtype: its rows keep the reference's error alone
+        other = "float64" if asked == "float32" else "float32"
+        report.notes.append(f"the port cannot run in {other} ({one_line(error)}): its rows hold the reference's error alone")
         return
     target.derived = found
-    report.port_twin = True
+    report.port_twin = "float64" if asked == "float32" else "float32"
     report.port_sets = rejudge(report.rows, {**found.outputs, **found.grads})
 
 

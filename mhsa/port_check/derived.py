@@ -114,6 +114,41 @@ def from_float64_run(reader, model, inputs, outputs32: list[Output], grads32: di
     return found
 
 
+def from_float32_run(reader, model, inputs, outputs64: list[Output], grads64: dict | None, direction=None) -> Derived:
+    """In a float64 check, the own float32 error of the rows that fall to float32 (a float32 step
+    in the model's code: precision.py): `model` run once more in float32 and each output and
+    gradient reduced against `outputs64` and `grads64`, its run as the check made it. Those rows
+    are then held to K times that error, as a float32 check holds every row, not to a fixed number
+    that knows nothing of their size."""
+    found = Derived()
+    by_key = {(output.call, output.label): output for output in outputs64 if output.value is not None}
+
+    def reduce(output32: Output) -> Output:
+        twin = by_key.get((output32.call, output32.label))
+        value64, value32 = None if twin is None else twin.value, output32.value
+        if twin is None or value32 is None or value64 is None or twin.path != output32.path or value32.shape != value64.shape:
+            return output32._replace(value=None)
+        error, largest_value = _twin(value32, value64)
+        if is_twin(error, largest_value):
+            found.outputs[output32.call, output32.label] = error, largest_value
+        return output32._replace(value=None)
+
+    model32, _ = reader.cast(model, "float32")
+    with kept_for_reuse():
+        _, grads32 = reader.run(model32, _cast_floats(inputs, np.float32), direction if grads64 is not None else None, reduce)
+    found.zero = zero_gradients(grads64 or {})
+    for name, grad32 in (grads32 or {}).items():
+        if grads64 is not None and name in grads64 and grads64[name].shape == grad32.shape:
+            error, largest_value = _twin(grad32, grads64[name])
+            if name in found.zero or is_twin(error, largest_value):
+                found.grads[name] = error, largest_value
+    return found
+
+
+def _cast_floats(inputs: Inputs, dtype) -> Inputs:
+    return map_inputs(inputs, lambda x: np.asarray(x).astype(dtype) if is_float_dtype(np.asarray(x).dtype) else x)
+
+
 def _float64(inputs: Inputs) -> Inputs:
     """The inputs with every floating array in float64 (exactly: they are float32 values)."""
     return map_inputs(inputs, lambda x: np.asarray(x).astype(np.float64) if is_float_dtype(np.asarray(x).dtype) else x)

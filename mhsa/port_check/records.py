@@ -85,7 +85,9 @@ class Row:
     # "dtype" (a float on one side, an int on the other: shown, not judged)
     status: str = ""
     reference_error: float | None = None  # the reference's own float32 error `tol` is derived from; None: a fixed tolerance
-    port_error: float | None = None  # the port's own float32 error, once its float64 run is made; the larger sets `tol`
+    port_error: float | None = None  # the port's own float32 error, once its twin run is made; the larger sets `tol`
+    by_port: bool = False  # whether the port's own error sets `tol`
+    dtype: str = ""  # the precision the row is judged at ("float32", "float64"; "" unjudged)
     scale: float = 0.0  # the largest value of the reference's float64 twin: the floor of a derived tolerance
     key: Any = None  # the reference's (call, leaf label) of this output, or its parameter's name
     target_key: Any = None  # the port's
@@ -119,7 +121,7 @@ class PortReport:
     stopped: str = ""  # why nothing was compared (names that do not correspond); "" when compared
     proposed_map: dict[str, str] = field(default_factory=dict)  # a name map by structure, when names differ
     map_lines: list[str] = field(default_factory=list)  # the module pairs behind it, one line each
-    port_twin: bool = False  # whether the port ran in float64 too, its own errors joining the tolerances
+    port_twin: str = ""  # the dtype the port ran in once more ("float64", or "float32" in a float64 check), its own errors joining the tolerances
     port_sets: int = 0  # how many rows' tolerances the port's own error sets
 
     @property

@@ -182,9 +182,11 @@ def gradient_rows(source_grads, target_grads, rank, sides, pairs: dict[str, tupl
 
 
 def _hold(row: Row, kind: str, dtype: str | None, asked: str, twin: tuple[float, float] | None) -> None:
-    """Set the row's tolerance at `dtype`: derived from the reference's own error where float32 was
-    asked for and its float64 run has the row's twin, else fixed."""
-    if dtype == "float32" and asked == "float32" and twin is not None:
+    """Set the row's tolerance at `dtype`: derived from the reference's own float32 error where the
+    row is judged at float32 and a twin run measured it (its float64 run in a float32 check, its
+    float32 run for a float64 check's rows that fall to float32), else fixed."""
+    row.dtype = dtype or ""
+    if dtype == "float32" and twin is not None:
         row.reference_error, row.scale = twin
         row.tol = derived(*twin)
     else:
@@ -193,15 +195,20 @@ def _hold(row: Row, kind: str, dtype: str | None, asked: str, twin: tuple[float,
 
 def rejudge(rows: list[Row], port: dict) -> int:
     """Hold every derived row to K times the larger of the two sides' own errors, the port's from
-    `port` ({(call, label) of the port's run or port parameter: (its own error, largest value)});
-    returns how many rows the port's error now sets."""
+    `port` ({(call, label) of the port's run or port parameter: (its own error, largest value)}),
+    and a fixed row to K times the port's where that is larger (the reference had no twin of it);
+    returns how many rows the port's error now sets. Only rows judged at float32: a float64 row
+    holds its fixed tolerance whatever the port's float32 rounding."""
     count = 0
     for row in rows:
-        twin = port.get(row.target_key) if row.reference_error is not None else None
+        twin = port.get(row.target_key) if row.status == "" and row.dtype == "float32" else None
         if twin is None:
             continue
         row.port_error = twin[0]
-        if twin[0] > row.reference_error:
-            row.tol = derived(twin[0], max(row.scale, twin[1]))
-            count += 1
+        if row.reference_error is None:  # a fixed tolerance: widened only where the port's own rounding is larger
+            if derived(*twin) > row.tol:
+                row.tol, row.scale, row.by_port = derived(*twin), twin[1], True
+        elif twin[0] > row.reference_error:
+            row.tol, row.by_port = derived(twin[0], max(row.scale, twin[1])), True
+        count += row.by_port
     return count

@@ -211,3 +211,17 @@ def test_the_float64_run_in_place_gives_the_same_tolerances_as_a_copy(monkeypatc
     copied = check_port(TorchNorm(), FlaxNorm(1e-5), inputs(), grads=True)
     assert [(row.name, row.reference_error, row.tol) for row in report.rows] == [(row.name, row.reference_error, row.tol) for row in copied.rows]
     assert all(row.reference_error is not None for row in report.rows), format_report(report)
+
+
+def test_a_fixed_row_the_ports_own_float32_rounding_exceeds_takes_the_ports_error():
+    # a reference that cannot run in float64 holds the fixed 1e-5; outputs and gradients of size 1e3 round by more
+    reference = NoFloat64()
+    with torch.no_grad():
+        reference.down.weight *= 1000
+    fixed = check_port(reference, FlaxNorm(1e-5), inputs(), grads=True, probes=False)
+    widened = [row for row in fixed.rows if row.by_port]
+    assert fixed.passed and fixed.port_twin == "float64" and widened, format_report(fixed)
+    assert all(
+        row.reference_error is None and row.tol > tolerance("grad", "float32") and row.abs_diff > 1e-5 for row in widened if row.section == "gradient"
+    )
+    assert any(row.abs_diff > tolerance("grad", "float32") for row in widened), format_report(fixed)  # rows the fixed 1e-5 failed
