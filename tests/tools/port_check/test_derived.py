@@ -221,7 +221,5 @@ def test_a_fixed_row_the_ports_own_float32_rounding_exceeds_takes_the_ports_erro
     fixed = check_port(reference, FlaxNorm(1e-5), inputs(), grads=True, probes=False)
     widened = [row for row in fixed.rows if row.by_port]
     assert fixed.passed and fixed.port_twin == "float64" and widened, format_report(fixed)
-    assert all(
-        row.reference_error is None and row.tol > tolerance("grad", "float32") and row.abs_diff > 1e-5 for row in widened if row.section == "gradient"
-    )
+    assert all(row.reference_error is None and row.tol > tolerance("grad", "float32") for row in widened)
     assert any(row.abs_diff > tolerance("grad", "float32") for row in widened), format_report(fixed)  # rows the fixed 1e-5 failed
