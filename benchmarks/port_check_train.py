@@ -34,7 +34,7 @@ from torch import nn  # noqa: E402
 
 from mhsa.flags import int_flag  # noqa: E402
 from mhsa.port_check.factories import call_factory  # noqa: E402
-from mhsa.port_check.train_check import check_setup, check_training  # noqa: E402
+from mhsa.port_check.training.check import check_setup, check_training  # noqa: E402
 
 
 def bare_torch(setup: dict, steps: int, dtype=None) -> None:

@@ -113,7 +113,7 @@ def train(
 
 
 def training_setup(model_config: ModelConfig, train_config: TrainConfig, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
-    """train()'s run as the port check through training takes it (mhsa.port_check.train_check):
+    """train()'s run as the port check through training takes it (mhsa.port_check.training.check):
     {"model": TinyLM from the exchange `arrays`, "optimizer": the optax transformation train()
     builds, "loss": train()'s loss_fn, "inputs": every batch train() sees, in order, each (x, y)
     int (B, T), "model_inputs": 1 (the model takes x)}. The check trains copies; nothing here is stepped."""

@@ -1,6 +1,6 @@
 """glibc's malloc settings, the one place the tools reach them: `mallopt` (the benchmarks' process-wide
 settings, bench_common) and `kept_for_reuse`, freed memory kept for reuse while the port check runs
-a model (the reference, the port, and the reference's float64 run: mhsa/port_check/compare.py,
+a model (the reference, the port, and the reference's float64 run: mhsa/port_check/forward/check.py,
 derived.py). A speed device for those runs alone. (numpy_ref/malloc.py sets glibc's settled values
 for the NumPy trainer itself: an implementation does not import a tool.)
 

@@ -60,7 +60,7 @@ numpy_ref.attention.attention over the exchange dict)
 optax transformation: what the port check through training compares step by step)
     training_setup(model_config, train_config, arrays) -> dict
                              train()'s run from the exchange `arrays`, as
-                             mhsa.port_check.train_check.check_training takes it: "model" (a
+                             mhsa.port_check.training.check.check_training takes it: "model" (a
                              TinyLM), "optimizer" (the Adam train() builds, with train_config's
                              lr, betas and eps: a torch.optim.Optimizer over the model's
                              parameters, or an optax GradientTransformation), "loss" ((logits,

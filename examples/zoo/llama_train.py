@@ -1,7 +1,7 @@
 """`--train` factories for the zoo's Llama-style pair: `mhsa port-check
 examples.zoo.llama_train:reference examples.zoo.llama_train:port --train 20`.
 
-Each returns {"model", "optimizer", "loss", "inputs", ...} (mhsa.port_check.train_check): the
+Each returns {"model", "optimizer", "loss", "inputs", ...} (mhsa.port_check.training.check): the
 reference (llama_torch) with torch's AdamW and its gradients clipped to norm 1, and the fresh
 port (llama_flax) with the same optimizer in optax, clip first. The loss is next-token
 cross-entropy over the targets that are real tokens of the padded rows; the batches are

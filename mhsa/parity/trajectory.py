@@ -2,7 +2,7 @@
 and batches.
 
 - Two backends with the "train_check" capability (torch, jax) are compared as `mhsa port-check
-  --train` compares a port: mhsa.port_check.train_check.check_training trains each one's
+  --train` compares a port: mhsa.port_check.training.check.check_training trains each one's
   training_setup (the model, optimizer and loss train() uses, train()'s batches) and compares
   the loss, every gradient, every Adam moment and every parameter at each of the run's first
   CHECKED_STEPS steps, held to tolerances derived from the two trainers' own float32 errors
@@ -25,7 +25,7 @@ from mhsa import registry
 from mhsa.parity.lanes import Lanes
 from mhsa.parity.rows import Row, pair_key, pairs, reference, stepwise_row
 from mhsa.parity.runs import lane, reference_twins, trained
-from mhsa.port_check.train_records import TrainReport, TrainRow
+from mhsa.port_check.core.training_records import TrainReport, TrainRow
 from shared import weights
 from shared.config import ModelConfig, TrainConfig
 from shared.tolerances import adam_step_rounding, max_abs_diff, stepwise, tolerance
@@ -93,7 +93,7 @@ def compare_trainings(a: str, b: str, config: ModelConfig, train_config: TrainCo
     """check_training of a's trainer (the reference) against b's (the port), each as its
     training_setup gives it, from the initial weights train(init="shared") starts from, over the
     first `steps` steps of train_config's run."""
-    from mhsa.port_check.train_check import check_training  # imports torch and JAX: here, not at `mhsa parity --help`
+    from mhsa.port_check.training.check import check_training  # imports torch and JAX: here, not at `mhsa parity --help`
 
     arrays = weights.init_weights(config, train_config.seed, train_config.dtype)
     reference_setup, port_setup = (registry.get(name).train.training_setup(config, train_config, arrays) for name in (a, b))

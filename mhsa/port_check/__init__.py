@@ -7,13 +7,13 @@ tolerance is where the two models part. Probes then re-run with likely causes sw
 which closes the gap.
 
 The port check is its own product inside the tools: it reads any user model, not this project's
-backends, so it reaches each framework through a reader of its own, `torch_reader.py` and
-`flax_reader.py`, which read a model in the exchange convention (torch state_dict names and
-layouts); the rest of the package is framework-neutral: `structure.py` (inputs and outputs of
-any structure), `weights.py` (pairing, comparing and copying parameters), `names.py` (a name
-map by structure), `precision.py` (modules computing below the dtype asked for), `rows.py` (the
-table), `hints.py` (hints and probes), `compare.py` (check_port), `report.py`, `files.py` and
-`command.py`. The first model is the reference (the source of the weights), the second the port.
+backends, so it reaches each framework through a reader of its own (`readers/torch/`,
+`readers/flax/`), which reads a model in the exchange convention (torch state_dict names and
+layouts). Over the readers sit the forward check (`forward/`) and the check through training
+(`training/`), both on what neither framework knows (`core/`); the text they print is made in
+`report/`, and `command.py`, `training_command.py`, `factories.py` and `files.py` are the
+command line. The first model
+is the reference (the source of the weights), the second the port.
 
     from mhsa.port_check import check_port, format_report
     report = check_port(torch_model, flax_model, x, dtype="float64", grads=True)
@@ -21,11 +21,11 @@ table), `hints.py` (hints and probes), `compare.py` (check_port), `report.py`, `
 """
 
 from mhsa.port_check.command import add_arguments, load_factory, read_inputs, run
-from mhsa.port_check.compare import check_port, lint, transfer_weights
+from mhsa.port_check.core.records import PortCheckError, PortReport, Row, Transfer, map_name
+from mhsa.port_check.core.structure import Inputs
 from mhsa.port_check.files import read_input_file, read_map
-from mhsa.port_check.records import PortCheckError, PortReport, Row, Transfer, map_name
-from mhsa.port_check.report import format_report
-from mhsa.port_check.structure import Inputs
+from mhsa.port_check.forward.check import check_port, lint, transfer_weights
+from mhsa.port_check.report.forward import format_report
 
 __all__ = [
     "Inputs",

@@ -13,13 +13,14 @@ import sys
 
 import numpy as np
 
-from mhsa.port_check.compare import check_port
+from mhsa.port_check.core.records import PortCheckError
+from mhsa.port_check.core.structure import Inputs, as_inputs
 from mhsa.port_check.factories import call_factory
 from mhsa.port_check.files import check_writable, read_input_file, read_map, write_map
-from mhsa.port_check.records import PortCheckError, backend_of
-from mhsa.port_check.report import format_report
-from mhsa.port_check.structure import Inputs, as_inputs
-from mhsa.port_check.train_command import add_train_arguments, run_train
+from mhsa.port_check.forward.check import check_port
+from mhsa.port_check.readers import reader_of
+from mhsa.port_check.report.forward import format_report
+from mhsa.port_check.training_command import add_train_arguments, run_train
 from mhsa.threads import add_threads_argument
 from shared.config import DTYPES
 
@@ -67,7 +68,7 @@ def _kind(value) -> str:
 
 def _readable(model) -> bool:
     try:
-        backend_of(model)
+        reader_of(model)
     except TypeError:
         return False
     return True
@@ -131,7 +132,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _check_sides(source, target) -> None:
     for model, want, what in ((source, "torch", "TORCH_FACTORY"), (target, "jax", "FLAX_FACTORY")):
-        side, _ = backend_of(model)
+        side, _ = reader_of(model)
         if side != want:
             raise PortCheckError(
                 f"{what} returned a {'torch' if side == 'torch' else 'Flax'} model; the torch reference comes first, then the Flax port"

@@ -1,6 +1,6 @@
 """A factory named on the command line: 'package.module:function', imported from the user's
 working directory (as `python -m` would find their package) and called without arguments. Shared
-by the forward check (command.py) and the check through training (train_command.py)."""
+by the forward check (command.py) and the check through training (training/command.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import importlib
 import os
 import sys
 
-from mhsa.port_check.compare import one_line
-from mhsa.port_check.records import PortCheckError
+from mhsa.port_check.core.records import PortCheckError
+from mhsa.port_check.forward.check import one_line
 
 
 def call_factory(spec: str, what: str):

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mhsa.port_check.structure import Inputs
+from mhsa.port_check.core.structure import Inputs
 from shared.files import read_regular, same_file, write_atomically
 
 MAP_BYTES = 1 << 20  # a name map is a few lines of JSON

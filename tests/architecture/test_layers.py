@@ -28,15 +28,57 @@ PACKAGES = ["shared", *IMPLEMENTATIONS, "mhsa"]
 FRAMEWORKS = ("torch", "jax", "jaxlib", "flax", "optax")
 # what the contract may not import: it is formats and checks, not commands or pictures
 PRESENTATION = ("argparse", "matplotlib", "rich", "tqdm", "pygments")
-# the tools that import a framework themselves, and why; every other tool reaches one through a backend
+# the tools that import a framework themselves, and why; every other tool reaches one through a backend.
+# A folder ending in "/" holds one reader of the port check: every file in it may import its own
+# frameworks, and only those.
 FRAMEWORK_USERS = {
-    "mhsa/port_check/torch_reader.py": "reads any user's torch.nn.Module, which is no backend of the registry",
-    "mhsa/port_check/flax_reader.py": "reads any user's Flax NNX module or Linen pair, which is no backend of the registry",
-    "mhsa/compile_cache.py": "turns on JAX's own persistent compilation cache for the commands that run JAX",
-    "mhsa/port_check/train_torch.py": "trains a copy of any user's torch model with its own optimizer, which is no backend of the registry",
-    "mhsa/port_check/train_flax.py": "trains any user's NNX port with its optax transformation, which is no backend of the registry",
+    "mhsa/port_check/readers/torch/": (("torch",), "reads and trains any user's torch.nn.Module, which is no backend of the registry"),
+    "mhsa/port_check/readers/flax/": (
+        ("jax", "jaxlib", "flax", "optax"),
+        "reads and trains any user's Flax NNX module or Linen pair, which is no backend of the registry",
+    ),
+    "mhsa/compile_cache.py": (("jax",), "turns on JAX's own persistent compilation cache for the commands that run JAX"),
 }
+
+
+def may_import_framework(path: Path, top: str) -> bool:
+    """Whether the tool at `path` may import the framework package `top` itself."""
+    posix = path.as_posix()
+    return any(
+        (posix == user or (user.endswith("/") and posix.startswith(user))) and top in allowed for user, (allowed, _) in FRAMEWORK_USERS.items()
+    )
+
+
 LONGEST_FUNCTION = 100  # lines, decorators and docstring included
+
+
+# the port check's own layers, lowest first: a file imports only its own layer and those below it,
+# and a reader (readers/torch/, readers/flax/) no other reader; command.py, factories.py and
+# files.py sit at the top, above the report
+PORT_CHECK = "mhsa.port_check"
+PORT_CHECK_LAYERS = ("core", "readers", "forward", "training", "report")
+
+
+def port_check_rank(module: str) -> int | None:
+    """The port check layer's rank of `module` (the package itself counts as the top), None
+    outside the port check."""
+    if module != PORT_CHECK and not module.startswith(PORT_CHECK + "."):
+        return None
+    part = module.split(".")[2] if module.count(".") >= 2 else ""
+    return PORT_CHECK_LAYERS.index(part) if part in PORT_CHECK_LAYERS else len(PORT_CHECK_LAYERS)
+
+
+def port_check_violation(module: str, name: str) -> str | None:
+    """Why `module` may not import `name` within the port check, or None."""
+    own, target = port_check_rank(module), port_check_rank(name)
+    if own is None or target is None:
+        return None
+    if target > own:
+        return f"{module} imports {name}, a layer above its own"
+    reader, other = module.split(".")[3:4], name.split(".")[3:4]
+    if own == target == PORT_CHECK_LAYERS.index("readers") and reader and other and reader != other:
+        return f"the {reader[0]} reader imports another reader, {name}"
+    return None
 
 
 def layer_of(module: str) -> str | None:
@@ -102,8 +144,10 @@ def violations(path: Path, source: str) -> list[str]:
                 found.append(f"{path}: an implementation imports another implementation, {name}")
             elif own == "tool" and target == "implementation":
                 found.append(f"{path}: a tool imports {name} directly instead of through mhsa.registry")
-            elif own == "tool" and top in FRAMEWORKS and path.as_posix() not in FRAMEWORK_USERS:
+            elif own == "tool" and top in FRAMEWORKS and not may_import_framework(path, top):
                 found.append(f"{path}: a tool imports the framework {name} instead of reaching it through a backend of mhsa.registry")
+            elif own == "tool" and (why := port_check_violation(module, name)):
+                found.append(f"{path}: in the port check, {why}")
             else:
                 continue
             break
@@ -215,6 +259,10 @@ def test_no_function_is_over_100_lines():
         ("jax_impl/model.py", "import torch_impl.attention\n", "imports another implementation"),
         ("mhsa/heads.py", "import importlib\nimportlib.import_module('jax_impl.model')\n", "instead of through mhsa.registry"),
         ("mhsa/parity/command.py", "def configure():\n    import torch\n", "a tool imports the framework torch"),
+        ("mhsa/port_check/core/records.py", "from mhsa.port_check.readers import reader_of\n", "a layer above its own"),
+        ("mhsa/port_check/readers/torch/reader.py", "from mhsa.port_check.forward import rows\n", "a layer above its own"),
+        ("mhsa/port_check/readers/torch/reader.py", "from mhsa.port_check.readers.flax import reader\n", "another reader"),
+        ("mhsa/port_check/readers/flax/reader.py", "import torch\n", "imports the framework torch"),
     ],
 )
 def test_a_planted_violation_is_found(path, source, expected):

@@ -7,7 +7,6 @@ with its own malloc settings is left as it is. Measured by the process's minor p
 
 import resource
 
-import jax.numpy as jnp
 import pytest
 import torch
 
@@ -101,5 +100,6 @@ def test_every_run_of_a_model_in_the_check_is_in_a_block_that_keeps_memory():
 
     report = check_port(Reference(), Port(), (activations(),), grads=True)
     assert report.passed, format_report(report)
-    assert runs == [("torch", torch.float32, 1), ("torch", torch.float64, 1), ("flax", jnp.float32, 1)]
+    assert {depth for _, _, depth in runs} == {1}, runs  # the port's early trace included
+    assert {(side, str(dtype)) for side, dtype, _ in runs} == {("torch", str(torch.float32)), ("torch", str(torch.float64)), ("flax", "float32")}
     assert freed_memory._depth == 0

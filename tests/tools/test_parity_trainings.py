@@ -1,5 +1,5 @@
 """Parity's trainings row: the torch and jax trainers, each as its training_setup gives train()'s
-run, compared by the port check through training (mhsa.port_check.train_check) at every step;
+run, compared by the port check through training (mhsa.port_check.training.check) at every step;
 the row passes for the project's own trainers in both dtypes and names the first step and tensor
 where a planted difference makes them part."""
 

@@ -75,14 +75,14 @@ def test_the_command_checks_the_converter_by_default(capsys, monkeypatch):
     ],
 )
 def test_how_a_parameter_differs_is_read_off_its_values(transform, how):
-    from mhsa.port_check.weights import how_it_differs
+    from mhsa.port_check.forward.weights import how_it_differs
 
     weight = np.random.default_rng(0).standard_normal((6, 3))
     assert how_it_differs(weight, transform(weight), 1e-6) == how
 
 
 def test_conv_kernels_flipped_or_with_channels_swapped_are_named():
-    from mhsa.port_check.weights import how_it_differs
+    from mhsa.port_check.forward.weights import how_it_differs
 
     kernel = np.random.default_rng(0).standard_normal((4, 4, 3, 5))  # (out, in, kH, kW)
     assert how_it_differs(kernel, kernel[:, :, ::-1, ::-1], 1e-6) == "holds the kernel flipped along its spatial axes"

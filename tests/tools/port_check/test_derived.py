@@ -12,7 +12,8 @@ import pytest
 import torch
 from flax import nnx
 
-from mhsa.port_check import check_port, format_report, torch_reader
+from mhsa.port_check import check_port, format_report
+from mhsa.port_check.readers.torch import reader as torch_reader
 from shared.tolerances import K, derived, reference_error, scale, tolerance
 
 D = 16

@@ -24,7 +24,7 @@ from mhsa.port_check import (
     map_name,
     transfer_weights,
 )
-from mhsa.port_check import flax_reader as jax_port
+from mhsa.port_check.readers.flax import reader as jax_port
 
 OUTPUTS = ["ln1", "attn.qkv_proj", "attn.out_proj", "attn", "ln2", "mlp.fc1", "mlp.fc2", "mlp.drop", "mlp", "(model output)"]
 

@@ -12,7 +12,7 @@ from flax import nnx
 from jax import lax
 
 from mhsa.port_check import check_port, format_report
-from mhsa.port_check.padding import resolve_same, same_pads
+from mhsa.port_check.core.padding import resolve_same, same_pads
 from tests.tools.port_check import models
 
 

@@ -99,7 +99,7 @@ def test_nan_in_an_output_is_a_nan_row_and_never_passes(capsys):
 
 
 def test_nan_on_one_side_only_is_named_on_that_side():
-    from mhsa.port_check.rows import compare_arrays
+    from mhsa.port_check.forward.rows import compare_arrays
 
     a, b = np.ones((2, 3)), np.ones((2, 3))
     b[1, 2] = np.nan

@@ -84,7 +84,7 @@ def test_a_float32_step_inside_a_float64_run_is_read_off_the_dataflow_and_holds_
 
 
 def test_a_float32_sized_difference_no_dataflow_explains_points_at_a_cast_in_the_code(monkeypatch):
-    from mhsa.port_check import precision
+    from mhsa.port_check.forward import precision
 
     monkeypatch.setattr(precision, "leaf_floor", lambda output: 3)  # a reader that cannot follow its model's dataflow
     torch.manual_seed(0)

@@ -8,9 +8,11 @@ import pytest
 import torch
 
 from examples import flax_block, torch_block
-from mhsa.port_check import check_port, flax_reader, format_report, torch_reader
-from mhsa.port_check.chunks import blocks, dot, largest, within
-from mhsa.port_check.weights import how_it_differs
+from mhsa.port_check import check_port, format_report
+from mhsa.port_check.core.chunks import blocks, dot, largest, within
+from mhsa.port_check.forward.weights import how_it_differs
+from mhsa.port_check.readers.flax import reader as flax_reader
+from mhsa.port_check.readers.torch import reader as torch_reader
 from shared.tolerances import max_abs_diff
 
 
@@ -50,8 +52,8 @@ def recording(sizes: list[int], reduce=max_abs_diff):
 def test_an_output_larger_than_a_block_is_compared_one_block_at_a_time(monkeypatch):
     """The memory bound of a large model's check: the float64 difference of an output (GPT-2
     small's logits are 51M elements) is taken block by block, never of the whole output at once."""
-    from mhsa.port_check import rows
-    from mhsa.port_check.chunks import BLOCK
+    from mhsa.port_check.core.chunks import BLOCK
+    from mhsa.port_check.forward import rows
 
     sizes: list[int] = []
     monkeypatch.setattr(rows, "max_abs_diff", recording(sizes))
@@ -71,8 +73,8 @@ def test_a_fresh_ports_weight_is_told_apart_from_the_reference_one_block_at_a_ti
     """The time and memory bound of checking a fresh port: its random weight is told apart from
     the reference's by the first block that differs, for each transform tried, never by a
     reduction over the whole weight."""
-    from mhsa.port_check import weights
-    from mhsa.port_check.chunks import BLOCK
+    from mhsa.port_check.core.chunks import BLOCK
+    from mhsa.port_check.forward import weights
 
     sizes: list[int] = []
     monkeypatch.setattr(weights, "max_abs_diff", recording(sizes))
@@ -83,7 +85,7 @@ def test_a_fresh_ports_weight_is_told_apart_from_the_reference_one_block_at_a_ti
 
 
 def test_a_reordering_is_found_across_blocks(monkeypatch):
-    from mhsa.port_check import weights
+    from mhsa.port_check.forward import weights
 
     monkeypatch.setattr(weights, "BLOCK", 8)  # rows compared a few at a time
     weight = np.random.default_rng(0).standard_normal((40, 3))
@@ -198,7 +200,7 @@ def test_a_run_that_reduces_each_output_as_it_comes_holds_none_of_them_meanwhile
 
     seen: list = []
 
-    def reduce(output):  # the float64 run's way (derived.py): every earlier copy is gone by now
+    def reduce(output):  # the float64 run's way (forward/derived.py): every earlier copy is gone by now
         assert all(ref() is None or ref() is output.value for ref in seen), f"an earlier output is still held at {output.path}"
         seen.append(weakref.ref(output.value))
         return output._replace(value=None)

@@ -33,7 +33,7 @@ def test_a_bug_after_broadcast_position_embeddings_is_named_at_its_own_module():
 
 
 def test_shapes_that_cannot_broadcast_fail_as_a_shape_never_as_inf():
-    from mhsa.port_check.rows import compare_arrays
+    from mhsa.port_check.forward.rows import compare_arrays
 
     abs_diff, _, status, note = compare_arrays(np.zeros((3, 5)), np.zeros((3, 7)), ("torch", "jax"))
     assert status == "shape" and note == "shape (3, 5) in torch, (3, 7) in jax: they do not broadcast" and np.isnan(abs_diff)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from flax import linen
 
-from mhsa.port_check.train_check import check_setup, check_training
+from mhsa.port_check.training.check import check_setup, check_training
 from tests.tools.port_check_train import models
 
 

@@ -11,8 +11,11 @@ import optax
 import pytest
 import torch
 
-from mhsa.port_check import flax_reader, train_flax, train_lint, train_torch
-from mhsa.port_check.train_check import check_setup
+from mhsa.port_check.readers.flax import reader as flax_reader
+from mhsa.port_check.readers.flax import training as train_flax
+from mhsa.port_check.readers.torch import training as train_torch
+from mhsa.port_check.training import lint as train_lint
+from mhsa.port_check.training.check import check_setup
 from tests.tools.port_check_train import models
 
 STEPS = 6

@@ -7,8 +7,8 @@ import optax
 import pytest
 import torch
 
-from mhsa.port_check.train_check import check_training
-from mhsa.port_check.train_report import format_train_report
+from mhsa.port_check.report.training import format_train_report
+from mhsa.port_check.training.check import check_training
 from shared.tolerances import tolerance
 from tests.tools.port_check_train import models
 

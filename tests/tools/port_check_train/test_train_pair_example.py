@@ -4,8 +4,8 @@ parts at step 1, at the update (its forward pass and gradients agree), and the o
 names the setting."""
 
 from examples import train_pair
-from mhsa.port_check.train_check import check_training
-from mhsa.port_check.train_report import format_train_report
+from mhsa.port_check.report.training import format_train_report
+from mhsa.port_check.training.check import check_training
 
 
 def test_the_guides_faithful_adamw_pair_agrees_at_every_one_of_20_steps():

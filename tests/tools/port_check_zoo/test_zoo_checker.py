@@ -10,8 +10,8 @@ import pytest
 
 from examples.zoo import catalog, llama_train, survey
 from mhsa.port_check import check_port, format_report
-from mhsa.port_check.train_check import check_training
-from mhsa.port_check.train_report import format_train_report
+from mhsa.port_check.report.training import format_train_report
+from mhsa.port_check.training.check import check_training
 
 
 @pytest.mark.parametrize(("name", "dtype"), [(name, "float32") for name in catalog.FAITHFUL])

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from mhsa.port_check.records import WHY, Row
-from mhsa.port_check.rows import output_rows, rejudge
+from mhsa.port_check.core.records import WHY, Row
+from mhsa.port_check.forward.rows import output_rows, rejudge
 
 
 @dataclass
@@ -37,7 +37,7 @@ class Side:
     # the port only, when its own weights are checked: reference parameter -> (port parameter,
     # the reference's values in the port's layout) for every parameter that differs
     differing: dict | None = None
-    # in a float32 check, the side's own float32 errors from its float64 run (derived.py): always
+    # in a float32 check, the side's own float32 errors from its float64 run (forward/derived.py): always
     # the reference's, the port's when a row failed on the reference's alone
     derived: Any = None
     traced: Any = None  # what the reader's trace() gave before the run (structure.Traced)

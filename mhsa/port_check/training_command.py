@@ -1,6 +1,6 @@
 """`mhsa port-check TORCH_FACTORY FLAX_FACTORY --train N`: the port check through training.
 
-With --train each factory returns a mapping (mhsa.port_check.train_check): "model",
+With --train each factory returns a mapping (mhsa.port_check.training.check): "model",
 "optimizer", "loss", "inputs", and optionally "model_inputs", "scheduler" and "clip" (torch).
 The batches come from the factories, so --inputs and --input-shape do not apply; the weights are
 always copied from the reference, so --no-transfer does not either. Exit 0 when every step and
@@ -16,8 +16,8 @@ import argparse
 import sys
 
 from mhsa.flags import int_flag
+from mhsa.port_check.core.records import PortCheckError
 from mhsa.port_check.factories import call_factory
-from mhsa.port_check.records import PortCheckError
 
 # flags of the forward check that a training check refuses: attribute -> {value given: flag}
 REFUSED = {
@@ -36,7 +36,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         type=int_flag("port-check --train"),
         metavar="N",
         help="train both N steps from the reference's weights and compare every step: each factory returns "
-        "{model, optimizer, loss, inputs} (mhsa.port_check.train_check)",
+        "{model, optimizer, loss, inputs} (mhsa.port_check.training.check)",
     )
 
 
@@ -52,8 +52,8 @@ def run_train(args, name_map: dict[str, str] | None = None) -> int:
     give them; name_map: the --map file, already read by the command): the report on stdout;
     0 when everything agrees, 1 when not; a usage error exits 2 through args.parser."""
     # here, not at the top: `mhsa port-check --help` and the forward check do not start torch and JAX for it
-    from mhsa.port_check.train_check import check_setup, check_training
-    from mhsa.port_check.train_report import format_train_report
+    from mhsa.port_check.report.training import format_train_report
+    from mhsa.port_check.training.check import check_setup, check_training
 
     given = [_given(flag, getattr(args, attribute, None)) for attribute, flag in REFUSED.items()]
     refused = [flag for flag in given if flag is not None]

@@ -138,7 +138,7 @@ class Output(NamedTuple):
     module path ("" for the model), where the leaf sits in the output ("" or "[0]", "[logits]",
     ...), its values (None where it is not a floating-point array, or not computed yet; bfloat16
     comes as float32, which holds it exactly), its dtype name or, for a value that is no array,
-    its type name, its shape, its layout (layouts.py: which axis holds the channels of a
+    its type name, its shape, its layout (core/layouts.py: which axis holds the channels of a
     convolution's output; None where nothing fixes one), `upstream`, the calls whose outputs it
     is computed from, as bits (1 << call; -1: not known), and `floor`, the lowest precision
     (RANKS) its computation went through, a float32 step inside a float64 run say (None: not

@@ -4,7 +4,7 @@ row per step (kept short: the steps around the first failure), the first failing
 
 from __future__ import annotations
 
-from mhsa.port_check.train_records import TrainReport, TrainRow
+from mhsa.port_check.core.training_records import TrainReport, TrainRow
 
 AROUND = 2  # steps shown before and after the first failing one
 DETAIL = 12  # rows of the failing step shown beyond its gradients

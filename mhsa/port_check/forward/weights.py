@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from mhsa.port_check.chunks import BLOCK, blocks, dot, largest, largest_abs, within
-from mhsa.port_check.records import Transfer, map_name
+from mhsa.port_check.core.chunks import BLOCK, blocks, dot, largest, largest_abs, within
+from mhsa.port_check.core.records import Transfer, map_name
 from shared.tolerances import max_abs_diff
 
 # the layer types whose layouts the readers convert: a pair of these that fits only transposed is a bug of the port

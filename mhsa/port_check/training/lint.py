@@ -24,8 +24,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from mhsa.port_check import train_flax, train_torch
-from mhsa.port_check.records import map_name
+from mhsa.port_check.core.records import map_name
+from mhsa.port_check.readers.flax import training as train_flax
+from mhsa.port_check.readers.torch import training as train_torch
 
 G, LARGE = 0.5, 1000.0
 VARYING = (1.0, -0.5, 2.0, 0.25, -1.0, 1.5)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mhsa.port_check.records import PortReport, Transfer
+from mhsa.port_check.core.records import PortReport, Transfer
 
 # torch's name for each optimizer moment -> optax's (the rows say both)
 MOMENTS = {"exp_avg": "mu", "exp_avg_sq": "nu", "max_exp_avg_sq": "nu_max", "momentum_buffer": "trace"}

@@ -14,7 +14,7 @@ live one at a time; meanwhile the memory it frees is kept for its next allocatio
 cast in its code) has no float64 twin: its row keeps the fixed tolerance, and says so; so do all
 rows when the reference cannot run in float64 at all, and a row where the two runs differ by more
 than rounding can (NOT_A_TWIN), which would otherwise loosen its tolerance to whatever the
-difference reaches (compare.py finds out why, and says it). A gradient that is 0 in exact
+difference reaches (forward/check.py finds out why, and says it). A gradient that is 0 in exact
 arithmetic (ZERO: its float64 value is rounding) is neither: both sides' float32 values are
 rounding of 0, and its row says so.
 """
@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mhsa.freed_memory import kept_for_reuse
-from mhsa.port_check.chunks import blocks, largest_abs
-from mhsa.port_check.structure import Inputs, Output, is_float_dtype, map_inputs
+from mhsa.port_check.core.chunks import blocks, largest_abs
+from mhsa.port_check.core.structure import Inputs, Output, is_float_dtype, map_inputs
 from shared.tolerances import reference_error, scale
 
 
@@ -84,10 +84,10 @@ def from_float64_run(reader, model, inputs, outputs32: list[Output], grads32: di
     by_key = {(output.call, output.label): output for output in outputs32 if output.value is not None}
 
     def reduce(output64: Output) -> Output:
-        twin = by_key.get((output64.call, output64.label))
-        value32, value64 = None if twin is None else twin.value, output64.value
-        if twin is None or value32 is None or value64 is None or twin.path != output64.path or value32.shape != value64.shape:
+        paired = _twin_output(by_key, output64)
+        if paired is None:
             return output64._replace(value=None)
+        twin, value64, value32 = paired
         name = (twin.path or "(model output)") + twin.label
         if output64.dtype != "float64" or (output64.floor is not None and output64.floor < 3):  # a float32 step inside
             found.fixed.append(name)
@@ -116,7 +116,7 @@ def from_float64_run(reader, model, inputs, outputs32: list[Output], grads32: di
 
 def from_float32_run(reader, model, inputs, outputs64: list[Output], grads64: dict | None, direction=None) -> Derived:
     """In a float64 check, the own float32 error of the rows that fall to float32 (a float32 step
-    in the model's code: precision.py): `model` run once more in float32 and each output and
+    in the model's code: forward/precision.py): `model` run once more in float32 and each output and
     gradient reduced against `outputs64` and `grads64`, its run as the check made it. Those rows
     are then held to K times that error, as a float32 check holds every row, not to a fixed number
     that knows nothing of their size."""
@@ -124,10 +124,10 @@ def from_float32_run(reader, model, inputs, outputs64: list[Output], grads64: di
     by_key = {(output.call, output.label): output for output in outputs64 if output.value is not None}
 
     def reduce(output32: Output) -> Output:
-        twin = by_key.get((output32.call, output32.label))
-        value64, value32 = None if twin is None else twin.value, output32.value
-        if twin is None or value32 is None or value64 is None or twin.path != output32.path or value32.shape != value64.shape:
+        paired = _twin_output(by_key, output32)
+        if paired is None:
             return output32._replace(value=None)
+        _, value32, value64 = paired
         error, largest_value = _twin(value32, value64)
         if is_twin(error, largest_value):
             found.outputs[output32.call, output32.label] = error, largest_value
@@ -143,6 +143,15 @@ def from_float32_run(reader, model, inputs, outputs64: list[Output], grads64: di
             if name in found.zero or is_twin(error, largest_value):
                 found.grads[name] = error, largest_value
     return found
+
+
+def _twin_output(by_key: dict, output: Output) -> tuple[Output, np.ndarray, np.ndarray] | None:
+    """(twin, output's value, twin's value): the output of the other dtype's run at `output`'s call
+    and label, when the two compare (both hold a value, at the same path, of the same shape)."""
+    twin = by_key.get((output.call, output.label))
+    if twin is None or twin.value is None or output.value is None or twin.path != output.path or twin.value.shape != output.value.shape:
+        return None
+    return twin, output.value, twin.value
 
 
 def _cast_floats(inputs: Inputs, dtype) -> Inputs:

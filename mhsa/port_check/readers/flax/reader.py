@@ -1,6 +1,6 @@
 """The Flax half of the port checker (mhsa.port_check): read any Flax NNX module, or a
 Linen module with its variables passed as the pair (module, variables), in the same neutral
-form as torch_reader.py.
+form as readers/torch/reader.py.
 
 The neutral form is the exchange convention (DESIGN.md): parameters named and laid out as in
 torch's state_dict, so Dense/Linear kernels are transposed here (in, out) -> (out, in), Conv
@@ -23,10 +23,11 @@ import numpy as np
 from flax import linen as nn
 from flax import nnx
 
-from mhsa.port_check import cotangents, flax_jaxpr
-from mhsa.port_check.cotangents import Direction
-from mhsa.port_check.padding import resolve_same
-from mhsa.port_check.structure import Inputs, Output, Traced, as_inputs, dtype_name, flatten, is_float_dtype, split_arrays
+from mhsa.port_check.core import cotangents
+from mhsa.port_check.core.cotangents import Direction
+from mhsa.port_check.core.padding import resolve_same
+from mhsa.port_check.core.structure import Inputs, Output, Traced, as_inputs, dtype_name, flatten, is_float_dtype, split_arrays
+from mhsa.port_check.readers.flax import jaxpr as flax_jaxpr
 
 DTYPES = {"float32": jnp.float32, "float64": jnp.float64}
 
@@ -150,7 +151,7 @@ def _per_dim(value, n) -> tuple:
 
 def _padding(value, n, strides, dilation, kernel):
     """Explicit ((low, high), ...) per spatial axis where it does not depend on the input: 'VALID',
-    and 'SAME' where it pads the same on every size (padding.py: at stride 1, split low-first as
+    and 'SAME' where it pads the same on every size (core/padding.py: at stride 1, split low-first as
     torch's 'same'); otherwise the string."""
     if isinstance(value, str):
         if value.upper() == "VALID":
@@ -375,9 +376,9 @@ def _is_float_dtype(value) -> bool:
 
 
 def capture(model: Model, inputs: Inputs) -> list[Output]:
-    """Call the model once and return every leaf of every submodule call's output (structure.py),
+    """Call the model once and return every leaf of every submodule call's output (core/structure.py),
     in the order the calls return (a child before its parent; the model itself last, path ""),
-    each with its layout (flax_jaxpr.py). NNX: each submodule class's __call__ is wrapped for this
+    each with its layout (readers/flax/jaxpr.py). NNX: each submodule class's __call__ is wrapped for this
     one call and restored even on error; Linen: an interceptor that records each module's
     __call__. The call is traced once and compiled (eagerly, every operation compiles on its own
     for each new shape and dtype, several times slower for a first call); a model that cannot be
@@ -488,7 +489,7 @@ def _record(calls, labels: list) -> list:
 
 def trace(model: Model, inputs: Inputs) -> Traced:
     """The model traced on `inputs` without running it: the variables its forward pass reads
-    (flax_jaxpr.py: a converter's leftover that the model never reads is not one of them), its
+    (readers/flax/jaxpr.py: a converter's leftover that the model never reads is not one of them), its
     submodules as called (Linen) and every call's output leaves with their shapes and layouts.
     A model that cannot be traced gives what is known without it (every variable read)."""
     program = _program(model)
@@ -525,7 +526,7 @@ def run(
     model: Model, inputs: Inputs, grads: Direction | None = None, each=None, traced: Traced | None = None
 ) -> tuple[list[Output], dict[str, np.ndarray] | None]:
     """(capture's outputs, with `grads` d <r, output> / d every parameter too, r the direction
-    `grads` gives the output's leaves: cotangents.py), computed as one compiled program (the
+    `grads` gives the output's leaves: forward/cotangents.py), computed as one compiled program (the
     forward pass once, its outputs and the gradients). Each recorded leaf goes through
     `each(output) -> Output` once the program has run (to reduce it and keep only the result).
     traced: what trace() gave for this model and these inputs (its variables' values may have
@@ -702,7 +703,7 @@ def _arrays(model, inputs: Inputs) -> tuple[list, Any]:
 
 
 def gradients(model: Model, inputs: Inputs, direction: Direction = cotangents.reference) -> dict[str, np.ndarray]:
-    """d <r, output> / d every parameter (cotangents.py), neutral names and layout (compiled as one
+    """d <r, output> / d every parameter (forward/cotangents.py), neutral names and layout (compiled as one
     function, as capture is)."""
     grads = run(model, inputs, grads=direction, each=lambda output: output._replace(value=None))[1]
     assert grads is not None
@@ -741,7 +742,7 @@ def switched(model: Model, switch: str, path: str, value: Any = None) -> Model |
 
 @contextlib.contextmanager
 def float64_twin(model: Model) -> Iterator[Model]:
-    """A float64 copy of `model` for the block (the tolerances' reference run, derived.py), with
+    """A float64 copy of `model` for the block (the tolerances' reference run, forward/derived.py), with
     JAX's float64 on for the block only (a float32 check leaves the process's switch as it was)."""
     with jax.enable_x64(True):
         yield cast(model, "float64")[0]

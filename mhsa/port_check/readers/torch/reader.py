@@ -21,10 +21,10 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from mhsa import registry
-from mhsa.port_check import cotangents
-from mhsa.port_check.cotangents import Direction
-from mhsa.port_check.structure import Inputs, Output, Traced, as_inputs, dtype_name, flatten, is_float_dtype, leaves, map_inputs
-from mhsa.port_check.torch_layouts import Dataflow
+from mhsa.port_check.core import cotangents
+from mhsa.port_check.core.cotangents import Direction
+from mhsa.port_check.core.structure import Inputs, Output, Traced, as_inputs, dtype_name, flatten, is_float_dtype, leaves, map_inputs
+from mhsa.port_check.readers.torch.dataflow import Dataflow
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -236,8 +236,8 @@ def cast(model: nn.Module, dtype: str) -> tuple[nn.Module, list[str]]:
 
 def capture(model: nn.Module, inputs: Inputs) -> list[Output]:
     """Call `model(*args, **kwargs)` once and return every leaf of every submodule call's output
-    (structure.py), in the order the calls return (a child before its parent; the model itself
-    last, path ""), each with its layout and upstream calls (torch_layouts.py). Hooks are removed
+    (core/structure.py), in the order the calls return (a child before its parent; the model itself
+    last, path ""), each with its layout and upstream calls (readers/torch/dataflow.py). Hooks are removed
     even on error."""
     return run(model, inputs)[0]
 
@@ -249,7 +249,7 @@ def trace(model: nn.Module, inputs: Inputs) -> Traced:
 
 
 def gradients(model: nn.Module, inputs: Inputs, direction: Direction = cotangents.reference) -> dict[str, np.ndarray]:
-    """d <r, output> / d every parameter (cotangents.py), neutral names and layout; a parameter the
+    """d <r, output> / d every parameter (forward/cotangents.py), neutral names and layout; a parameter the
     output does not reach gets zeros."""
     grads = run(model, inputs, grads=direction, each=lambda output: output._replace(value=None))[1]
     assert grads is not None
@@ -260,7 +260,7 @@ def run(
     model: nn.Module, inputs: Inputs, grads: Direction | None = None, each=None, traced: Traced | None = None
 ) -> tuple[list[Output], dict[str, np.ndarray] | None]:
     """(capture's outputs, with `grads` d <r, output> / d every parameter too, r the direction
-    `grads` gives the output's leaves: cotangents.py) from one forward pass (and one backward):
+    `grads` gives the output's leaves: forward/cotangents.py) from one forward pass (and one backward):
     each recorded leaf goes through `each(output) -> Output` as soon as its call returns, to reduce
     it and keep only the result (a float64 run compared as it goes): its value is then a view of
     the tensor, valid during that call only, and not kept unless `each` copies it. The model's
@@ -404,7 +404,7 @@ def switched(model: nn.Module, switch: str, path: str, value: float | str | None
 
 @contextlib.contextmanager
 def float64_twin(model: nn.Module) -> Iterator[nn.Module]:
-    """`model` itself in float64 for the block (the tolerances' reference run, derived.py), and
+    """`model` itself in float64 for the block (the tolerances' reference run, forward/derived.py), and
     back as it was after it, even on error: every floating-point parameter and buffer converted in
     place, tensor by tensor, so that a large model's float32 weights are let go while its float64
     ones live (for GPT-2 small's 0.5 GB of float32 weights, 1 GB of float64 ones instead of a copy's

@@ -2,12 +2,12 @@
 from the same weights on the same batches for N steps, and the reference once more in float64,
 and compare every step: the loss, every gradient, every optimizer moment and every parameter
 after the update, each held to a tolerance derived from the two sides' own float32 errors
-(train_tolerances.py). The first row beyond its tolerance, in the order a step computes them, is
+(training/tolerances.py). The first row beyond its tolerance, in the order a step computes them, is
 where the two trainings part; at that step the per-module forward rows, at the reference's
 weights of that step on that step's batch, say whether the forward pass parted first.
 
-    from mhsa.port_check.train_check import check_training
-    from mhsa.port_check.train_report import format_train_report
+    from mhsa.port_check.training.check import check_training
+    from mhsa.port_check.report.training import format_train_report
     report = check_training(torch_side, flax_side, steps=20)
     print(format_train_report(report))
 
@@ -26,11 +26,14 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from mhsa.port_check import train_flax, train_lint, train_torch
-from mhsa.port_check.compare import check_port, lint, transfer_weights
-from mhsa.port_check.records import PortReport, backend_of, map_name
-from mhsa.port_check.train_records import MOMENTS, StepRecord, StepSummary, TrainReport, TrainRow
-from mhsa.port_check.train_tolerances import derived
+from mhsa.port_check.core.records import PortReport, map_name
+from mhsa.port_check.core.training_records import MOMENTS, StepRecord, StepSummary, TrainReport, TrainRow
+from mhsa.port_check.forward.check import check_port, lint, transfer_weights
+from mhsa.port_check.readers import reader_of
+from mhsa.port_check.readers.flax import training as train_flax
+from mhsa.port_check.readers.torch import training as train_torch
+from mhsa.port_check.training import lint as train_lint
+from mhsa.port_check.training.tolerances import derived
 from shared.config import DTYPES
 from shared.tolerances import K, max_abs_diff
 
@@ -53,7 +56,7 @@ def check_setup(setup, which: str) -> dict:
         what = f"lacks {', '.join(missing)}" if missing else f"has unknown key(s) {', '.join(unknown)}"
         raise ValueError(f"the {which} factory's mapping {what}; expected {', '.join(REQUIRED)} and optionally {', '.join(OPTIONAL)}")
     try:
-        name, _ = backend_of(setup["model"])
+        name, _ = reader_of(setup["model"])
     except TypeError as error:
         raise ValueError(str(error)) from None
     if name != side:
@@ -101,7 +104,7 @@ def check_training(reference, port, steps: int, *, dtype: str = "float32", name_
     reference, port = check_setup(reference, "reference"), check_setup(port, "port")
     if len(reference["inputs"]) != len(port["inputs"]):
         raise ValueError(f"the factories give {len(reference['inputs'])} and {len(port['inputs'])} batches; the training check pairs them one to one")
-    (ref_name, ref_reader), (port_name, port_reader) = backend_of(reference["model"]), backend_of(port["model"])
+    (ref_name, ref_reader), (port_name, port_reader) = reader_of(reference["model"]), reader_of(port["model"])
     ref32 = train_torch.Trainer(reference, dtype)
     ref64 = train_torch.Trainer(reference, "float64") if dtype != "float64" else None
     port_model, transfer = transfer_weights(ref32.model, port_reader.cast(port["model"], dtype)[0], name_map)

@@ -18,8 +18,8 @@ reads stays a failure.
 
 from __future__ import annotations
 
-from mhsa.port_check.records import Row
-from mhsa.port_check.structure import Output
+from mhsa.port_check.core.records import Row
+from mhsa.port_check.core.structure import Output
 
 
 def boundaries(rows: list[Row], outputs: list[Output], explain=None) -> list[Row]:

@@ -1,6 +1,6 @@
-"""The Flax half of the port check through training (mhsa.port_check.train_check): train an NNX
+"""The Flax half of the port check through training (mhsa.port_check.training.check): train an NNX
 port with its optax transformation, step by step, and record each step in the neutral form of
-train_records.py; run the transformation on the lint's probe gradients.
+training/records.py; run the transformation on the lint's probe gradients.
 
 A step is the functional form of `nnx.Optimizer(model, tx, wrt=nnx.Param)` with
 `nnx.value_and_grad`: the model split into parameters, batch statistics and the rest, the loss
@@ -24,8 +24,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-from mhsa.port_check import flax_reader
-from mhsa.port_check.train_records import StepRecord
+from mhsa.port_check.core.training_records import StepRecord
+from mhsa.port_check.readers.flax import reader as flax_reader
 
 # optax state type -> {its field: torch's name for the moment}
 STATES = (

@@ -1,8 +1,7 @@
-"""What a port check records: the transfer, the rows, the report, and how a model finds its backend."""
+"""What a port check records: the transfer, the rows, the report."""
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,23 +15,6 @@ WHY = {
     ("GELU", "approximate"): "jax.nn.gelu defaults to approximate=True (tanh), torch to 'none' (erf)",
     ("Embedding", "padding_idx"): "torch keeps that row's gradient at zero; Flax's Embed has no padding index",
 }
-
-
-# the two sides the port check reads, each through its own reader module (a user's model is not a
-# backend of the registry: it is any torch.nn.Module, any Flax NNX module or Linen pair)
-READERS = {"torch": "mhsa.port_check.torch_reader", "jax": "mhsa.port_check.flax_reader"}
-
-
-def backend_of(model) -> tuple[str, Any]:
-    """(side name, its reader module) for the reader that can read `model`."""
-    for name, module in READERS.items():
-        reader = importlib.import_module(module)
-        if reader.owns(model):
-            return name, reader
-    raise TypeError(
-        f"model of type {type(model).__name__} is not one the port check can read "
-        f"(a torch.nn.Module, an nnx.Module, or a Linen (module, variables) pair)"
-    )
 
 
 def map_name(name: str, name_map: dict[str, str] | None) -> str:
@@ -92,7 +74,7 @@ class Row:
     key: Any = None  # the reference's (call, leaf label) of this output, or its parameter's name
     target_key: Any = None  # the port's
     zero: bool = False  # a gradient that is 0 in exact arithmetic: both sides' values are rounding
-    boundary: str = ""  # why a difference that the next outputs do not carry is no failure (compare.py)
+    boundary: str = ""  # why a difference that the next outputs do not carry is no failure (forward/check.py)
 
     @property
     def passed(self) -> bool:

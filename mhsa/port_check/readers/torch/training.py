@@ -1,6 +1,6 @@
-"""The PyTorch half of the port check through training (mhsa.port_check.train_check): train a
+"""The PyTorch half of the port check through training (mhsa.port_check.training.check): train a
 copy of the reference with its own optimizer (and scheduler), step by step, and record each step
-in the neutral form of train_records.py; read the optimizer's settings; run the optimizer on the
+in the neutral form of training/records.py; read the optimizer's settings; run the optimizer on the
 lint's probe gradients.
 
 A step is what a user's loop does: zero_grad, loss(model(*batch), *batch), backward, the optional
@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from mhsa.port_check import torch_reader
-from mhsa.port_check.train_records import MOMENTS, StepRecord
+from mhsa.port_check.core.training_records import MOMENTS, StepRecord
+from mhsa.port_check.readers.torch import reader as torch_reader
 
 # optimizer classes whose settings the lint reads fully; any other is compared by trajectory only
 READ = {torch.optim.SGD: "SGD", torch.optim.Adam: "Adam", torch.optim.AdamW: "AdamW"}

@@ -4,7 +4,7 @@ every parameter's gradient.
 Calls are paired by module path (through the name map) and call number; within a call, leaves by
 their place in the output ("[0]", "[logits]"), and where the two structures differ but hold the
 same number of floating-point leaves, by position. Two outputs are laid out alike before they are
-compared by what computed them (layouts.py: torch's convolutions NCHW, Flax's NHWC), not by their
+compared by what computed them (core/layouts.py: torch's convolutions NCHW, Flax's NHWC), not by their
 shapes, which agree at C = H = W; where one side's layout is unknown (a model run eagerly), the
 channels are moved only when that is the one arrangement whose shapes agree. Shapes that still
 differ are compared after broadcasting where they broadcast (position embeddings computed once for
@@ -14,23 +14,24 @@ places. A leaf that one side returns as None and the other as an array is no row
 and named in a note.
 
 Each float32 row is held to K times the larger of the two sides' own float32 errors there
-(derived.py), each row keeping both so that the port's can join once measured (`rejudge`).
+(forward/derived.py), each row keeping both so that the port's can join once measured (`rejudge`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from mhsa.port_check import layouts, precision
-from mhsa.port_check.chunks import largest, largest_abs
-from mhsa.port_check.records import Row, map_name
-from mhsa.port_check.structure import Output
+from mhsa.port_check.core import layouts
+from mhsa.port_check.core.chunks import largest, largest_abs
+from mhsa.port_check.core.records import Row, map_name
+from mhsa.port_check.core.structure import Output
+from mhsa.port_check.forward import precision
 from shared.tolerances import derived, finite_gap, max_abs_diff, tolerance
 
 
 def compare_arrays(a: np.ndarray, b: np.ndarray, sides: tuple[str, str], axes=(None, None)) -> tuple[float, float, str, str]:
     """(max abs, max abs / max |reference|, status, note) of reference `a` against port `b`, each
-    laid out as `axes` says (layouts.py); status "" (a number), "shape" (no broadcast makes them
+    laid out as `axes` says (core/layouts.py); status "" (a number), "shape" (no broadcast makes them
     comparable) or "nan"."""
     note = ""
     permutation = layouts.order(*axes)
@@ -93,9 +94,9 @@ def _pair_leaves(source: list[Output], target: list[Output]) -> tuple[list[tuple
 def output_rows(source_outputs, target_outputs, source_desc, target_desc, asked, sides, name_map=None, derived=None):
     """(rows in the reference's call order, unmatched reference labels, unmatched port labels,
     leaves skipped: [(label, why)], not floating-point on either side or None on one).
-    *_desc: the readers' describe, for the module types and the compute dtypes (precision.py).
+    *_desc: the readers' describe, for the module types and the compute dtypes (forward/precision.py).
     derived: {(call, leaf label) of the reference's run: (its own error, largest value)} for the
-    rows judged in float32 when float32 was asked for (derived.py); every other row holds the
+    rows judged in float32 when float32 was asked for (forward/derived.py); every other row holds the
     fixed tolerance of its dtype."""
     source, target = _calls(source_outputs), _calls(target_outputs)
     counts_s, counts_t = _counts(source), _counts(target)
@@ -160,9 +161,9 @@ def _counts(calls) -> dict[str, int]:
 def gradient_rows(source_grads, target_grads, rank, sides, pairs: dict[str, tuple[str, bool]], asked="float64", derived=None, zero=()) -> list[Row]:
     """One row per paired reference parameter with a gradient on both sides; rank: the lowest
     precision any output reached (a gradient runs through every one of them); pairs: {reference
-    parameter: (port parameter, whether its layout is the port's transposed)} (weights.py);
+    parameter: (port parameter, whether its layout is the port's transposed)} (forward/weights.py);
     derived: {parameter: (the reference's own error, largest value)}, as output_rows'; zero: the
-    parameters whose exact gradient is 0 (derived.py): their rows say so, and pass while the port's
+    parameters whose exact gradient is 0 (forward/derived.py): their rows say so, and pass while the port's
     gradient is rounding too."""
     dtype = precision.dtype_of(rank)
     rows = []

@@ -1,5 +1,5 @@
 """What a traced JAX program tells about a model before it runs: which of its inputs it reads, and
-the layout (layouts.py) of each of its outputs.
+the layout (core/layouts.py) of each of its outputs.
 
 Both, and which recorded outputs each output is computed from, are read off the program's
 jaxpr (`jax.jit(f).trace(...).jaxpr`), which lists every operation
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from jax.extend import core
 
-from mhsa.port_check import layouts
-from mhsa.port_check.structure import RANKS, dtype_name, is_float_dtype
+from mhsa.port_check.core import layouts
+from mhsa.port_check.core.structure import RANKS, dtype_name, is_float_dtype
 
 # primitives that keep the rank and the layout of an input with one
 SAME_RANK = {

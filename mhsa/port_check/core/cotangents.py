@@ -22,8 +22,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from mhsa.port_check import layouts
-from mhsa.port_check.structure import Output, is_float_dtype
+from mhsa.port_check.core import layouts
+from mhsa.port_check.core.structure import Output, is_float_dtype
 
 SEED = 0  # the check's fixed seed of every direction: the same numbers on every run
 

@@ -18,7 +18,7 @@ point at a float32-sized difference in a float64 run instead.
 
 from __future__ import annotations
 
-from mhsa.port_check.structure import RANKS, Output
+from mhsa.port_check.core.structure import RANKS, Output
 
 NAMES = {3: "float64", 2: "float32"}  # the ranks with tolerances (shared/tolerances.py)
 SHOWN = 4  # modules named per side; the rest are counted

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import difflib
 
-from mhsa.port_check.records import Transfer, map_name
+from mhsa.port_check.core.records import Transfer, map_name
 
 
 def _split(name: str) -> tuple[str, str]:

@@ -1,6 +1,6 @@
 """How a torch model's outputs were computed, followed operation by operation while the model runs,
 through torch's public hook for every function call (`torch.overrides.TorchFunctionMode`): each
-tensor's layout (layouts.py), the recorded calls whose outputs it is computed from (its
+tensor's layout (core/layouts.py), the recorded calls whose outputs it is computed from (its
 upstream, as bits: the port check's row after a difference is the first that reads it), and the
 lowest precision its data went through (a float64 run that rounds through float32 in a step of
 the model's code, a softmax asked for in float32, say, and converts back).
@@ -20,8 +20,8 @@ from typing import NamedTuple
 import torch
 from torch.overrides import TorchFunctionMode
 
-from mhsa.port_check import layouts
-from mhsa.port_check.structure import RANKS, dtype_name
+from mhsa.port_check.core import layouts
+from mhsa.port_check.core.structure import RANKS, dtype_name
 
 # functions whose output is channels-first whatever their input
 FIRST = {

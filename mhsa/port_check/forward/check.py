@@ -12,13 +12,16 @@ from typing import Any
 import numpy as np
 
 from mhsa.freed_memory import kept_for_reuse
-from mhsa.port_check import cotangents, derived, layouts, names, precision, weights
-from mhsa.port_check.boundaries import boundaries
-from mhsa.port_check.hints import Side, hints, run_probes
-from mhsa.port_check.padding import explain_same
-from mhsa.port_check.records import NORMS, WHY, PortCheckError, PortReport, Row, Transfer, backend_of, map_name
-from mhsa.port_check.rows import call_paths, gradient_rows, output_rows, rejudge
-from mhsa.port_check.structure import RANKS, Inputs, Output, as_inputs, describe_inputs, dtype_name, is_float_dtype, map_inputs, numpy_inputs
+from mhsa.port_check.core import cotangents, layouts
+from mhsa.port_check.core.padding import explain_same
+from mhsa.port_check.core.records import NORMS, WHY, PortCheckError, PortReport, Row, Transfer, map_name
+from mhsa.port_check.core.structure import RANKS, Inputs, Output, as_inputs, describe_inputs, dtype_name, is_float_dtype, map_inputs, numpy_inputs
+from mhsa.port_check.forward import derived, precision, weights
+from mhsa.port_check.forward import name_map as names
+from mhsa.port_check.forward.boundaries import boundaries
+from mhsa.port_check.forward.hints import Side, hints, run_probes
+from mhsa.port_check.forward.rows import call_paths, gradient_rows, output_rows, rejudge
+from mhsa.port_check.readers import reader_of
 from shared.config import DTYPES
 from shared.tolerances import tolerance
 
@@ -26,9 +29,9 @@ from shared.tolerances import tolerance
 def transfer_weights(source: Any, target: Any, name_map: dict[str, str] | None = None, copy: bool | None = True) -> tuple[Any, Transfer]:
     """Pair the reference's parameters with the port's by name (through name_map) and shape, and
     copy them into the port (copy=True), or compare the port's own (copy=False: every parameter
-    that differs is named with how), or decide by the port's values (copy=None: weights.py).
+    that differs is named with how), or decide by the port's values (copy=None: forward/weights.py).
     Returns (target, Transfer)."""
-    (source_name, source_reader), (target_name, target_reader) = backend_of(source), backend_of(target)
+    (source_name, source_reader), (target_name, target_reader) = reader_of(source), reader_of(target)
     source_params, target_params = source_reader.parameters(source), target_reader.parameters(target)
     types: tuple[dict, dict] = ({}, {})
     if not isinstance(target, tuple):  # torch and NNX know their layers without a call; Linen only while called
@@ -45,7 +48,7 @@ def _settle(report: Transfer, target, target_reader, source_params, target_param
 
 
 def _decide(report: Transfer, source_params, target_params, copy: bool | None, frozen=frozenset()) -> bool:
-    """Compare the values (unless a copy is forced) and decide whether to copy (weights.py);
+    """Compare the values (unless a copy is forced) and decide whether to copy (forward/weights.py);
     frozen: the reference's parameters it does not train."""
     dtype = _dtype_of(source_params)
     tables = weights.tables(source_params, frozen)
@@ -83,7 +86,7 @@ def lint(source_desc: dict, target_desc: dict, sides: tuple[str, str], name_map=
 
 def _why(kind: str, key: str, info: dict, other: dict) -> str:
     """What the lint says about a setting beyond its two values: WHY's line, or for a 'SAME'
-    padding that depends on the input's size, what it pads on which size (padding.py)."""
+    padding that depends on the input's size, what it pads on which size (core/padding.py)."""
     same = next((side for side in (info, other) if side.get(key) == "SAME"), None)
     if kind == "Conv" and key == "padding" and same is not None and all(k in same for k in ("kernel_size", "stride", "dilation")):
         return explain_same(same["kernel_size"], same["stride"], same["dilation"])
@@ -160,13 +163,13 @@ def check_port(source, target, inputs, *, target_inputs=None, name_map=None, tra
     also given to the port unless target_inputs is. name_map: {reference prefix: port prefix}
     for module paths and parameter names whose structures do not correspond. transfer: None
     checks the port as it is when it holds converted weights and copies the reference's into a
-    fresh port (weights.py); True always copies; False never does. dtype: "float32" or
+    fresh port (forward/weights.py); True always copies; False never does. dtype: "float32" or
     "float64", both models and floating inputs cast (None: as they are). grads: also compare
-    d <r, output> / d every parameter, r a fixed random direction (cotangents.py). probes: on a
+    d <r, output> / d every parameter, r a fixed random direction (forward/cotangents.py). probes: on a
     failing output, re-run with likely causes switched. Raises PortCheckError (one line) when the
     check cannot run: a model without parameters, or one that fails on the inputs.
     """
-    (source_name, source_reader), (target_name, target_reader) = backend_of(source), backend_of(target)
+    (source_name, source_reader), (target_name, target_reader) = reader_of(source), reader_of(target)
     sides = (source_name, target_name)
     raw_inputs = as_inputs(inputs)
     inputs = numpy_inputs(raw_inputs)
@@ -185,11 +188,12 @@ def check_port(source, target, inputs, *, target_inputs=None, name_map=None, tra
         inputs, target_inputs = _cast_inputs(inputs, dtype), _cast_inputs(target_inputs, dtype)
     running_source = f"running the reference ({source_name}) on the inputs ({describe_inputs(inputs)})"
     running_target = f"running the port ({target_name}) on the inputs ({describe_inputs(target_inputs)})"
-    source_traced = _running(running_source, source_reader.trace, source, inputs)
-    try:
-        target_traced = target_reader.trace(target, target_inputs)
-    except Exception as error:  # the user's model failing on the inputs: said in one line
-        raise _port_fails(error, running_target, Side(source, source_reader, inputs, {}), target, target_reader, name_map, sides) from error
+    with kept_for_reuse():  # a trace runs the model too (mhsa/freed_memory.py)
+        source_traced = _running(running_source, source_reader.trace, source, inputs)
+        try:
+            target_traced = target_reader.trace(target, target_inputs)
+        except Exception as error:  # the user's model failing on the inputs: said in one line
+            raise _port_fails(error, running_target, Side(source, source_reader, inputs, {}), target, target_reader, name_map, sides) from error
     source_params = _read(source_reader.parameters(source), source_traced, f"the reference ({source_name})", notes)
     target_params = _read(target_reader.parameters(target), target_traced, f"the port ({target_name})", notes)
     asked = dtype or _dtype_of(source_params)
@@ -387,7 +391,7 @@ def _skipped_note(report: PortReport, skipped: list[tuple[str, str]]) -> None:
 
 
 def _derive(report: PortReport, source: Side, outputs, grads, direction) -> derived.Derived | None:
-    """The float32 rows' tolerances from the reference's float64 run (derived.py); None, with a
+    """The float32 rows' tolerances from the reference's float64 run (forward/derived.py); None, with a
     note, when the reference cannot run in float64: its rows then hold the fixed tolerances."""
     try:
         found = derived.from_float64_run(source.reader, source.model, source.inputs, outputs, grads, direction)
@@ -432,7 +436,7 @@ def _why_apart(side: Side, outputs: list[Output], apart: list[str]) -> str:
 
 def _falls_to_float32(source_outputs, target_outputs, source_desc, target_desc) -> bool:
     """Whether a float64 check judges some row at float32: an output, a module's dtype or a step of
-    either model's code below float64 (precision.py)."""
+    either model's code below float64 (forward/precision.py)."""
     lowest = min(
         [*precision.floors(source_outputs, "float64", source_desc).values(), *precision.floors(target_outputs, "float64", target_desc).values(), 3]
     )

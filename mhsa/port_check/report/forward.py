@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from mhsa.port_check.records import PortReport, Row, Transfer
+from mhsa.port_check.core.records import PortReport, Row, Transfer
 from shared.tolerances import K
 
 SHOWN = 12  # parameters listed per kind of misfit; the rest are counted

@@ -1,0 +1,23 @@
+"""The port check's readers, one folder per framework: each reads any user's model of its framework
+(its parameters in the exchange convention, its submodules' outputs in call order, its gradients)
+and is the only part of the port check that imports that framework. `torch/` reads a
+`torch.nn.Module`, `flax/` a Flax NNX module or Linen pair; each also has the trainer of `--train`."""
+
+import importlib
+from typing import Any
+
+# the two sides the port check reads, each through its own reader module (a user's model is not a
+# backend of the registry: it is any torch.nn.Module, any Flax NNX module or Linen pair)
+READERS = {"torch": "mhsa.port_check.readers.torch.reader", "jax": "mhsa.port_check.readers.flax.reader"}
+
+
+def reader_of(model) -> tuple[str, Any]:
+    """(side name, its reader module) for the reader that can read `model`."""
+    for name, module in READERS.items():
+        reader = importlib.import_module(module)
+        if reader.owns(model):
+            return name, reader
+    raise TypeError(
+        f"model of type {type(model).__name__} is not one the port check can read "
+        f"(a torch.nn.Module, an nnx.Module, or a Linen (module, variables) pair)"
+    )
