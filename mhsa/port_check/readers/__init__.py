@@ -1,7 +1,9 @@
 """The port check's readers, one folder per framework: each reads any user's model of its framework
 (its parameters in the exchange convention, its submodules' outputs in call order, its gradients)
 and is the only part of the port check that imports that framework. `torch/` reads a
-`torch.nn.Module`, `flax/` a Flax NNX module or Linen pair; each also has the trainer of `--train`."""
+`torch.nn.Module`, `flax/` a Flax NNX module or Linen pair; each also has the trainer of `--train`.
+`jaxpr.py` reads a traced JAX program (what it reads, each output's layout) for any JAX library's
+reader."""
 
 import importlib
 from typing import Any

@@ -1,3 +1,3 @@
-"""The Flax reader: `reader.py` reads an NNX module or a Linen (module, variables) pair, `jaxpr.py`
-walks its traced program (what it reads, each output's layout), `training.py` trains an NNX port
+"""The Flax reader: `reader.py` reads an NNX module or a Linen (module, variables) pair (its traced
+program walked by ../jaxpr.py), `training.py` trains an NNX port
 with the user's optax transformation for `--train`."""

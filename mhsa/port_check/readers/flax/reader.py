@@ -27,7 +27,7 @@ from mhsa.port_check.core import cotangents
 from mhsa.port_check.core.cotangents import Direction
 from mhsa.port_check.core.padding import resolve_same
 from mhsa.port_check.core.structure import Inputs, Output, Traced, as_inputs, dtype_name, flatten, is_float_dtype, split_arrays
-from mhsa.port_check.readers.flax import jaxpr as flax_jaxpr
+from mhsa.port_check.readers import jaxpr as flax_jaxpr
 
 DTYPES = {"float32": jnp.float32, "float64": jnp.float64}
 
@@ -378,7 +378,7 @@ def _is_float_dtype(value) -> bool:
 def capture(model: Model, inputs: Inputs) -> list[Output]:
     """Call the model once and return every leaf of every submodule call's output (core/structure.py),
     in the order the calls return (a child before its parent; the model itself last, path ""),
-    each with its layout (readers/flax/jaxpr.py). NNX: each submodule class's __call__ is wrapped for this
+    each with its layout (readers/jaxpr.py). NNX: each submodule class's __call__ is wrapped for this
     one call and restored even on error; Linen: an interceptor that records each module's
     __call__. The call is traced once and compiled (eagerly, every operation compiles on its own
     for each new shape and dtype, several times slower for a first call); a model that cannot be
@@ -489,7 +489,7 @@ def _record(calls, labels: list) -> list:
 
 def trace(model: Model, inputs: Inputs) -> Traced:
     """The model traced on `inputs` without running it: the variables its forward pass reads
-    (readers/flax/jaxpr.py: a converter's leftover that the model never reads is not one of them), its
+    (readers/jaxpr.py: a converter's leftover that the model never reads is not one of them), its
     submodules as called (Linen) and every call's output leaves with their shapes and layouts.
     A model that cannot be traced gives what is known without it (every variable read)."""
     program = _program(model)
