@@ -77,10 +77,18 @@ def port_check_violation(module: str, name: str) -> str | None:
         return None
     if target > own:
         return f"{module} imports {name}, a layer above its own"
-    reader, other = module.split(".")[3:4], name.split(".")[3:5]
-    if own == target == PORT_CHECK_LAYERS.index("readers") and reader and len(other) == 2 and reader != other[:1]:
-        return f"the {reader[0]} reader imports another reader, {name}"
+    reader, other = _reader_folder(module), _reader_folder(name)
+    if own == target == PORT_CHECK_LAYERS.index("readers") and reader and other and reader != other:
+        return f"the {reader} reader imports another reader, {name}"
     return None
+
+
+def _reader_folder(module: str) -> str | None:
+    """The reader folder (readers/torch/, ...) `module` is in, by its name; None for the files
+    beside the folders (readers/protocol.py, readers/jaxpr.py) and outside the readers."""
+    parts = module.split(".")
+    inside = len(parts) > 4 and parts[:3] == [*PORT_CHECK.split("."), "readers"]
+    return parts[3] if inside and (ROOT / "mhsa" / "port_check" / "readers" / parts[3]).is_dir() else None
 
 
 def layer_of(module: str) -> str | None:

@@ -22,6 +22,7 @@ from mhsa.port_check.forward.boundaries import boundaries
 from mhsa.port_check.forward.hints import Side, hints, run_probes
 from mhsa.port_check.forward.rows import call_paths, gradient_rows, output_rows, rejudge
 from mhsa.port_check.readers import reader_of
+from mhsa.port_check.readers.protocol import ModuleInfo
 from shared.config import DTYPES
 from shared.tolerances import tolerance
 
@@ -60,27 +61,27 @@ def _decide(report: Transfer, source_params, target_params, copy: bool | None, f
     return False
 
 
-def lint(source_desc: dict, target_desc: dict, sides: tuple[str, str], name_map=None) -> list[str]:
+def lint(source_desc: dict[str, ModuleInfo], target_desc: dict[str, ModuleInfo], sides: tuple[str, str], name_map=None) -> list[str]:
     """One line per paired module whose type or settings differ, before any number is computed."""
     findings = []
     for path, info in source_desc.items():
         other = target_desc.get(map_name(path, name_map))
         if other is None:
             continue
-        kind = info["type"]
+        kind, theirs = info.kind, other.settings
         where = path or "(the model)"
-        if kind != other["type"] and "type" in info and _neutral(kind) and _neutral(other["type"]):
-            findings.append(f"{where}: {kind} in {sides[0]}, {other['type']} in {sides[1]}")
+        if kind != other.kind and _neutral(kind) and _neutral(other.kind):
+            findings.append(f"{where}: {kind} in {sides[0]}, {other.kind} in {sides[1]}")
             continue
-        for key, value in info.items():
-            if key in ("type", "dtypes") or key not in other or value is None or other[key] is None or value == other[key]:
+        for key, value in info.settings.items():
+            if key not in theirs or value is None or theirs[key] is None or value == theirs[key]:
                 continue
-            why = _why(kind, key, info, other)
+            why = _why(kind, key, info.settings, theirs)
             if key in ("bias", "active"):
                 side = sides[0] if value else sides[1]
                 findings.append(f"{where}: {kind} {key} in {side} only" + (f" ({why})" if why else ""))
             else:
-                findings.append(f"{where}: {kind} {key} {value!r} in {sides[0]}, {other[key]!r} in {sides[1]}" + (f" ({why})" if why else ""))
+                findings.append(f"{where}: {kind} {key} {value!r} in {sides[0]}, {theirs[key]!r} in {sides[1]}" + (f" ({why})" if why else ""))
     return findings
 
 
@@ -411,7 +412,7 @@ def _derive(report: PortReport, source: Side, outputs, grads, direction) -> deri
 def _why_apart(side: Side, outputs: list[Output], apart: list[str]) -> str:
     """Why a model's float64 run is no rounding twin of its float32 one, as far as can be told: a
     dropout left active, two float32 runs that differ (a random layer), or neither."""
-    active = [path for path, info in side.desc.items() if info.get("type") == "Dropout" and info.get("active")]
+    active = [path for path, info in side.desc.items() if info.kind == "Dropout" and info.settings.get("active")]
     if active:
         return f"its dropout {_some(active)} is active (train mode), so each run draws other numbers"
     try:

@@ -24,6 +24,7 @@ import numpy as np
 
 from mhsa.port_check.core.records import WHY, Row
 from mhsa.port_check.forward.rows import output_rows, rejudge
+from mhsa.port_check.readers.protocol import ModuleInfo
 
 
 @dataclass
@@ -33,7 +34,7 @@ class Side:
     model: Any
     reader: Any
     inputs: Any
-    desc: dict
+    desc: dict[str, ModuleInfo]
     # the port only, when its own weights are checked: reference parameter -> (port parameter,
     # the reference's values in the port's layout) for every parameter that differs
     differing: dict | None = None
@@ -43,7 +44,7 @@ class Side:
     traced: Any = None  # what the reader's trace() gave before the run (structure.Traced)
 
 
-def hints(rows: list[Row], call_paths: list[str], source_desc: dict, sides: tuple[str, str], asked: str, differing=()) -> list[str]:
+def hints(rows: list[Row], call_paths: list[str], source_desc: dict[str, ModuleInfo], sides: tuple[str, str], asked: str, differing=()) -> list[str]:
     """Where to look: the port's parameters that differ in the failing module, the code between
     the first failing output and the last agreeing one, the reference modules without a
     counterpart that ran in between, and the same for the largest growth of the difference after
@@ -109,10 +110,10 @@ def _unmatched_between(rows, call_paths, source_desc, sides, before, row) -> lis
     found = []
     for path in dict.fromkeys(_unmatched(rows, call_paths, source_desc, before, row)):
         info = source_desc[path]
-        settings = ", ".join(f"{key}={value!r}" for key, value in info.items() if key not in ("type", "dtypes"))
-        why = next((text for (kind, _), text in WHY.items() if kind == info["type"]), "")
+        settings = ", ".join(f"{key}={value!r}" for key, value in info.settings.items())
+        why = next((text for (kind, _), text in WHY.items() if kind == info.kind), "")
         found.append(
-            f"'{path}' ({info['type']}{': ' + settings if settings else ''}) ran in {sides[0]} "
+            f"'{path}' ({info.kind}{': ' + settings if settings else ''}) ran in {sides[0]} "
             f"just before '{row.name}' and has no counterpart in {sides[1]}" + (f"; {why}" if why else "")
         )
     return found
@@ -184,6 +185,12 @@ def _precision(kind: str, source: Side, target: Side) -> Iterator[None]:
         yield
 
 
+def _setting(desc: dict[str, ModuleInfo], path: str, key: str) -> Any:
+    """The setting `key` of the module at `path` as the lint read it; None where it has none."""
+    info = desc.get(path)
+    return None if info is None else info.settings.get(key)
+
+
 def _switches(first, last_good, rows, call_paths, source: Side, target: Side, sides):
     """(what, "source" or "target", make) for each likely cause at or before `first`; make()
     builds the switched copy (None where the switch does not apply: a kernel that is not square),
@@ -196,16 +203,14 @@ def _switches(first, last_good, rows, call_paths, source: Side, target: Side, si
             "target",
             lambda: target.reader.switched(target.model, "transpose", first.target_module),
         )
-    eps = source.desc.get(first.module, {}).get("eps")
-    other = target.desc.get(first.target_module, {}).get("eps")
+    eps, other = _setting(source.desc, first.module, "eps"), _setting(target.desc, first.target_module, "eps")
     if eps is not None and other is not None and eps != other:  # a norm of the library's or written by hand
         yield (
             f"the eps of '{first.target_module}' set to {sides[0]}'s {eps!r} (was {other!r})",
             "target",
             lambda: target.reader.switched(target.model, "eps", first.target_module, eps),
         )
-    padding = source.desc.get(first.module, {}).get("padding")
-    other = target.desc.get(first.target_module, {}).get("padding")
+    padding, other = _setting(source.desc, first.module, "padding"), _setting(target.desc, first.target_module, "padding")
     if first.kind == "Conv" and isinstance(padding, tuple) and other is not None and padding != other:  # 'SAME' at stride 2, say
         yield (
             f"the padding of '{first.target_module}' set to {sides[0]}'s {padding!r} (was {other!r})",
@@ -218,8 +223,8 @@ def _switches(first, last_good, rows, call_paths, source: Side, target: Side, si
         yield f"{names} given the reference's values in {sides[1]}", "target", lambda: target.reader.switched(target.model, "load", "", fixes)
     for path in dict.fromkeys(_unmatched(rows, call_paths, source.desc, last_good, first)):
         info = source.desc[path]
-        if info["type"] == "GELU":
-            approximate = "tanh" if info.get("approximate") == "none" else "none"
+        if info.kind == "GELU":
+            approximate = "tanh" if info.settings.get("approximate") == "none" else "none"
             yield (
                 f"'{path}' (GELU, no counterpart in {sides[1]}) switched to approximate={approximate!r} in {sides[0]}",
                 "source",

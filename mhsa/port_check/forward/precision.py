@@ -19,6 +19,7 @@ point at a float32-sized difference in a float64 run instead.
 from __future__ import annotations
 
 from mhsa.port_check.core.structure import RANKS, Output
+from mhsa.port_check.readers.protocol import ModuleInfo
 
 NAMES = {3: "float64", 2: "float32"}  # the ranks with tolerances (shared/tolerances.py)
 SHOWN = 4  # modules named per side; the rest are counted
@@ -28,11 +29,11 @@ def _inside(path: str, module: str) -> bool:
     return module == "" or path == module or path.startswith(module + ".")
 
 
-def lowered(desc: dict, asked: str) -> dict[str, dict[str, str]]:
+def lowered(desc: dict[str, ModuleInfo], asked: str) -> dict[str, dict[str, str]]:
     """module path -> {attribute: dtype} for the attributes that hold a floating dtype below `asked`."""
     found = {}
     for path, info in desc.items():
-        low = {name: value for name, value in info.get("dtypes", {}).items() if RANKS.get(value, 3) < RANKS[asked]}
+        low = {name: value for name, value in info.dtypes.items() if RANKS.get(value, 3) < RANKS[asked]}
         if low:
             found[path] = low
     return found

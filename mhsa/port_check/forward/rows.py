@@ -110,7 +110,7 @@ def output_rows(source_outputs, target_outputs, source_desc, target_desc, asked,
             continue
         used.add(key)
         pairs, by_position = _pair_leaves(leaves, index[key][1])
-        kind = source_desc.get(path, {}).get("type", "")
+        kind = source_desc[path].kind if path in source_desc else ""
         for s, t in pairs:
             name, target_name = label(path, call, counts_s[path], s.label), label(*key, counts_t[key[0]], t.label)
             if s.value is None or t.value is None:

@@ -105,7 +105,8 @@ def _renamed(unpaired, target_params, consumed, source_params, name_map) -> tupl
 
 
 def _type_of(desc, name) -> str:
-    return desc.get(_module(name), {}).get("type", "")
+    info = desc.get(_module(name))
+    return info.kind if info is not None else ""
 
 
 def _transposed_types(candidates, source_params, target_params, source_desc, target_desc, report) -> set[tuple[str, str]]:

@@ -6,19 +6,22 @@ and is the only part of the port check that imports that framework. `torch/` rea
 reader."""
 
 import importlib
-from typing import Any
+from typing import cast
+
+from mhsa.port_check.readers.protocol import Reader
 
 # the two sides the port check reads, each through its own reader module (a user's model is not a
 # backend of the registry: it is any torch.nn.Module, any Flax NNX module or Linen pair)
 READERS = {"torch": "mhsa.port_check.readers.torch.reader", "jax": "mhsa.port_check.readers.flax.reader"}
 
 
-def reader_of(model) -> tuple[str, Any]:
-    """(side name, its reader module) for the reader that can read `model`."""
+def reader_of(model) -> tuple[str, Reader]:
+    """(side name, its reader) for the reader that can read `model` (a module satisfying Reader:
+    readers/protocol.py)."""
     for name, module in READERS.items():
         reader = importlib.import_module(module)
         if reader.owns(model):
-            return name, reader
+            return name, cast(Reader, reader)
     raise TypeError(
         f"model of type {type(model).__name__} is not one the port check can read "
         f"(a torch.nn.Module, an nnx.Module, or a Linen (module, variables) pair)"

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from mhsa.port_check.core.records import PortReport, map_name
+from mhsa.port_check.core.structure import as_inputs
 from mhsa.port_check.core.training_records import MOMENTS, StepRecord, StepSummary, TrainReport, TrainRow
 from mhsa.port_check.forward.check import check_port, lint, transfer_weights
 from mhsa.port_check.readers import reader_of
@@ -120,7 +121,9 @@ def check_training(reference, port, steps: int, *, dtype: str = "float32", name_
         steps=steps,
         transfer=transfer,
         tolerance_note=_tolerance_note(dtype),
-        config_lint=lint(ref_reader.describe(ref32.model, first_ref), port_reader.describe(port_model, first_port), sides, name_map),
+        config_lint=lint(
+            ref_reader.describe(ref32.model, as_inputs(first_ref)), port_reader.describe(port_model, as_inputs(first_port)), sides, name_map
+        ),
     )
     report.lint, report.lint_notes, report.settings = train_lint.optimizer_lint(reference, port, port_model, steps, name_map, probes)
     before, failed_before = train_torch.snapshot(ref32.model), None

@@ -25,6 +25,7 @@ from mhsa.port_check import (
     transfer_weights,
 )
 from mhsa.port_check.readers.flax import reader as jax_port
+from mhsa.port_check.readers.protocol import ModuleInfo
 
 OUTPUTS = ["ln1", "attn.qkv_proj", "attn.out_proj", "attn", "ln2", "mlp.fc1", "mlp.fc2", "mlp.drop", "mlp", "(model output)"]
 
@@ -233,10 +234,10 @@ def test_conv_kernels_are_laid_out_and_outputs_compared_channels_last():
 
 
 def test_batchnorm_momentum_and_conv_settings_are_compared_in_one_convention():
-    source = {"bn": {"type": "BatchNorm", "eps": 1e-5, "momentum": 0.1}, "conv": {"type": "Conv", "stride": (2,)}}
-    torch_bn = {"type": "BatchNorm", **{k: v for k, v in jax_port._settings(nnx.BatchNorm(4, rngs=nnx.Rngs(0))).items()}}
-    assert torch_bn["momentum"] == pytest.approx(0.01)  # Flax's default 0.99 in torch's convention
-    findings = lint(source, {"bn": torch_bn, "conv": {"type": "Conv", "stride": (1,)}}, ("torch", "jax"))
+    source = {"bn": ModuleInfo("BatchNorm", {"eps": 1e-5, "momentum": 0.1}), "conv": ModuleInfo("Conv", {"stride": (2,)})}
+    torch_bn = ModuleInfo("BatchNorm", jax_port._settings(nnx.BatchNorm(4, rngs=nnx.Rngs(0))))
+    assert torch_bn.settings["momentum"] == pytest.approx(0.01)  # Flax's default 0.99 in torch's convention
+    findings = lint(source, {"bn": torch_bn, "conv": ModuleInfo("Conv", {"stride": (1,)})}, ("torch", "jax"))
     assert findings == [
         "bn: BatchNorm momentum 0.1 in torch, 0.01 in jax (in torch's convention (weight of the new batch): torch 0.1 = Flax momentum 0.9)",
         "conv: Conv stride (2,) in torch, (1,) in jax",

@@ -28,6 +28,7 @@ from mhsa.port_check.core.cotangents import Direction
 from mhsa.port_check.core.padding import resolve_same
 from mhsa.port_check.core.structure import Inputs, Output, Traced, as_inputs, dtype_name, flatten, is_float_dtype, split_arrays
 from mhsa.port_check.readers import jaxpr as flax_jaxpr
+from mhsa.port_check.readers.protocol import ModuleInfo
 
 DTYPES = {"float32": jnp.float32, "float64": jnp.float64}
 
@@ -81,16 +82,16 @@ def module_type(module: object) -> str:
     return next((name for cls, name in TYPES if isinstance(module, cls)), type(module).__name__)
 
 
-def describe(model: Model, inputs: Inputs, traced: Traced | None = None) -> dict[str, dict]:
-    """module path ("" for the model itself) -> {"type": neutral name, setting: value, ...}, with
-    the settings the lint compares, in torch's conventions. inputs: Linen's submodules exist only
+def describe(model: Model, inputs: Inputs, traced: Traced | None = None) -> dict[str, ModuleInfo]:
+    """module path ("" for the model itself) -> its neutral type, the settings the lint compares
+    in torch's conventions and its compute dtypes. inputs: Linen's submodules exist only
     while the model is called, so a Linen model is traced once with them (or `traced` is read)."""
     modules = _modules(model, inputs, traced)
-    return {path: {"type": module_type(module), **_settings(module), **_dtypes(module)} for path, module in modules.items()}
+    return {path: ModuleInfo(module_type(module), _settings(module), _dtypes(module)) for path, module in modules.items()}
 
 
-def _dtypes(module) -> dict:
-    """{"dtypes": {attribute: dtype name}} for the module's attributes that hold a floating dtype
+def _dtypes(module) -> dict[str, str]:
+    """{attribute: dtype name} for the module's attributes that hold a floating dtype
     (its compute dtype: Flax layers compute in `dtype` whatever their parameters' dtype); {}
     when there are none. A Linen module's are its dataclass fields, an NNX module's its
     attributes; a dtype object only (a string may name anything), and not param_dtype."""
@@ -104,7 +105,7 @@ def _dtypes(module) -> dict:
         for name, value in items
         if not name.startswith("_") and name != "param_dtype" and not isinstance(value, str) and _is_float_dtype(value)
     }
-    return {"dtypes": found} if found else {}
+    return found
 
 
 # where a norm written by hand keeps its epsilon (Flax's spelling, torch's, a library's RMSNorm)

@@ -24,6 +24,7 @@ from mhsa import registry
 from mhsa.port_check.core import cotangents
 from mhsa.port_check.core.cotangents import Direction
 from mhsa.port_check.core.structure import Inputs, Output, Traced, as_inputs, dtype_name, flatten, is_float_dtype, leaves, map_inputs
+from mhsa.port_check.readers.protocol import ModuleInfo
 from mhsa.port_check.readers.torch.dataflow import Dataflow
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -58,18 +59,18 @@ def _modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(path, module) for path, module in model.named_modules() if "parametrizations" not in path.split(".")]
 
 
-def describe(model: nn.Module, inputs: Inputs, traced: Traced | None = None) -> dict[str, dict]:
-    """module path ("" for the model itself) -> {"type": neutral name, setting: value, ...}, with
-    the settings the lint compares, in torch's conventions. inputs, traced: unused here (Linen
+def describe(model: nn.Module, inputs: Inputs, traced: Traced | None = None) -> dict[str, ModuleInfo]:
+    """module path ("" for the model itself) -> its neutral type, the settings the lint compares
+    in torch's conventions and its compute dtypes. inputs, traced: unused here (Linen
     needs them)."""
-    return {path: {"type": module_type(module), **_settings(module), **_dtypes(module)} for path, module in _modules(model)}
+    return {path: ModuleInfo(module_type(module), _settings(module), _dtypes(module)) for path, module in _modules(model)}
 
 
-def _dtypes(module) -> dict:
-    """{"dtypes": {attribute: dtype name}} for attributes holding a floating dtype (a compute
+def _dtypes(module) -> dict[str, str]:
+    """{attribute: dtype name} for attributes holding a floating dtype (a compute
     dtype kept on the module: `.to()` casts parameters, not these); {} when there are none."""
     found = {name: dtype_name(value) for name, value in vars(module).items() if isinstance(value, torch.dtype) and value.is_floating_point}
-    return {"dtypes": found} if found else {}
+    return found
 
 
 # where a norm written by hand keeps its epsilon (torch's own, a library's RMSNorm, Flax's spelling)

@@ -1,0 +1,128 @@
+"""What a framework's reader provides to the port check: the `Reader` protocol and the records it
+returns. A reader is a module (`readers/torch/reader.py`, `readers/flax/reader.py`) whose
+functions are the protocol's members; the checks above reach one only through `reader_of`
+(readers/__init__.py), typed as `Reader`. mypy checks each registered reader against the protocol
+(the TYPE_CHECKING block below), and tests/tools/port_check/test_reader_protocol.py checks every
+reader's functions, their parameters and what `describe` returns at run time.
+
+Everything a reader hands over is framework-neutral: parameters as NumPy arrays under torch's
+state_dict names and layouts (the exchange convention), outputs as `Output` leaves in the order
+their calls return (core/structure.py), settings in torch's conventions (`ModuleInfo`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from mhsa.port_check.core.cotangents import Direction
+from mhsa.port_check.core.structure import Inputs, Output, Traced
+
+Model = Any  # a framework's model as the user gives it (a torch.nn.Module, an nnx.Module, a Linen pair)
+
+
+@dataclass(frozen=True)
+class ModuleInfo:
+    """One submodule as the lint reads it: its neutral type ("Linear", "LayerNorm", "Conv", ...,
+    or its class name for a layer written by hand), the settings the lint compares in torch's
+    conventions ({"eps": 1e-05, "bias": True, ...}; None where the module's call decides), and the
+    attributes holding a floating compute dtype ({"dtype": "float32"})."""
+
+    kind: str
+    settings: dict[str, Any] = field(default_factory=dict)
+    dtypes: dict[str, str] = field(default_factory=dict)
+
+
+class Reader(Protocol):
+    """A framework's reader. Names are neutral (torch's state_dict names, module paths joined by
+    "."; "" is the model itself), arrays NumPy in torch's layouts."""
+
+    def owns(self, model: object) -> bool:
+        """Whether this reader reads `model`."""
+        ...
+
+    def module_type(self, module: Any) -> str:
+        """The neutral type name of one submodule (ModuleInfo.kind)."""
+        ...
+
+    def describe(self, model: Model, inputs: Inputs, traced: Traced | None = None) -> dict[str, ModuleInfo]:
+        """module path -> what the lint reads of it, every submodule (a reader that knows its
+        submodules only while the model runs traces it on `inputs`, or reads `traced`)."""
+        ...
+
+    def parameters(self, model: Model) -> dict[str, np.ndarray]:
+        """Every floating-point parameter and persistent buffer: neutral name -> array."""
+        ...
+
+    def frozen(self, model: Model) -> frozenset[str]:
+        """The parameters the model does not train."""
+        ...
+
+    def tied(self, model: Model) -> dict[str, str]:
+        """{parameter name: the earlier name it shares its storage with}."""
+        ...
+
+    def load_parameters(self, model: Model, arrays: dict[str, np.ndarray]) -> Model:
+        """`model` (or a new one, for an immutable framework) holding `arrays` (neutral names,
+        already paired and shape-checked)."""
+        ...
+
+    def cast(self, model: Model, dtype: str) -> tuple[Model, list[str]]:
+        """`model` with every floating-point variable (and compute dtype) in `dtype`, and one line
+        per compute-dtype attribute changed."""
+        ...
+
+    def capture(self, model: Model, inputs: Inputs) -> list[Output]:
+        """Every leaf of every submodule call's output, in the order the calls return (a child
+        before its parent; the model itself last, path "")."""
+        ...
+
+    def trace(self, model: Model, inputs: Inputs) -> Traced:
+        """What can be known before a run: the variables the forward pass reads, the modules as
+        called, each output's layout."""
+        ...
+
+    def gradients(self, model: Model, inputs: Inputs, direction: Direction = ...) -> dict[str, np.ndarray]:
+        """d <r, output> / d every parameter, r the direction `direction` gives the output's leaves
+        (core/cotangents.py): neutral names and layouts."""
+        ...
+
+    def run(
+        self,
+        model: Model,
+        inputs: Inputs,
+        grads: Direction | None = None,
+        each: Callable[[Output], Output] | None = None,
+        traced: Traced | None = None,
+    ) -> tuple[list[Output], dict[str, np.ndarray] | None]:
+        """capture's outputs (each through `each` as it is recorded, to reduce it) and, with
+        `grads`, the gradients, from one forward (and backward) pass; `traced` is trace()'s record
+        of this model on these inputs, to reuse."""
+        ...
+
+    def switched(self, model: Model, switch: str, path: str, value: Any = None) -> Model | None:
+        """A copy of `model` with one likely cause of a difference switched, for the probes
+        ("transpose", "eps", "approximate", "padding", "load"); None where it does not apply."""
+        ...
+
+    @property
+    def float64_twin(self) -> Callable[[Model], AbstractContextManager[Model]]:
+        """A context manager giving `model` in float64 for the block (the tolerances' reference
+        run), the model as it was after it, even on error."""
+        ...
+
+    @property
+    def highest_precision(self) -> Callable[[], AbstractContextManager[None]]:
+        """A context manager with full float32 matmuls (no TF32) for the block."""
+        ...
+
+
+if TYPE_CHECKING:  # mypy checks every reader against the protocol; nothing is imported at run time
+    from mhsa.port_check.readers.flax import reader as _flax_reader
+    from mhsa.port_check.readers.torch import reader as _torch_reader
+
+    _READERS: tuple[Reader, ...] = (_torch_reader, _flax_reader)
