@@ -244,18 +244,24 @@ def test_batchnorm_momentum_and_conv_settings_are_compared_in_one_convention():
     ]
 
 
-def test_capture_leaves_nothing_patched_even_when_the_model_raises():
+def test_capture_patches_no_class_while_it_runs_nor_after_even_when_the_model_raises():
+    during = []
+
     class Broken(nnx.Module):
         def __init__(self):
             self.fc = nnx.Linear(D, D, rngs=nnx.Rngs(0))
 
         def __call__(self, x):
+            during.append((nnx.Linear.__dict__["__call__"], Broken.__dict__["__call__"]))
             raise RuntimeError(f"planted failure after {self.fc(x).shape}")
 
     originals = nnx.Linear.__dict__["__call__"], Broken.__dict__["__call__"]
+    model = Broken()
     with pytest.raises(RuntimeError, match="planted failure"):
-        jax_port.capture(Broken(), (torch_block.example_inputs(),))
+        jax_port.capture(model, (torch_block.example_inputs(),))
+    assert during and set(during) == {originals}  # the classes' own __call__ while the model ran
     assert (nnx.Linear.__dict__["__call__"], Broken.__dict__["__call__"]) == originals
+    assert type(model) is Broken and type(model.fc) is nnx.Linear  # the user's instances untouched
 
 
 def planted_eps():

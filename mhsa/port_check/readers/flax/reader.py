@@ -13,6 +13,7 @@ classes' __call__ for one call (restored even on error), Linen's by an intercept
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 from collections.abc import Iterator
 from typing import Any
@@ -379,8 +380,8 @@ def _is_float_dtype(value) -> bool:
 def capture(model: Model, inputs: Inputs) -> list[Output]:
     """Call the model once and return every leaf of every submodule call's output (core/structure.py),
     in the order the calls return (a child before its parent; the model itself last, path ""),
-    each with its layout (readers/jaxpr.py). NNX: each submodule class's __call__ is wrapped for this
-    one call and restored even on error; Linen: an interceptor that records each module's
+    each with its layout (readers/jaxpr.py). NNX: each submodule of a throwaway copy records its
+    calls through a subclass of its own class (no class is patched); Linen: an interceptor that records each module's
     __call__. The call is traced once and compiled (eagerly, every operation compiles on its own
     for each new shape and dtype, several times slower for a first call); a model that cannot be
     traced, say one that reads a value with float(), runs eagerly instead, its layouts unknown. A
@@ -615,40 +616,47 @@ def _numpy(value) -> np.ndarray:
 
 @contextlib.contextmanager
 def _wrapped(model, calls):
-    """While open, every call of a submodule of `model` appends (path, output) to `calls`, once
-    per call (a subclass's __call__ that calls super().__call__ reaches a second wrapper)."""
-    paths = {id(module): _join(path) for path, module in nnx.iter_modules(model)}
-    classes = {type(module) for _, module in nnx.iter_modules(model)}
-    originals = {cls: (cls.__dict__.get("__call__"), cls.__call__) for cls in classes}
-    active = []
-
-    def wrap(original):
-        def __call__(self, *args, **kwargs):
-            # a subclass's __call__ that calls super().__call__ reaches a second wrapper: record once
-            outer = id(self) in paths and id(self) not in active
-            if outer:
-                active.append(id(self))
-            try:
-                output = original(self, *args, **kwargs)
-            finally:
-                if outer:
-                    active.pop()
-            if outer:
-                calls.append((paths[id(self)], output))
-            return output
-
-        return __call__
-
+    """While open, every call of a submodule of `model` (a throwaway copy: nnx.merge's) appends
+    (path, output) to `calls`, once per call. No class is patched: each submodule instance of the
+    copy is given a recording subclass of its own class for the block (made once per class,
+    _recording) and its class back after it, even on error."""
+    modules = list(nnx.iter_modules(model))
+    swapped = []
+    token = _RECORDING_INTO.set(({id(module): _join(path) for path, module in modules}, calls))
     try:
-        for cls, (_, inherited) in originals.items():
-            cls.__call__ = wrap(inherited)
+        for _, module in modules:
+            cls = type(module)
+            if "__call__" in dir(cls):
+                object.__setattr__(module, "__class__", _recording(cls))
+                swapped.append((module, cls))
         yield
     finally:
-        for cls, (own, _) in originals.items():
-            if own is None:
-                del cls.__call__
-            else:
-                cls.__call__ = own
+        for module, cls in swapped:
+            object.__setattr__(module, "__class__", cls)
+        _RECORDING_INTO.reset(token)
+
+
+# ({id(module): path}, calls) of the capture in progress
+_RECORDING_INTO: contextvars.ContextVar[tuple[dict[int, str], list] | None] = contextvars.ContextVar("recording_into", default=None)
+_RECORDERS: dict[type, type] = {}
+
+
+def _recording(cls: type) -> type:
+    """The subclass of `cls` whose __call__ records its output into the capture in progress
+    (only the instance's own class records: a __call__ that calls super().__call__ records once)."""
+    if cls not in _RECORDERS:
+
+        def __call__(self, *args, **kwargs):
+            output = super(recorder, self).__call__(*args, **kwargs)
+            into = _RECORDING_INTO.get()
+            if into is not None and id(self) in into[0]:
+                into[1].append((into[0][id(self)], output))
+            return output
+
+        namespace = {"__call__": __call__, "__module__": cls.__module__, "__qualname__": cls.__qualname__}
+        recorder = type(cls)(cls.__name__, (cls,), namespace)
+        _RECORDERS[cls] = recorder
+    return _RECORDERS[cls]
 
 
 def _linen_run(model, inputs: Inputs):
