@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 NORMS = ("LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm")
 # what the lint says about a setting beyond the two values
@@ -32,17 +32,44 @@ class PortCheckError(ValueError):
     line that says what and why; the command prints it and exits 2."""
 
 
+class Paired(NamedTuple):
+    """A reference parameter and the port's that it pairs with: the reference's shape, and whether
+    it is taken transposed (a Linear's (out, in) weight as a (in, out) kernel)."""
+
+    reference: str
+    port: str
+    shape: tuple
+    transposed: bool = False
+
+
+class Mismatched(NamedTuple):
+    """A reference parameter paired by name with a port parameter of another shape."""
+
+    reference: str
+    port: str
+    shape: tuple  # the reference's, as the port would take it
+    port_shape: tuple
+
+
+class Differing(NamedTuple):
+    """A port parameter kept as the port holds it that differs from the reference's."""
+
+    name: str
+    largest: float  # max abs difference
+    how: str  # "transposed", "scaled by 0.5", ...
+
+
 @dataclass
 class Transfer:
     """What happened to every parameter: paired (then copied, or compared as the port holds it),
     and what did not fit."""
 
-    filled: list[tuple[str, str, tuple, bool]] = field(default_factory=list)  # reference name, port name, shape, taken transposed
-    transposed_only: list[tuple[str, str, tuple]] = field(default_factory=list)  # standard layers that fit only transposed: not filled
-    mismatched: list[tuple[str, str, tuple, tuple]] = field(default_factory=list)
+    filled: list[Paired] = field(default_factory=list)
+    transposed_only: list[Paired] = field(default_factory=list)  # standard layers that fit only transposed: not filled
+    mismatched: list[Mismatched] = field(default_factory=list)
     unconsumed_source: list[str] = field(default_factory=list)
     unconsumed_target: list[str] = field(default_factory=list)
-    differing: list[tuple[str, float, str]] = field(default_factory=list)  # kept as the port holds them: name, max abs, how
+    differing: list[Differing] = field(default_factory=list)  # kept as the port holds them
     layouts: list[str] = field(default_factory=list)  # the transposed layouts inferred, one line each
     ambiguous: list[tuple[str, list[str]]] = field(default_factory=list)  # reference parameters a rename could pair with several of the port's
     copied: bool = True

@@ -204,7 +204,7 @@ def check_port(source, target, inputs, *, target_inputs=None, name_map=None, tra
     target_desc = _running(running_target, target_reader.describe, target, target_inputs, target_traced)
     pairing = weights.pair_parameters(source_params, target_params, source_desc, target_desc, name_map, sides)
     tied = source_reader.tied(source)
-    aliases = [name for name in pairing.unconsumed_source if name in tied and any(s == tied[name] for s, *_ in pairing.filled)]
+    aliases = [name for name in pairing.unconsumed_source if name in tied and any(pair.reference == tied[name] for pair in pairing.filled)]
     if aliases:  # a tied weight is one parameter: paired once, under its first name
         pairing.unconsumed_source = [name for name in pairing.unconsumed_source if name not in aliases]
         notes.append(f"tied in {source_name}: " + ", ".join(f"{name} is {tied[name]}" for name in aliases) + " (one parameter, paired once)")
@@ -225,9 +225,9 @@ def check_port(source, target, inputs, *, target_inputs=None, name_map=None, tra
     del target_params  # views of the port's weights: a fresh port's initial values go once overwritten (if no one else holds them)
     if copy:
         target = target_reader.load_parameters(target, weights.arrays_to_copy(pairing, source_params))
-    flipped_of = {name: flipped for name, _, _, flipped in pairing.filled}
-    mapped_of = {name: mapped for name, mapped, _, _ in pairing.filled}
-    differing = {name: (mapped_of[name], source_params[name].T if flipped_of[name] else source_params[name]) for name, _, _ in pairing.differing}
+    flipped_of = {pair.reference: pair.transposed for pair in pairing.filled}
+    mapped_of = {pair.reference: pair.port for pair in pairing.filled}
+    differing = {name: (mapped_of[name], source_params[name].T if flipped_of[name] else source_params[name]) for name, *_ in pairing.differing}
     del source_params
     _compare(
         report,
@@ -332,7 +332,7 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
         if frozen & set(source_grads):  # a parameter the reference does not train has no gradient to compare
             report.notes.append(f"gradients not compared, as {sides[0]} does not train them (frozen): {_some(sorted(frozen & set(source_grads)))}")
             source_grads = {name: grad for name, grad in source_grads.items() if name not in frozen}
-        pairs = {name: (mapped, flipped) for name, mapped, _, flipped in pairing.filled}
+        pairs = {pair.reference: (pair.port, pair.transposed) for pair in pairing.filled}
         zero = tolerances.zero if source.derived is not None else derived.zero_gradients(source_grads)
         report.rows += gradient_rows(source_grads, target_grads, min(floors), sides, pairs, asked, tolerances.grads, zero)
     if any(row.failed and row.status == "" and (asked == "float32" or row.reference_error is not None) for row in report.rows):
@@ -478,8 +478,8 @@ def _some(names: list[str], shown: int = 4) -> str:
 
 def _shape_advice(pairing: Transfer) -> str:
     """What to add to a failed run of the port: the shapes the pairing already found not to fit."""
-    misfits = [f"'{s}' {ss} vs '{m}' {ts}" for s, m, ss, ts in pairing.mismatched] + [
-        f"'{s}' {shape} fits '{m}' only transposed" for s, m, shape in pairing.transposed_only
+    misfits = [f"'{pair.reference}' {pair.shape} vs '{pair.port}' {pair.port_shape}" for pair in pairing.mismatched] + [
+        f"'{pair.reference}' {pair.shape} fits '{pair.port}' only transposed" for pair in pairing.transposed_only
     ]
     if not misfits:
         return ""

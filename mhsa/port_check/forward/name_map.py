@@ -72,8 +72,9 @@ def propose_map(report: Transfer, source_params, target_params, source_order, ta
 
 def _paired_already(report: Transfer, name_map) -> dict[str, str]:
     """reference parameter -> port parameter for the ones already paired by name: a proposal must keep them."""
-    paired = {name: mapped for name, mapped, *_ in report.filled}
-    paired.update({name: mapped for name, mapped, *_ in report.transposed_only + report.mismatched})
+    paired = {pair.reference: pair.port for pair in report.filled}
+    paired.update({pair.reference: pair.port for pair in report.transposed_only})
+    paired.update({pair.reference: pair.port for pair in report.mismatched})
     return paired
 
 

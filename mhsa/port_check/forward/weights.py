@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from mhsa.port_check.core.chunks import BLOCK, blocks, dot, largest, largest_abs, within
-from mhsa.port_check.core.records import Transfer, map_name
+from mhsa.port_check.core.records import Differing, Mismatched, Paired, Transfer, map_name
 from shared.tolerances import max_abs_diff
 
 # the layer types whose layouts the readers convert: a pair of these that fits only transposed is a bug of the port
@@ -59,15 +59,15 @@ def pair_parameters(source_params, target_params, source_desc, target_desc, name
         value, expected = source_params[name], target_params[mapped].shape
         kinds = (_type_of(source_desc, name), _type_of(target_desc, mapped))
         if value.ndim == 2 and (kinds in transposed_types or (name, mapped) in kernels) and value.T.shape == expected:
-            report.filled.append((name, mapped, value.shape, True))
+            report.filled.append(Paired(name, mapped, value.shape, transposed=True))
         elif value.ndim == 2 and kinds in transposed_types:
-            report.mismatched.append((name, mapped, value.T.shape, expected))
+            report.mismatched.append(Mismatched(name, mapped, value.T.shape, expected))
         elif value.shape == expected:
-            report.filled.append((name, mapped, value.shape, False))
+            report.filled.append(Paired(name, mapped, value.shape))
         elif value.ndim == 2 and value.T.shape == expected:
-            report.transposed_only.append((name, mapped, value.shape))
+            report.transposed_only.append(Paired(name, mapped, value.shape, transposed=True))
         else:
-            report.mismatched.append((name, mapped, value.shape, expected))
+            report.mismatched.append(Mismatched(name, mapped, value.shape, expected))
     return report
 
 
@@ -170,8 +170,8 @@ def compare_values(report: Transfer, source_params, target_params, tol: float, k
     over, has report.differing left empty and nothing measured beyond the first block that differs.
     no_evidence: the parameters that count for neither side (tables())."""
     evidence, searched, differing = 0, 0, []
-    for name, mapped, _, transposed in report.filled:
-        reference, port = _view(source_params[name], transposed), target_params[mapped]
+    for pair in report.filled:
+        name, reference, port = pair.reference, _view(source_params[pair.reference], pair.transposed), target_params[pair.port]
         informative = bool(name not in no_evidence and reference.size > 1 and np.ptp(reference) > 0 and np.ptp(port) > 0)
         if within(max_abs_diff, tol, reference, port):
             evidence += informative
@@ -188,7 +188,7 @@ def compare_values(report: Transfer, source_params, target_params, tol: float, k
     if evidence or keep:  # the port is kept: every difference is said, with its size
         for name, reference, port, how in found:
             diff = largest(max_abs_diff, reference, port)
-            report.differing.append((name, diff, how or f"differs by {diff:.2e}"))
+            report.differing.append(Differing(name, diff, how or f"differs by {diff:.2e}"))
     return evidence
 
 
@@ -311,4 +311,4 @@ def informative_count(report: Transfer, source_params, no_evidence=frozenset()) 
 
 def arrays_to_copy(report: Transfer, source_params) -> dict[str, np.ndarray]:
     """{port name: the reference's array in the port's layout} for every paired parameter."""
-    return {mapped: _view(source_params[name], transposed) for name, mapped, _, transposed in report.filled}
+    return {pair.port: _view(source_params[pair.reference], pair.transposed) for pair in report.filled}

@@ -58,8 +58,8 @@ def _weights(t: Transfer, listed: bool = True) -> list[str]:
             f"weights: {len(t.filled)} parameters paired by name, {len(t.unconsumed_source)} of {a} and {len(t.unconsumed_target)} of {b} not"
         )
     lines += [f"  layout: {line}" for line in t.layouts]
-    lines += _listed([f"  fits only transposed (not paired): {s} {shape} -> {m}" for s, m, shape in t.transposed_only])
-    lines += _listed([f"  shape mismatch (not paired): {s} {ss} -> {m} {ts}" for s, m, ss, ts in t.mismatched])
+    lines += _listed([f"  fits only transposed (not paired): {pair.reference} {pair.shape} -> {pair.port}" for pair in t.transposed_only])
+    lines += _listed([f"  shape mismatch (not paired): {pair.reference} {pair.shape} -> {pair.port} {pair.port_shape}" for pair in t.mismatched])
     if listed:
         lines += _listed([f"  unconsumed in {a}: {name}" for name in t.unconsumed_source])
         lines += _listed([f"  unconsumed in {b}: {name}" + (" (keeps its own values)" if t.copied else "") for name in t.unconsumed_target])

@@ -46,8 +46,8 @@ def _listed(what: str, findings: list[str]) -> list[str]:
 def _not_copied(report: TrainReport) -> dict[str, list[str]]:
     t = report.transfer
     return {
-        "fits only transposed": [f"{s} {shape} -> {m}" for s, m, shape in t.transposed_only],
-        "shape mismatch": [f"{s} {ss} -> {m} {ts}" for s, m, ss, ts in t.mismatched],
+        "fits only transposed": [f"{pair.reference} {pair.shape} -> {pair.port}" for pair in t.transposed_only],
+        "shape mismatch": [f"{pair.reference} {pair.shape} -> {pair.port} {pair.port_shape}" for pair in t.mismatched],
         f"unconsumed in {report.sides[0]}": list(t.unconsumed_source),
         f"unconsumed in {report.sides[1]}": list(t.unconsumed_target),
     }

@@ -221,7 +221,7 @@ def test_a_standard_layer_that_fits_only_transposed_is_named_and_not_copied():
     port = nnx.Module()
     port.proj = nnx.Linear(7, D, rngs=nnx.Rngs(0))  # built the wrong way round
     _, report = transfer_weights(source, port, copy=True)
-    assert report.transposed_only == [("proj.weight", "proj.weight", (7, D))] and not report.filled
+    assert report.transposed_only == [("proj.weight", "proj.weight", (7, D), True)] and not report.filled
 
 
 def test_conv_kernels_are_laid_out_and_outputs_compared_channels_last():
