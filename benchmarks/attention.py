@@ -17,7 +17,7 @@ import bench_common  # noqa: F401  (puts the repository on sys.path)
 from bench_common import interleaved, jax_module, median, mib, ms, ratio, spread, table
 
 from mhsa.flags import int_flag  # noqa: E402  (after bench_common puts the repository on sys.path)
-from mhsa.freed_memory import M_MMAP_THRESHOLD, mallopt  # noqa: E402
+from shared import malloc  # noqa: E402
 
 SHAPES = [(4, 1024, 256, 8), (2, 2048, 512, 8)]  # B, T, D, H
 QUICK_SHAPES = [(2, 64, 32, 4)]
@@ -220,7 +220,7 @@ def _probe(framework, lengths) -> None:
     the system when it is freed, so resident memory follows what is alive; prints JSON."""
     import json
 
-    mallopt((M_MMAP_THRESHOLD, 1 << 16))  # fixed, not adaptive
+    malloc.use("returned")  # fixed, not adaptive
     print(json.dumps({str(T): row for T, row in memory_rows(framework, lengths).items()}))
 
 

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as `python benchmarks/x.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
-from mhsa.freed_memory import M_MMAP_MAX, M_TRIM_THRESHOLD, mallopt  # noqa: E402  (after the repository is on sys.path)
+from shared import malloc  # noqa: E402  (after the repository is on sys.path)
 
 PACKAGES = ("numpy", "torch", "jax", "jaxlib", "flax", "optax")
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
@@ -53,7 +53,7 @@ def keep_freed_memory() -> bool:
     pages already mapped instead of page-faulting new ones in. The same as starting the process
     with GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=2147483647.
     Returns False where there is no glibc."""
-    return mallopt((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, (1 << 31) - 1))
+    return malloc.use("never_unmapped")
 
 
 def cpu_model() -> str:

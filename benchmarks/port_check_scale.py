@@ -46,7 +46,7 @@ KINDS = ("floor", "check", "floor --grads", "check --grads")
 # apart in the later blocks, within their derived tolerances), and a failing check stops earlier
 FIXED = ("check, no float64 twin", "check, no float64 twin --grads")
 # --breakdown: the floor again, its two runs keeping freed memory for reuse as the check's runs do
-# (mhsa/freed_memory.py): what that setting alone gives, to read the check against
+# (shared/malloc.py): what that setting alone gives, to read the check against
 KEPT = ("floor, freed memory kept", "floor, freed memory kept --grads")
 
 
@@ -82,7 +82,7 @@ def floor(size: str, batch: int, length: int, grads: bool, kept: bool = False) -
 
     from examples.zoo import convert, gpt2_convert
     from examples.zoo.torch_weights import numpy_state
-    from mhsa.freed_memory import kept_for_reuse
+    from shared.malloc import kept_for_reuse
 
     block = kept_for_reuse if kept else contextlib.nullcontext
     reference, port, config, ids = pair(size, batch, length)

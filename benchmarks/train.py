@@ -244,14 +244,14 @@ def numpy_table(repeats, quick):
     trainers, every epoch function interleaved in one process; then the project's train()."""
     from numpy_ref.adam import Adam
     from numpy_ref.model import from_exchange
-    from numpy_ref.train import keep_freed_memory, train_epoch
-    from shared import training
+    from numpy_ref.train import train_epoch
+    from shared import malloc, training
     from shared.config import TrainConfig
 
     model_config, train_config = _configs(quick)
     torch_loops, steps = torch_peers(quick)
     jax_loops, _ = jax_peers(quick)
-    keep_freed_memory()
+    malloc.use("settled")
 
     def numpy_loop(dtype):
         config = TrainConfig(**{**train_config.to_dict(), "dtype": dtype, "betas": train_config.betas})
@@ -302,7 +302,7 @@ def numpy_section(rows, reference, repeats, steps, first):
         + table(["loop", "steps/s", "middle half", "vs torch's loop", f"vs target {target:,}"], body)
         + f"\n\n- the project's trainer: {first:.2f} s from train() to the end of epoch 1 (set-up)"
         + "\n- the numpy rows run with glibc keeping freed memory, as numpy_ref.train.train sets it"
-        " (keep_freed_memory); in this process torch's and JAX's imports have done so already"
+        " (shared/malloc.py's \"settled\"); in this process torch's and JAX's imports have done so already"
     )
 
 

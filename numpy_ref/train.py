@@ -26,9 +26,8 @@ from typing import Any
 import numpy as np
 
 from numpy_ref.adam import Adam
-from numpy_ref.malloc import keep_freed_memory
 from numpy_ref.model import TinyLM, from_exchange, loss_and_grads
-from shared import checks, training
+from shared import checks, malloc, training
 from shared.adam_state import AdamState
 from shared.config import ModelConfig, TrainConfig
 from shared.history import History
@@ -69,7 +68,7 @@ def train(
     """
     started = time.perf_counter()
     start_epoch = training.first_epoch(resume, train_config)
-    keep_freed_memory()  # numpy_ref/malloc.py: each step's temporaries stay mapped
+    malloc.use("settled")  # shared/malloc.py: each step's temporaries stay mapped
 
     # 1. model: the shared NumPy init, identical for every backend, unless init says otherwise
     arrays = training.initial_weights(init, model_config, train_config)

@@ -94,5 +94,7 @@ def test_native_init_is_refused_with_a_reason():
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
-def test_glibc_is_told_to_keep_freed_memory():
-    assert NUMPY.train.keep_freed_memory() is True
+def test_glibc_takes_the_numpy_trainers_malloc_policy():
+    from shared import malloc
+
+    assert malloc.use("settled") is True

@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 
-from mhsa.freed_memory import kept_for_reuse
 from mhsa.port_check.core import cotangents, layouts
 from mhsa.port_check.core.padding import explain_same
 from mhsa.port_check.core.records import NORMS, WHY, PortCheckError, PortReport, Row, Transfer, map_name
@@ -24,6 +23,7 @@ from mhsa.port_check.forward.rows import call_paths, gradient_rows, output_rows,
 from mhsa.port_check.readers import reader_of
 from mhsa.port_check.readers.protocol import ModuleInfo
 from shared.config import DTYPES
+from shared.malloc import kept_for_reuse
 from shared.tolerances import tolerance
 
 
@@ -189,7 +189,7 @@ def check_port(source, target, inputs, *, target_inputs=None, name_map=None, tra
         inputs, target_inputs = _cast_inputs(inputs, dtype), _cast_inputs(target_inputs, dtype)
     running_source = f"running the reference ({source_name}) on the inputs ({describe_inputs(inputs)})"
     running_target = f"running the port ({target_name}) on the inputs ({describe_inputs(target_inputs)})"
-    with kept_for_reuse():  # a trace runs the model too (mhsa/freed_memory.py)
+    with kept_for_reuse():  # a trace runs the model too (shared/malloc.py)
         source_traced = _running(running_source, source_reader.trace, source, inputs)
         try:
             target_traced = target_reader.trace(target, target_inputs)
@@ -281,7 +281,7 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
     and the probes."""
     sides, pairing = report.sides, report.transfer
     doing = "running and differentiating" if grads else "running"  # one forward (and backward) pass per side
-    with kept_for_reuse():  # each run reuses the large blocks it frees, handed back after it (mhsa/freed_memory.py)
+    with kept_for_reuse():  # each run reuses the large blocks it frees, handed back after it (shared/malloc.py)
         source_outputs, source_grads = _running(
             f"{doing} the reference ({sides[0]}) on the inputs ({describe_inputs(source.inputs)})",
             source.reader.run,

@@ -10,7 +10,7 @@ no error of its own).
 Nothing of the float64 run is kept but those two numbers per row: the model is float64 only
 while it runs (a torch model converted in place and back: reader.float64_twin), and its outputs
 live one at a time; meanwhile the memory it frees is kept for its next allocations
-(mhsa/freed_memory.py). A leaf that the model computes in float32 even in its float64 run (a
+(shared/malloc.py). A leaf that the model computes in float32 even in its float64 run (a
 cast in its code) has no float64 twin: its row keeps the fixed tolerance, and says so; so do all
 rows when the reference cannot run in float64 at all, and a row where the two runs differ by more
 than rounding can (NOT_A_TWIN), which would otherwise loosen its tolerance to whatever the
@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mhsa.freed_memory import kept_for_reuse
 from mhsa.port_check.core.chunks import blocks, largest_abs
 from mhsa.port_check.core.structure import Inputs, Output, is_float_dtype, map_inputs
+from shared.malloc import kept_for_reuse
 from shared.tolerances import reference_error, scale
 
 

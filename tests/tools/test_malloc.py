@@ -1,5 +1,5 @@
 """Every run of a model in the port check (the reference, its float64 run, the port) keeps the
-memory it frees for its next allocations (mhsa/freed_memory.py): inside the block a
+memory it frees for its next allocations (shared/malloc.py): inside the block a
 large block freed and asked for again takes no page faults; after it, or after an error in it, glibc's settled thresholds are back: a
 48 MiB block (above the settled mmap threshold, 32 MiB) and 72 MiB freed in 24 MiB blocks (above
 the settled trim threshold, 64 MiB) go back to the kernel and fault in again; a process started
@@ -10,8 +10,8 @@ import resource
 import pytest
 import torch
 
-from mhsa import freed_memory
 from mhsa.port_check import check_port, format_report
+from shared import malloc as freed_memory
 from tests.tools.port_check.models import NNXMLP, TorchMLP, activations
 
 MIB = 2**20
@@ -103,3 +103,11 @@ def test_every_run_of_a_model_in_the_check_is_in_a_block_that_keeps_memory():
     assert {depth for _, _, depth in runs} == {1}, runs  # the port's early trace included
     assert {(side, str(dtype)) for side, dtype, _ in runs} == {("torch", str(torch.float32)), ("torch", str(torch.float64)), ("flax", "float32")}
     assert freed_memory._depth == 0
+
+
+def test_every_malloc_policy_is_named_once_with_what_it_is_for():
+    assert set(freed_memory.POLICIES) == {"settled", "kept", "never_unmapped", "returned"}
+    for name, (settings, why) in freed_memory.POLICIES.items():
+        assert settings and ":" in why, f"{name}: a policy says what it is for and which rows it justifies"
+    with pytest.raises(KeyError):
+        freed_memory.use("unnamed")
