@@ -25,7 +25,8 @@ from mhsa.port_check.core.records import PortCheckError, PortReport, Row, Transf
 from mhsa.port_check.core.structure import Inputs
 from mhsa.port_check.files import read_input_file, read_map
 from mhsa.port_check.forward.check import check_port, lint, transfer_weights
-from mhsa.port_check.report.forward import format_report
+from mhsa.port_check.forward.copy import copy_weights
+from mhsa.port_check.report.forward import format_report, format_transfer
 
 __all__ = [
     "Inputs",
@@ -35,7 +36,9 @@ __all__ = [
     "Transfer",
     "add_arguments",
     "check_port",
+    "copy_weights",
     "format_report",
+    "format_transfer",
     "lint",
     "load_factory",
     "map_name",

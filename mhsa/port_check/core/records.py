@@ -69,6 +69,7 @@ class Transfer:
     mismatched: list[Mismatched] = field(default_factory=list)
     unconsumed_source: list[str] = field(default_factory=list)
     unconsumed_target: list[str] = field(default_factory=list)
+    unread_target: list[str] = field(default_factory=list)  # the port's variables its forward pass never reads (copy_weights)
     differing: list[Differing] = field(default_factory=list)  # kept as the port holds them
     layouts: list[str] = field(default_factory=list)  # the transposed layouts inferred, one line each
     ambiguous: list[tuple[str, list[str]]] = field(default_factory=list)  # reference parameters a rename could pair with several of the port's

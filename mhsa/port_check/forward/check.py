@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sysconfig
 import traceback
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -155,21 +156,24 @@ def _low_precision_inputs(inputs: Inputs, asked: str) -> list[str]:
     return sorted(set(found))
 
 
-def check_port(source, target, inputs, *, target_inputs=None, name_map=None, transfer=None, dtype="float32", grads=False, probes=True) -> PortReport:
-    """Compare a reference model and its port on one batch.
+@dataclass
+class Paired:
+    """Both models ready to compare: each side's (model as cast, reader, inputs, ModuleInfo per
+    module, Traced, parameters the forward pass reads), the report begun (title, notes, the
+    pairing as Transfer), the reference's tied parameters and the dtype the check runs in."""
 
-    source: the reference (a torch.nn.Module); target: the port (an nnx.Module, or a Linen
-    (module, variables) pair). inputs: what `source` is called with (structure.as_inputs: an
-    array, a tuple of positional arguments, a dict of keyword arguments, or (args, kwargs)),
-    also given to the port unless target_inputs is. name_map: {reference prefix: port prefix}
-    for module paths and parameter names whose structures do not correspond. transfer: None
-    checks the port as it is when it holds converted weights and copies the reference's into a
-    fresh port (forward/weights.py); True always copies; False never does. dtype: "float32" or
-    "float64", both models and floating inputs cast (None: as they are). grads: also compare
-    d <r, output> / d every parameter, r a fixed random direction (forward/cotangents.py). probes: on a
-    failing output, re-run with likely causes switched. Raises PortCheckError (one line) when the
-    check cannot run: a model without parameters, or one that fails on the inputs.
-    """
+    report: PortReport
+    source: tuple
+    target: tuple
+    tied: dict[str, str]
+    asked: str
+
+
+def pair_models(source, target, inputs, *, target_inputs=None, name_map=None, dtype: str | None = "float32") -> Paired | PortReport:
+    """The first half of check_port, which copy_weights shares: cast both models to `dtype`, trace
+    them on the inputs, read the parameters each forward pass reads and pair them (by name through
+    name_map, conventional renames, module type, layouts). A PortReport that has stopped (its
+    proposed map said) where the names leave no single pairing; else Paired."""
     (source_name, source_reader), (target_name, target_reader) = reader_of(source), reader_of(target)
     sides = (source_name, target_name)
     raw_inputs = as_inputs(inputs)
@@ -219,6 +223,34 @@ def check_port(source, target, inputs, *, target_inputs=None, name_map=None, tra
         proposal, lines = names.propose_map(pairing, source_params, target_params, *orders, name_map)
         if proposal or not (pairing.filled or pairing.transposed_only or pairing.mismatched):
             return _stopped(report, proposal, lines, name_map)
+    side_s = (source, source_reader, inputs, source_desc, source_traced, source_params)
+    side_t = (target, target_reader, target_inputs, target_desc, target_traced, target_params)
+    return Paired(report, side_s, side_t, tied, asked)
+
+
+def check_port(source, target, inputs, *, target_inputs=None, name_map=None, transfer=None, dtype="float32", grads=False, probes=True) -> PortReport:
+    """Compare a reference model and its port on one batch.
+
+    source: the reference (a torch.nn.Module); target: the port (an nnx.Module, or a Linen
+    (module, variables) pair). inputs: what `source` is called with (structure.as_inputs: an
+    array, a tuple of positional arguments, a dict of keyword arguments, or (args, kwargs)),
+    also given to the port unless target_inputs is. name_map: {reference prefix: port prefix}
+    for module paths and parameter names whose structures do not correspond. transfer: None
+    checks the port as it is when it holds converted weights and copies the reference's into a
+    fresh port (forward/weights.py); True always copies; False never does. dtype: "float32" or
+    "float64", both models and floating inputs cast (None: as they are). grads: also compare
+    d <r, output> / d every parameter, r a fixed random direction (forward/cotangents.py). probes: on a
+    failing output, re-run with likely causes switched. Raises PortCheckError (one line) when the
+    check cannot run: a model without parameters, or one that fails on the inputs.
+    """
+    paired = pair_models(source, target, inputs, target_inputs=target_inputs, name_map=name_map, dtype=dtype)
+    if isinstance(paired, PortReport):  # stopped: names that do not correspond
+        return paired
+    report, pairing, tied, asked = paired.report, paired.report.transfer, paired.tied, paired.asked
+    source, source_reader, inputs, source_desc, source_traced, source_params = paired.source
+    target, target_reader, target_inputs, target_desc, target_traced, target_params = paired.target
+    sides = report.sides
+    del paired
     frozen = source_reader.frozen(source)
     copy = _decide(pairing, source_params, target_params, transfer, frozen)
     report.lint = lint(source_desc, target_desc, sides, name_map) + _untied(tied, target_params, sides, name_map)

@@ -66,6 +66,15 @@ def _weights(t: Transfer, listed: bool = True) -> list[str]:
     return lines
 
 
+def format_transfer(transfer: Transfer) -> str:
+    """What copy_weights did, as the check's report shows a transfer: how many were copied, each
+    layout inferred, what did not fit, what stayed unpaired and what the port never reads."""
+    lines = _weights(transfer)
+    lines += _listed([f"  {pair.reference} {pair.shape} -> {pair.port}" + (" (transposed)" if pair.transposed else "") for pair in transfer.filled])
+    lines += _listed([f"  never read by {transfer.sides[1]}'s forward pass: {name}" for name in transfer.unread_target])
+    return "\n".join(lines)
+
+
 def _stopped(report: PortReport) -> list[str]:
     lines = ["", report.stopped]
     if report.map_lines:
