@@ -16,18 +16,22 @@ ZOO = "examples.zoo"
 class Pair:
     """A faithful pair: the reference, the port with the reference's weights converted by our
     converter, the port as built (Flax's initializers, for a check that transfers weights), and the
-    converter itself (a torch state_dict in NumPy -> {Flax variable path: array})."""
+    converter itself (a torch state_dict in NumPy -> {Flax variable path: array}). unread: the
+    variables the converter leaves in the port that the port never reads."""
 
     reference: str
     port: str
     fresh: str
     convert: str
+    unread: tuple[str, ...] = ()
 
 
-def _pair(family: str, reference: str = "reference", port: str = "ported", fresh: str = "fresh", fresh_in: str = "flax") -> Pair:
+def _pair(
+    family: str, reference: str = "reference", port: str = "ported", fresh: str = "fresh", fresh_in: str = "flax", unread: tuple[str, ...] = ()
+) -> Pair:
     """{family}_torch:reference, {family}_convert:ported, {family}_{fresh_in}:fresh, {family}_convert:to_flax."""
     convert = f"{ZOO}.{family}_convert"
-    return Pair(f"{ZOO}.{family}_torch:{reference}", f"{convert}:{port}", f"{ZOO}.{family}_{fresh_in}:{fresh}", f"{convert}:to_flax")
+    return Pair(f"{ZOO}.{family}_torch:{reference}", f"{convert}:{port}", f"{ZOO}.{family}_{fresh_in}:{fresh}", f"{convert}:to_flax", unread)
 
 
 FAITHFUL = {
@@ -36,6 +40,8 @@ FAITHFUL = {
     "gpt2": _pair("gpt2"),
     "gpt2_linen": _pair("gpt2", port="ported_linen", fresh_in="linen"),
     "vit": _pair("vit"),
+    "seq2seq": _pair("seq2seq", fresh_in="linen", unread=("encoder.embed_tokens.embedding",)),
+    "convnet": _pair("convnet"),
 }
 
 
@@ -79,6 +85,25 @@ _TABLE = {
     "missing_bias": ("vit", "patch_embed", "the patch embedding without its bias"),
     "same_padding_stride2": ("vit", "stem.down", "'SAME' at stride 2 on an even size pads (0, 1); torch's padding=1 pads (1, 1)"),
     "batchnorm_momentum": ("vit", "stem.bn", "torch's momentum 0.1 taken as Flax's (which means 0.9); eval agrees", "lint"),
+    "untied_shared_embedding": (
+        "seq2seq",
+        "shared.weight",
+        "the decoder's own copy of the shared embedding: same output, other gradients",
+        "gradient",
+    ),
+    "final_layernorm_eps": ("seq2seq", "decoder.layer_norm", "the output's LayerNorm (at init: scale 1, bias 0) at Flax's eps 1e-6"),
+    "cross_attention_causal": (
+        "seq2seq",
+        "decoder.layers.0.encoder_attn.out_proj",
+        "cross-attention under the causal mask, after the scaled embedding's boundary",
+    ),
+    "images_channels_first": ("convnet", "conv_in", "torch's NCHW images handed to the port: at C = H = W they fit an NHWC conv"),
+    "weight_norm_whole_kernel": ("convnet", "conv_wn", "the weight norm over the whole kernel, not per output channel"),
+    "positions_interleaved": (
+        "convnet",
+        "embed_positions",
+        "the sinusoidal table built interleaved (sin, cos, ...) where the reference concatenates",
+    ),
 }
 BUGS = {name: _bug(name, *row) for name, row in _TABLE.items()}
 

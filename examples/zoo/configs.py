@@ -1,4 +1,4 @@
-"""The zoo's three configurations, shared by both frameworks' models: frozen dataclasses checked on
+"""The zoo's configurations, shared by both frameworks' models: frozen dataclasses checked on
 creation. The tiny defaults use odd, distinct sizes, so that a swapped axis cannot pass;
 `gpt2_small()` is GPT-2 small's shape (124M parameters), built by the same code, for benchmarks."""
 
@@ -38,8 +38,23 @@ class LlamaConfig:
         return self.d_model // self.n_heads
 
 
+class _Heads:
+    """What a configuration of multi-head attention checks and derives: d_model splits into n_heads."""
+
+    d_model: int
+    n_heads: int
+
+    def _check_heads(self) -> None:
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model must be a multiple of n_heads; got {self.d_model}, {self.n_heads}")
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.n_heads
+
+
 @dataclass(frozen=True)
-class GPT2Config:
+class GPT2Config(_Heads):
     """A GPT-2-style model: learned positions, pre-LayerNorm blocks, tanh GELU, tied embeddings."""
 
     vocab_size: int = 41
@@ -51,12 +66,7 @@ class GPT2Config:
 
     def __post_init__(self):
         _positive(self)
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model must be a multiple of n_heads; got {self.d_model}, {self.n_heads}")
-
-    @property
-    def d_head(self) -> int:
-        return self.d_model // self.n_heads
+        self._check_heads()
 
 
 def gpt2_small() -> GPT2Config:
@@ -104,3 +114,41 @@ class ViTConfig:
     @property
     def n_patches(self) -> int:
         return (self.stem_height // self.patch) * (self.stem_width // self.patch)
+
+
+@dataclass(frozen=True)
+class Seq2SeqConfig(_Heads):
+    """A BART-style encoder-decoder: one token embedding shared by both stacks and scaled by
+    sqrt(d_model), pre-LayerNorm layers, a final LayerNorm on each stack."""
+
+    vocab_size: int = 29
+    d_model: int = 18
+    n_heads: int = 3  # d_head 6
+    d_ff: int = 26
+    n_layers: int = 1  # in each stack
+    layer_norm_eps: float = 1e-5  # torch's LayerNorm default; Flax's is 1e-6
+
+    def __post_init__(self):
+        _positive(self)
+        self._check_heads()
+
+
+@dataclass(frozen=True)
+class ConvNetConfig:
+    """A small conv encoder whose feature maps have as many channels as rows and columns (so that
+    NCHW and NHWC have one shape): a conv, a weight-normed conv, the map read as tokens with a
+    sinusoidal position table, a LayerNorm, mean pooling and a head."""
+
+    channels: int = 8  # the images' channels and every feature map's
+    size: int = 8  # height = width = channels: only what each module is tells the layouts apart
+    n_classes: int = 5
+    layer_norm_eps: float = 1e-5
+
+    def __post_init__(self):
+        _positive(self)
+        if self.channels % 2:
+            raise ValueError(f"a sinusoidal table pairs sines with cosines: channels must be even; got {self.channels}")
+
+    @property
+    def n_positions(self) -> int:
+        return self.size * self.size

@@ -85,13 +85,17 @@ def load_nnx(model: M, arrays: Mapping[str, np.ndarray], *, complete: bool = Tru
     return model
 
 
-def linen_variables(module, example_inputs: tuple, arrays: Mapping[str, np.ndarray], dtype: str = "float32") -> dict:
+def linen_variables(module, example_inputs: tuple, arrays: Mapping[str, np.ndarray], dtype: str = "float32", unread: Iterable[str] = ()) -> dict:
     """{"params": nested dict} for a Linen module from {"a.0.kernel": array}, every name and shape
     checked against the variables `module.init` would create (traced only, nothing computed), and
-    every parameter given; arrays cast to `dtype`."""
+    every parameter given; arrays cast to `dtype`. `unread`: names beyond those, kept as a
+    converter leaves them (a copy of a shared embedding, say), which the module never reads."""
     expected = jax.eval_shape(module.init, jax.random.key(0), *example_inputs)["params"]
     shapes = {".".join(str(key.key) for key in path): leaf.shape for path, leaf in jax.tree_util.tree_leaves_with_path(expected)}
-    _check(arrays, shapes, complete=True)
+    unread = set(unread)
+    if unread & set(shapes):
+        raise ValueError(f"{', '.join(sorted(unread & set(shapes)))}: said to be unread, but the module creates it")
+    _check({name: value for name, value in arrays.items() if name not in unread}, shapes, complete=True)
     params: dict = {}
     for name, value in arrays.items():
         *parents, leaf = name.split(".")

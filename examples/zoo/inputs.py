@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from examples.zoo.configs import GPT2Config, LlamaConfig, ViTConfig
+from examples.zoo.configs import ConvNetConfig, GPT2Config, LlamaConfig, Seq2SeqConfig, ViTConfig
 
 B, T = 3, 7  # batch and sequence length of the language models: odd, distinct from every width
 IMAGES = 5  # images in the vision batch
+SOURCE, TARGET = 7, 5  # the encoder-decoder's source and target lengths
 
 
 def token_ids(vocab_size: int, seed: int = 0, shape: tuple[int, int] = (B, T)) -> np.ndarray:
@@ -47,3 +48,18 @@ def images_nchw(config: ViTConfig, seed: int = 2) -> np.ndarray:
 def images_nhwc(config: ViTConfig, seed: int = 2) -> np.ndarray:
     """(IMAGES, H, W, C) float32: the same images in Flax's layout."""
     return np.ascontiguousarray(images_nchw(config, seed).transpose(0, 2, 3, 1))
+
+
+def seq2seq(config: Seq2SeqConfig) -> tuple[np.ndarray, np.ndarray]:
+    """(input_ids (B, SOURCE), decoder_input_ids (B, TARGET)), int64."""
+    return token_ids(config.vocab_size, seed=3, shape=(B, SOURCE)), token_ids(config.vocab_size, seed=4, shape=(B, TARGET))
+
+
+def square_images_nchw(config: ConvNetConfig, seed: int = 5) -> np.ndarray:
+    """(IMAGES, C, S, S) float32 with C = S: torch's layout, of the same shape as Flax's."""
+    return np.random.default_rng(seed).standard_normal((IMAGES, config.channels, config.size, config.size)).astype(np.float32)
+
+
+def square_images_nhwc(config: ConvNetConfig, seed: int = 5) -> np.ndarray:
+    """The same images in Flax's layout, (IMAGES, S, S, C)."""
+    return np.ascontiguousarray(square_images_nchw(config, seed).transpose(0, 2, 3, 1))

@@ -15,8 +15,12 @@ from tests.tools.port_check_zoo import sides
 FAR = 1000  # a planted bug parts the models by more than FAR times the float64 tolerance
 
 
+def pair_of(bug: catalog.Bug) -> catalog.Pair:
+    return next(pair for pair in catalog.FAITHFUL.values() if pair.reference == bug.reference)
+
+
 def converter_of(bug: catalog.Bug):
-    return catalog.resolve(next(pair.convert for pair in catalog.FAITHFUL.values() if pair.reference == bug.reference))
+    return catalog.resolve(pair_of(bug).convert)
 
 
 @pytest.mark.parametrize("name", catalog.BUGS)
@@ -32,10 +36,11 @@ def test_every_planted_bug_parts_the_models_where_the_table_says(name):
         assert gap <= tol, f"{name} was meant to keep the outputs, but they part by {gap:.2e}"
     else:
         assert gap > FAR * tol, f"{name}: the outputs part by {gap:.2e} only"
-        assert (sides.first_parting(sides.matched(expected.calls, actual.calls), tol) or "") == bug.parts_at
+        assert (sides.first_parting(sides.matched(expected.calls, actual.calls), tol, skip=sides.SPLIT.get(bug.reference, {})) or "") == bug.parts_at
     if grads:
+        compared = set(expected.grads) - set(pair_of(bug).unread)
         differing = {
-            variable for variable, g in actual.grads.items() if variable in expected.grads and max_abs_diff(g, expected.grads[variable]) > FAR * tol
+            variable for variable, g in actual.grads.items() if variable in compared and max_abs_diff(g, expected.grads[variable]) > FAR * tol
         }
         assert {variable.rsplit(".", 1)[0] for variable in differing} == {bug.parts_at.rsplit(".", 1)[0]}, differing
 

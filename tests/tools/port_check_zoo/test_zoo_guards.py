@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from examples.zoo import convert, gpt2_convert, gpt2_linen, inputs, llama_convert, llama_flax
-from examples.zoo.configs import GPT2Config, LlamaConfig, ViTConfig
+from examples.zoo import convert, gpt2_convert, gpt2_linen, inputs, llama_convert, llama_flax, seq2seq_convert, seq2seq_linen
+from examples.zoo.configs import ConvNetConfig, GPT2Config, LlamaConfig, Seq2SeqConfig, ViTConfig
+from examples.zoo.convert import linen_variables
 from examples.zoo.torch_weights import numpy_state
 
 
@@ -21,6 +22,8 @@ from examples.zoo.torch_weights import numpy_state
         (lambda: GPT2Config(n_heads=3), "d_model must be a multiple of n_heads; got 20, 3"),
         (lambda: ViTConfig(height=20), r"the stem's output \(10, 15\) of an image \(20, 30\) must divide into patches of 3"),
         (lambda: ViTConfig(layer_norm_eps=-1e-6), "ViTConfig.layer_norm_eps must be positive"),
+        (lambda: Seq2SeqConfig(d_model=20, n_heads=3), "d_model must be a multiple of n_heads; got 20, 3"),
+        (lambda: ConvNetConfig(channels=7), "channels must be even; got 7"),
     ],
 )
 def test_a_configuration_refuses_sizes_the_model_cannot_have(make, message):
@@ -69,6 +72,23 @@ def test_the_linen_variables_are_checked_against_what_init_would_create():
         convert.linen_variables(module, x, {k: v for k, v in arrays.items() if k != "transformer.ln_f.bias"})
     with pytest.raises(ValueError, match=r"transformer.ln_f.bias: the converter gives shape \(21,\), the port holds \(20,\)"):
         convert.linen_variables(module, x, arrays | {"transformer.ln_f.bias": np.zeros(21)})
+
+
+def test_the_linen_variables_keep_a_converters_leftover_only_where_it_is_said_to_be_unread():
+    module, x = seq2seq_linen.Seq2Seq(seq2seq_linen.TINY), inputs.seq2seq(seq2seq_linen.TINY)
+    arrays = seq2seq_convert.to_flax(numpy_state(seq2seq_convert.seq2seq_torch.build()))
+    assert "embedding" in linen_variables(module, x, arrays, unread=[seq2seq_convert.LEFTOVER])["params"]["encoder"]["embed_tokens"]
+    with pytest.raises(ValueError, match="the port has no variable encoder.embed_tokens.embedding"):
+        linen_variables(module, x, arrays)
+    with pytest.raises(ValueError, match="shared.embedding: said to be unread, but the module creates it"):
+        linen_variables(module, x, arrays, unread=["shared.embedding"])
+
+
+def test_the_seq2seq_converter_refuses_stacks_that_do_not_share_the_embedding():
+    state = numpy_state(seq2seq_convert.seq2seq_torch.build())
+    state["decoder.embed_tokens.weight"] = state["decoder.embed_tokens.weight"] + 1.0
+    with pytest.raises(ValueError, match="decoder.embed_tokens.weight differs from shared.weight"):
+        seq2seq_convert.to_flax(state)
 
 
 def test_float64_without_jax_x64_is_refused_rather_than_computed_in_float32():
