@@ -169,7 +169,7 @@ def test_a_softmax_with_eps_in_its_denominator_passes_the_fixed_tolerances_and_f
     import jax_impl.attention
     import jax_impl.model
 
-    # issue 31's hand-written LayerNorm with eps 1e-6, in this model: a hand-written softmax with
+    # the training check's hand-written LayerNorm with eps 1e-6, in this model: a hand-written softmax with
     # "+ 1e-6 for stability"; a row with one allowed key comes out 1 / (1 + 1e-6), not 1
     copy = faulty(
         jax_impl.attention,
