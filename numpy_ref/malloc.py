@@ -1,9 +1,7 @@
 """What makes the NumPy trainer fast, apart from the lesson: glibc's malloc keeps the memory NumPy frees.
 
 Why: every training step frees and allocates the same temporaries, which glibc's starting
-thresholds map afresh at each step (keep_freed_memory below). benchmarks/RESULTS.md's NumPy
-training table ("numpy: steady-state training steps per second against the framework loops") runs
-its numpy rows with this setting (the note under it); it holds no row without it.
+thresholds map afresh at each step (keep_freed_memory below); kept mapped, the step reuses them.
 """
 
 from __future__ import annotations
