@@ -1,4 +1,4 @@
-"""`mhsa port-check` at scale (issue 28 point 9): on the zoo's GPT-2-small-sized pair (124M
+"""`mhsa port-check` at scale: on the zoo's GPT-2-small-sized pair (124M
 parameters, a full context of 1024 tokens), the check without probes against its floor, and the
 check with --grads against the floor with one backward each, in wall time and peak memory.
 
@@ -37,10 +37,10 @@ SIZES = {
     "small": ("examples.zoo.gpt2_torch:small", "examples.zoo.gpt2_flax:small", "examples.zoo.configs:gpt2_small"),
     "tiny": ("examples.zoo.gpt2_torch:build", "examples.zoo.gpt2_flax:fresh", "examples.zoo.configs:GPT2Config"),
 }
-LIMITS = {False: 1.5, True: 2.0}  # issue 28 point 9: the check's time and peak memory / the floor's
+LIMITS = {False: 1.5, True: 2.0}  # the check's time and peak memory / the floor's
 KINDS = ("floor", "check", "floor --grads", "check --grads")
 # --breakdown: the check again with its float64 twin of the reference cut out, to say what the twin
-# costs; not a way to run the check (issue 31: fixed tolerances only where float64 cannot run). Its
+# costs; not a way to run the check (fixed tolerances only where float64 cannot run). Its
 # fixed tolerances are loosened to infinity so that it passes, as the check does, and does the same work:
 # held to the fixed 1e-5, a faithful GPT-2 small at 1024 tokens fails (its hidden states reach 1.5e-5
 # apart in the later blocks, within their derived tolerances), and a failing check stops earlier

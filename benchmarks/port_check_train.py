@@ -1,6 +1,6 @@
 """`mhsa port-check --train N` against the trainings it runs, done bare: the reference in float32
 (zero_grad, loss, backward, clip, step), the port in float32 (one compiled step: value_and_grad,
-tx.update, apply_updates) and the reference in float64, N steps each. Issue 31 holds the check to
+tx.update, apply_updates) and the reference in float64, N steps each. The check is held to
 3x the three together. Interleaved: every round runs each candidate once, in a new order, each
 from objects the factories built just before (not timed); the table gives the medians.
 
@@ -129,7 +129,7 @@ def _print_table(shown, specs, repeats, times, medians, ratio, bare) -> None:
     for name, values in times.items():
         print(f"| {name} | {medians[name]:.3f} | {min(values):.3f} | {max(values):.3f} |")
     print(f"| the three bare trainings together | {bare:.3f} | | |")
-    print(f"\nratio: the check takes {ratio:.2f}x the three bare trainings (issue 31's limit: 3x)")
+    print(f"\nratio: the check takes {ratio:.2f}x the three bare trainings (the limit: 3x)")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from bench_common import interleaved, median, middle_half, ms, ratio, spread, ta
 
 from mhsa.flags import int_flag  # noqa: E402  (after bench_common puts the repository on sys.path)
 
-TARGETS = {"torch": 1500, "jax": 2500, "numpy": 1000}  # steps/s, issues 8 and 14
+TARGETS = {"torch": 1500, "jax": 2500, "numpy": 1000}  # steps/s
 
 
 def _configs(quick, epochs=4, attn_impl="explicit"):
@@ -244,7 +244,7 @@ def numpy_table(repeats, quick):
     trainers, every epoch function interleaved in one process; then the project's train()."""
     from numpy_ref.adam import Adam
     from numpy_ref.model import from_exchange
-    from numpy_ref.train import train_epoch
+    from numpy_ref.train import train_steps
     from shared import malloc, training
     from shared.config import TrainConfig
 
@@ -263,14 +263,14 @@ def numpy_table(repeats, quick):
         def epoch():
             batches = epochs[counter[0] % len(epochs)]
             counter[0] += 1
-            return train_epoch(model, optimizer, batches)
+            return train_steps(model, optimizer, batches)
 
         return epoch
 
     reference = "torch: Adam(fused=True), no host sync (the torch trainer's loop)"
     candidates = {
-        "numpy_ref.train.train_epoch, float32": numpy_loop("float32"),
-        "numpy_ref.train.train_epoch, float64": numpy_loop("float64"),
+        "numpy_ref.train.train_steps, float32": numpy_loop("float32"),
+        "numpy_ref.train.train_steps, float64": numpy_loop("float64"),
         reference: torch_loops["Adam(fused=True), no host sync"],
         "torch: tutorial loop, loss.item() every step": torch_loops["tutorial loop: Adam(), loss.item() every step"],
         "torch: Adam(fused=True), no host sync, 1 thread": torch_loops["Adam(fused=True), no host sync, 1 thread"],

@@ -114,6 +114,10 @@ def main(argv=None) -> int:
             rows.append([key, f"{median(theirs):.3f}", f"{median(ours):.3f}", f"{low:.3f}-{high:.3f}", f"{median(ours) / median(theirs):.3f}x"])
         print(f"\n### Seconds, median of {args.rounds} interleaved rounds; load average at the end {_load()}\n")
         print(table(["measurement", commits["other"], "this tree", "this tree's middle half", "this tree / other"], rows))
+        print(
+            "\n- measured interleaved on a shared machine (other work ran beside both checkouts alike): "
+            "read the ratios, not the seconds; a train row's steps per second is the inverse of its ratio"
+        )
     return 0
 
 

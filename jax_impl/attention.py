@@ -56,18 +56,18 @@ class MultiHeadSelfAttention(nnx.Module):
         # True = may attend: on and below the diagonal
         self.causal_mask = CausalMask(jnp.tril(jnp.ones((max_len, max_len), dtype=bool)))
 
-    def check(self, x: Any, mask: Any = None, return_weights: bool = False, cache: KVCache | None = None) -> None:
-        """Refuse a bad call in one line (shared.checks), before any work: x must be (B, T, D) in
-        the block's dtype with T <= max_len; the cache must fit the chunk; the mask must be boolean
-        and broadcast to (B, H, T, S); and first the block's own weights, so that a weight of the
-        wrong shape is named, not x. Runs once, where a call enters (checks.at_entry)."""
+    def check(self, x: Any, mask: Any = None, cache: KVCache | None = None) -> None:
+        """Refuse a bad call of the block in one line (shared.checks), before any work: x must be
+        (B, T, D) in the block's dtype with T <= max_len; the cache must fit the chunk; the mask
+        must be boolean and broadcast to (B, H, T, S); and first the block's own weights, so that a
+        weight of the wrong shape is named, not x. __call__ does not call it: whoever hands the block
+        its input checks it once (model.attend; TinyLM's callers check the tokens instead)."""
         checks.check_attention_weights(self._weight_shapes(), self.d_model)
         checks.check_input(tuple(x.shape), str(x.dtype), self.d_model, self.max_len, str(self.qkv_proj.kernel.dtype))
         B, T, _ = x.shape
         filled = None if cache is None else _concrete(cache.length[...])
         checks.check_cache_and_mask(B, T, str(x.dtype), self.n_heads, self.max_len, mask, cache, filled)
 
-    @checks.at_entry(check)
     def __call__(self, x: jax.Array, mask: Any = None, return_weights: bool = False, cache: KVCache | None = None) -> Any:
         """x (B, T, D); mask optional, any array-like of bool, True = may attend, broadcastable to
         (B, H, T, S); cache optional KVCache of the positions before x. S = T without a cache,
@@ -96,7 +96,7 @@ class MultiHeadSelfAttention(nnx.Module):
             return self.out_proj(self._fused_attention(q, k, v, mask, start))  # (B, T, D)
 
         # 4. score and scale: keeps the score variance independent of d_head
-        q = q * (1.0 / math.sqrt(self.d_head))  # scaling Q is T / d_head times cheaper than scaling the scores
+        q = q * (1.0 / math.sqrt(self.d_head))  # Q, not the scores: (B, H, T, d_head) products instead of (B, H, T, S)
         scores = q @ k.swapaxes(-2, -1)  # (B, H, T, S)
         record(scores=scores)
 

@@ -3,10 +3,9 @@ jax.lax.scan under jax.jit on split state (the model and optimizer as one nnx.St
 each run of steps queued before the losses of the run before it are read, so that the host stacks
 the next run's batches while XLA computes this one.
 
-Why: benchmarks/RESULTS.md, the JAX training table ("jax: steady-state training steps per
-second"), the row `jax_impl.train.train (the project's trainer: a jax.lax.scan per 16 steps, each
-queued before the last is read)` against the `@nnx.jit` tutorial step and against
-`jax.jit(train_step) on nnx.split state, one call per step`.
+Why: each jitted call of one step pays its dispatch and a host sync when its loss is read; one
+scan of 16 steps pays them once, and queuing the next run first keeps XLA busy while the host
+reads the losses (docs/performance.md measures it).
 """
 
 from __future__ import annotations

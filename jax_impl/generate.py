@@ -18,8 +18,8 @@ import numpy as np
 from flax import nnx
 
 from jax_impl.attention import DTYPES
-from jax_impl.model import TinyLM, predict
-from shared import checks, sampling
+from jax_impl.model import TinyLM, _forward
+from shared import sampling
 
 
 class KVCache(nnx.Module):
@@ -62,9 +62,16 @@ def step(model: TinyLM, tokens: np.ndarray, cache: KVCache) -> np.ndarray:
     """NumPy in, NumPy out: tokens (B, T) at positions cache.length.. -> logits (B, T, V);
     the cache is extended by them."""
     tokens = np.asarray(tokens)
-    with checks.entry(model.check, tokens, cache=cache):  # here, where the ids and the count are known; the compiled step sees neither
-        cache_graphdef, cache_state = nnx.split(cache)
-        logits, cache_state = _step(*nnx.split(model), cache_graphdef, cache_state, tokens)
+    model.check(tokens, cache=cache)  # here, where the ids and the count are known; the compiled step sees neither
+    return _logits(model, tokens, cache)
+
+
+def _logits(model: TinyLM, tokens: np.ndarray, cache: KVCache | None = None) -> np.ndarray:
+    # the model on NumPy tokens, compiled and unchecked: step checks them first, generate its whole request once
+    if cache is None:
+        return np.asarray(_forward(*nnx.split(model), tokens, None, False))
+    cache_graphdef, cache_state = nnx.split(cache)
+    logits, cache_state = _step(*nnx.split(model), cache_graphdef, cache_state, tokens)
     nnx.update(cache, cache_state)
     return np.asarray(logits)
 
@@ -94,5 +101,5 @@ def generate(
     greedy picks the argmax; otherwise a draw from softmax(logits / temperature) with `seed`.
     """
     return sampling.generate(
-        model, prompt, max_new_tokens, new_cache, step, predict, greedy=greedy, temperature=temperature, seed=seed, use_cache=use_cache
+        model, prompt, max_new_tokens, new_cache, _logits, _logits, greedy=greedy, temperature=temperature, seed=seed, use_cache=use_cache
     )

@@ -1,28 +1,6 @@
 """TinyLM in JAX/Flax NNX (embeddings -> attention -> LM head), its loss, its one exchange-format
 converter, and the NumPy-facing functions of shared.protocol (predict, attend, loss_and_grads).
-
-Token ids out of range under your own jit. An eager call, predict, loss_and_grads and the
-trainer refuse an id outside [0, V) with a ValueError before any work. Inside a function you
-compile yourself the ids are not known while it is traced, and JAX's embedding lookup then gives
-NaN for such an id, silently. To catch it, turn on the model's checkify check and run the call
-under jax.experimental.checkify:
-
-    from jax.experimental import checkify
-
-    model.checkify_ids = True  # every traced call checks its ids with checkify.check
-
-    @nnx.jit
-    def logits_of(model, tokens):
-        return checkify.checkify(lambda tokens: model(tokens))(tokens)  # -> (error, logits)
-
-    error, logits = logits_of(model, tokens)
-    error.throw()  # ValueError (checkify.JaxRuntimeError): token id 64 is out of range: ids must
-                   # lie in [0, 64) for vocab_size=64 (`check` failed); nothing when every id is in range
-
-In-range ids give the same logits as without the check. With checkify_ids on, a jitted call that
-is not wrapped in checkify.checkify fails while it is traced ("Cannot abstractly evaluate a
-checkify.check which was not functionalized"); eager calls and this module's functions are
-unaffected (they check the ids on the host).
+An id out of range under your own jit: docs/DESIGN.md, "Checks under jit" (checkify_ids).
 """
 
 from __future__ import annotations
@@ -58,14 +36,15 @@ class TinyLM(nnx.Module):
             config.d_model, config.n_heads, config.max_len, config.bias, dtype=dtype, attn_impl=config.attn_impl, rngs=rngs
         )
         self.lm_head = nnx.Linear(config.d_model, config.vocab_size, use_bias=config.bias, **dtypes, rngs=rngs)
-        self.checkify_ids = False  # True: a call traced by jit checks its ids with checkify (this module's docstring)
+        self.checkify_ids = False  # True: check() of traced tokens checks their ids with checkify (docs/DESIGN.md, "Checks under jit")
 
-    def check(self, tokens: Any, mask: Any = None, return_weights: bool = False, cache: KVCache | None = None) -> None:
-        """Refuse a bad call in one line (shared.checks), before any work: integer tokens (B, T)
-        with T <= max_len and every id in [0, V) (while jit traces the call the ids are not known:
-        see checkify_ids); the cache must fit the chunk; the mask must be boolean and broadcast to
-        (B, H, T, S). Runs once, where a call enters (checks.at_entry): the block inside does not
-        check again."""
+    def check(self, tokens: Any, mask: Any = None, cache: KVCache | None = None) -> None:
+        """Refuse a bad call of the model in one line (shared.checks), before any work: integer
+        tokens (B, T) with T <= max_len and every id in [0, V) (while jit traces the call the ids
+        are not known: see checkify_ids); the cache must fit the chunk; the mask must be boolean and
+        broadcast to (B, H, T, S). __call__ does not call it: the public functions (predict,
+        loss_and_grads, generate.step) check their NumPy input with it once, and a trainer checks
+        an epoch's batches before its steps; a caller of the model itself calls it first."""
         config = self.config
         checks.check_tokens(tuple(tokens.shape), str(tokens.dtype), config.vocab_size, config.max_len, *_id_range(tokens))
         if self.checkify_ids and isinstance(tokens, jax.core.Tracer):
@@ -74,7 +53,6 @@ class TinyLM(nnx.Module):
         filled = None if cache is None else _concrete(cache.length[...])
         checks.check_cache_and_mask(B, T, str(self.tok_emb.embedding.dtype), config.n_heads, config.max_len, mask, cache, filled)
 
-    @checks.at_entry(check)
     def __call__(self, tokens: jax.Array, mask: Any = None, return_weights: bool = False, cache: KVCache | None = None) -> Any:
         """tokens int (B, T) -> logits (B, T, V), or (logits, weights (B, H, T, S)).
 
@@ -183,10 +161,17 @@ def _exchange_arrays(tree) -> dict[str, np.ndarray]:
     return arrays
 
 
+def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """Mean cross-entropy of logits (B, T, V) against int targets (B, T) -> scalar."""
+    return optax.softmax_cross_entropy_with_integer_labels(
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    ).mean()  # (B * T, V) against (B * T,)
+
+
 def loss_fn(model: TinyLM, x: jax.Array, y: jax.Array, mask: jax.Array | None = None) -> jax.Array:
     """Mean cross-entropy of the next-token logits: x, y int (B, T) -> scalar."""
     logits = model(x, mask=mask)  # (B, T, V)
-    return optax.softmax_cross_entropy_with_integer_labels(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).mean()  # (B * T, V) against (B * T,)
+    return cross_entropy(logits, y)
 
 
 def predict(
@@ -195,12 +180,14 @@ def predict(
     """NumPy in, NumPy out: tokens (B, T) -> logits (B, T, V), or (logits, weights (B, H, T, T)).
     trace, a dict, receives every stage of shared.trace.STAGES."""
     tokens, mask = np.asarray(tokens), _array(mask)
-    with checks.entry(model.check, tokens, mask):  # here: under jit the ids are not known
-        if trace is not None:  # eagerly: the trace holds concrete arrays
-            with tracing(trace, np.asarray):
-                result = model(jnp.asarray(tokens), mask=mask, return_weights=return_weights)
-        else:  # compiled as one program (eagerly, each of its ~40 operations compiles on first use)
-            result = _forward(*nnx.split(model), tokens, mask, return_weights)
+    model.check(tokens, mask)  # the call's one check, here: under jit the ids are not known
+    if trace is not None:  # eagerly: the trace holds concrete arrays
+        stages: dict[str, jax.Array] = {}
+        with tracing(stages):
+            result = model(jnp.asarray(tokens), mask=mask, return_weights=return_weights)
+        trace.update({name: np.asarray(value) for name, value in stages.items()})
+    else:  # compiled as one program (eagerly, each of its ~40 operations compiles on first use)
+        result = _forward(*nnx.split(model), tokens, mask, return_weights)
     return tuple(np.asarray(value) for value in result) if return_weights else np.asarray(result)
 
 
@@ -212,16 +199,16 @@ def _forward(graphdef, state, tokens, mask, return_weights):
 def attend(model: TinyLM, x: np.ndarray, *, mask: np.ndarray | None = None, return_weights: bool = False) -> Any:
     """NumPy in, NumPy out: the attention block alone, x (B, T, D) -> (B, T, D), or (out, weights)."""
     x, mask = np.asarray(x), _array(mask)
-    with checks.entry(model.attn.check, x, mask):
-        result = model.attn(jnp.asarray(x), mask=mask, return_weights=return_weights)
+    model.attn.check(x, mask)  # the call's one check, on the NumPy input, before any conversion
+    result = model.attn(jnp.asarray(x), mask=mask, return_weights=return_weights)
     return tuple(np.asarray(value) for value in result) if return_weights else np.asarray(result)
 
 
 def loss_and_grads(model: TinyLM, tokens: np.ndarray, targets: np.ndarray, *, mask: np.ndarray | None = None) -> tuple[float, dict[str, np.ndarray]]:
     """NumPy in, NumPy out: (loss, d loss / d every exchange array) by jax.grad."""
     tokens, mask = np.asarray(tokens), _array(mask)
-    with checks.entry(model.check, tokens, mask):  # here: under jit the ids are not known
-        loss, grads = _value_and_grad(model, jnp.asarray(tokens), jnp.asarray(targets), mask)
+    model.check(tokens, mask)  # the call's one check, here: under jit the ids are not known
+    loss, grads = _value_and_grad(model, jnp.asarray(tokens), jnp.asarray(targets), mask)
     return float(loss), grads_to_exchange(grads)
 
 

@@ -26,8 +26,7 @@ from jax.sharding import PartitionSpec as P
 
 from jax_impl.compiled import scan_steps
 from jax_impl.model import TinyLM, from_exchange
-from jax_impl.startup import new_optimizer
-from jax_impl.train import optimizer_from_exchange, train_step
+from jax_impl.train import new_optimizer, optimizer_from_exchange, train_step
 from shared import training
 from shared.adam_state import AdamState
 from shared.config import ModelConfig, TrainConfig
@@ -101,7 +100,7 @@ def train(
     losses: list[float] = []
     for batches in training.epochs(model_config, train_config, start=start_epoch):
         state, epoch_losses = train_epoch(graphdef, state, batches, mesh, shard)
-        training.finish_epoch(losses, epoch_losses, train_config, start_epoch, on_step)
+        training.record_losses(losses, epoch_losses, train_config, start_epoch, on_step)
 
     # 3. result: the trained weights and Adam state as ordinary single-device objects
     state = jax.device_put(state, jax.devices()[0])
@@ -116,7 +115,7 @@ def train_epoch(
     mesh: Mesh,
     shard: Callable[[np.ndarray, int, int], np.ndarray],
 ) -> tuple[nnx.State, np.ndarray]:
-    """jax_impl.train.train_epoch on batches split over the mesh: full batches under one
+    """jax_impl.train.train_steps on batches split over the mesh: full batches under one
     jax.lax.scan, a smaller last batch as one more scanned step; XLA all-reduces the gradients."""
     size = len(batches[0][0])
     full = [batch for batch in batches if len(batch[0]) == size]

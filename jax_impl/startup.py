@@ -3,10 +3,9 @@ built without its random initializers, and Adam's zero state without a compilati
 transform per setting. Eagerly, each of those compiles small programs (a random key, a zeros_like
 per parameter shape) whose results are only overwritten.
 
-Why: benchmarks/RESULTS.md, the start-up table ("Start-up: the default run ... against its
-framework's bare import"), the rows of `python -m jax_impl.train --quiet`: a run compiles its own
-programs only, not one per parameter shape. tests/implementations/test_jax_startup.py holds the
-Adam built here equal to nnx.Optimizer's, leaf for leaf, and counts the programs a run compiles.
+Why: a run then compiles its own programs only, not one per parameter shape (docs/performance.md,
+"Start-up"). tests/implementations/test_jax_startup.py holds the Adam built here equal to
+nnx.Optimizer's, leaf for leaf, and counts the programs a run compiles.
 """
 
 from __future__ import annotations
@@ -55,7 +54,7 @@ def _transform(lr: float, betas: tuple[float, float], eps: float) -> optax.Gradi
     return optax.adam(lr, *betas, eps=eps)
 
 
-def new_optimizer(model: TinyLM, train_config: TrainConfig) -> nnx.Optimizer:
+def zeros_optimizer(model: TinyLM, train_config: TrainConfig) -> nnx.Optimizer:
     """nnx.Optimizer(model, optax.adam(lr, *betas, eps=eps), wrt=nnx.Param), built without a
     compilation: Adam starts from zeros (its step count and both moments), so nnx.eval_shape gives
     the structure and NumPy the zeros (optax's init compiles a zeros_like per parameter shape)."""

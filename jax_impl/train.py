@@ -1,5 +1,5 @@
-"""Train TinyLM on the copy task with JAX, Flax NNX and optax: train_step, train_epoch, train (loss_fn
-is in model.py), and Adam's state in the exchange format. What only makes it faster lives apart:
+"""Train TinyLM on the copy task with JAX, Flax NNX and optax: new_optimizer, train_step, train_steps,
+train (loss_fn is in model.py), and Adam's state in the exchange format. What only makes it faster lives apart:
 startup.py (a model and Adam built without compiling) and compiled.py (the scanned runs of steps).
 
 Run it: `python -m jax_impl.train --help`.
@@ -7,15 +7,10 @@ Run it: `python -m jax_impl.train --help`.
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # the command line belongs to the tools layer: parse flags before importing jax
-    import sys
+if __name__ == "__main__":  # flags parsed (mhsa/launch.py) before jax is imported
+    from mhsa.launch import main
 
-    try:  # Ctrl-C while the command line is still being imported: one line and 130, as at any later moment
-        from mhsa.train_cli import main
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        raise SystemExit(130) from None
-    raise SystemExit(main("jax"))
+    main("jax")
 
 import functools
 import time
@@ -26,14 +21,20 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jax_impl import compiled
+from jax_impl import compiled, startup
 from jax_impl.device import resolve
 from jax_impl.model import TinyLM, assign_exchange, from_exchange, grads_to_exchange, loss_fn
-from jax_impl.startup import new_optimizer
 from shared import checks, training
 from shared.adam_state import AdamState
 from shared.config import ModelConfig, TrainConfig
 from shared.history import History
+
+
+def new_optimizer(model: TinyLM, train_config: TrainConfig) -> nnx.Optimizer:
+    """Adam over the model's nnx.Param with TrainConfig's lr, betas and eps:
+    nnx.Optimizer(model, optax.adam(lr, *betas, eps=eps), wrt=nnx.Param), its zero state built
+    without a compilation (startup.zeros_optimizer)."""
+    return startup.zeros_optimizer(model, train_config)
 
 
 def train_step(model: TinyLM, optimizer: nnx.Optimizer, x: jax.Array, y: jax.Array) -> jax.Array:
@@ -43,7 +44,7 @@ def train_step(model: TinyLM, optimizer: nnx.Optimizer, x: jax.Array, y: jax.Arr
     return loss
 
 
-def train_epoch(graphdef: nnx.GraphDef, state: nnx.State, batches: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[nnx.State, jax.Array]:
+def train_steps(graphdef: nnx.GraphDef, state: nnx.State, batches: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[nnx.State, jax.Array]:
     """Every step of `batches` (an epoch, or a run of its steps) as one compiled jax.lax.scan of
     train_step (jax_impl.compiled) on the model and optimizer split into one State; returns (new
     state, the per-step losses (steps,)), which JAX is still computing: np.asarray waits for them."""
@@ -98,35 +99,17 @@ def train(
 
     # 3. epochs: the same batches as every other backend
     losses: list[float] = []
-    finish_epoch = functools.partial(training.finish_epoch, losses, train_config=train_config, start_epoch=start_epoch, on_step=on_step)
-    with compiled.read_one_run_late(finish_epoch) as finish:  # a run's losses are read once the next run is queued
+    record = functools.partial(training.record_losses, losses, train_config=train_config, start_epoch=start_epoch, on_step=on_step)
+    with compiled.read_one_run_late(record) as finish:  # a run's losses are read once the next run is queued
         for epochs_done, batches in enumerate(training.epochs(model_config, train_config, start=start_epoch), start=start_epoch + 1):
             checks.check_batches(batches, model_config.vocab_size, model_config.max_len)  # once per epoch, on the host: jit sees no ids
             for chunk in training.chunks(batches):  # a few steps at a time: progress as it happens
-                with checks.checked_by_caller():
-                    state, epoch_losses = train_epoch(graphdef, state, chunk)
-                finish(epoch_losses)
+                state, run_losses = train_steps(graphdef, state, chunk)
+                finish(run_losses)
             if on_epoch is not None:  # the next run donates these buffers: on_epoch copies what it keeps
                 on_epoch(epochs_done, *nnx.merge(graphdef, state))
     model, optimizer = nnx.merge(graphdef, state)
     return training.history("jax", model_config, train_config, losses, started, model, optimizer, start_epoch)
-
-
-def training_setup(model_config: ModelConfig, train_config: TrainConfig, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
-    """train()'s run as the port check through training takes it (mhsa.port_check.training.check):
-    {"model": TinyLM from the exchange `arrays`, "optimizer": the optax transformation train()
-    builds, "loss": train()'s loss_fn, "inputs": every batch train() sees, in order, each (x, y)
-    int (B, T), "model_inputs": 1 (the model takes x)}. The check trains copies; nothing here is stepped."""
-    model = from_exchange(arrays, model_config)
-    optimizer = new_optimizer(model, train_config).tx  # optax.adam(lr, *betas, eps=eps): what nnx.Optimizer steps with
-    inputs = [batch for batches in training.epochs(model_config, train_config) for batch in batches]
-    return {"model": model, "optimizer": optimizer, "loss": _loss_of_logits, "inputs": inputs, "model_inputs": 1}
-
-
-def _loss_of_logits(logits: jax.Array, x: jax.Array, y: jax.Array) -> jax.Array:
-    # the check calls the model itself, then the loss on (logits, x, y): train()'s loss_fn, whose
-    # call of the model returns those logits
-    return loss_fn(lambda tokens, mask=None: logits, x, y)  # type: ignore[arg-type]  # a stand-in for the model
 
 
 def optimizer_to_exchange(optimizer: nnx.Optimizer, model: TinyLM, train_config: TrainConfig) -> AdamState:

@@ -55,14 +55,13 @@ def softmax(scores: np.ndarray) -> np.ndarray:
     return exp / np.where(total == 0, 1, total)
 
 
-def check_attention(
-    x: np.ndarray, params: dict[str, np.ndarray], n_heads: int, mask: Any = None, return_weights: bool = False, cache: KVCache | None = None
-) -> None:
+def check_attention(x: np.ndarray, params: dict[str, np.ndarray], n_heads: int, mask: Any = None, cache: KVCache | None = None) -> None:
     """Refuse a bad call of `attention` in one line (shared.checks), before any work: the `attn.*`
     weights must have the shapes of one d_model, D (out_proj's (D, D) sets it), so that a wrong
     weight is named rather than blamed on x; x must be (B, T, D) in the weights' dtype; the cache
-    must fit the chunk; the mask must be boolean and broadcast to (B, H, T, S). Runs once, where
-    a call enters (checks.at_entry)."""
+    must fit the chunk; the mask must be boolean and broadcast to (B, H, T, S). `attention` does
+    not call it: whoever hands it its input checks it once (model.attend, or the caller of the
+    function itself)."""
     D = params["attn.out_proj.weight"].shape[0]
     checks.check_block(D, n_heads, max_len=None)
     checks.check_attention_weights({name: value.shape for name, value in params.items() if name.startswith("attn.")}, D)
@@ -73,7 +72,6 @@ def check_attention(
     checks.check_cache_and_mask(B, T, x.dtype.name, n_heads, max_len, mask, cache, filled)
 
 
-@checks.at_entry(check_attention)
 def attention(
     x: np.ndarray, params: dict[str, np.ndarray], n_heads: int, mask: Any = None, return_weights: bool = False, cache: KVCache | None = None
 ) -> Any:
@@ -103,7 +101,8 @@ def attention(
         k, v = cache.update(k, v)  # (B, H, max_len, d_head)
 
     # 4. score and scale: keeps the score variance independent of d_head
-    scores = (q @ k.swapaxes(-2, -1)) * (1.0 / math.sqrt(D // n_heads))  # (B, H, T, S)
+    q = q * (1.0 / math.sqrt(D // n_heads))  # Q, not the scores: (B, H, T, d_head) products instead of (B, H, T, S)
+    scores = q @ k.swapaxes(-2, -1)  # (B, H, T, S)
     record(scores=scores)
 
     # 5. mask: no query may see a later key

@@ -117,11 +117,12 @@ def mask_backward(g_scores: np.ndarray, allowed: np.ndarray) -> np.ndarray:
 def scores_backward(g_scores: np.ndarray, q: np.ndarray, k: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:
     """4. score and scale: g_scores (B, H, T, T), q, k (B, H, T, d_head) -> (g_q, g_k), each (B, H, T, d_head).
 
-    scores[i, j] = scale * q[i] . k[j]. So dL/dq[i] = scale * sum_j g[i, j] k[j], i.e.
-    g_q = scale * g k; and dL/dk[j] = scale * sum_i g[i, j] q[i], i.e. g_k = scale * g^T q.
+    scores[i, j] = (scale * q[i]) . k[j], as the forward computes it. So dL/dq[i] = scale *
+    sum_j g[i, j] k[j], i.e. g_q = scale * g k; and dL/dk[j] = sum_i g[i, j] (scale * q[i]),
+    i.e. g_k = g^T (scale * q).
     """
     g_q = (g_scores @ k) * scale  # (B, H, T, T) @ (B, H, T, d_head) -> (B, H, T, d_head)
-    g_k = (g_scores.swapaxes(-2, -1) @ q) * scale  # (B, H, T, T) @ (B, H, T, d_head) -> (B, H, T, d_head)
+    g_k = g_scores.swapaxes(-2, -1) @ (q * scale)  # (B, H, T, T) @ (B, H, T, d_head) -> (B, H, T, d_head)
     return g_q, g_k
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from numpy_ref.model import TinyLM, predict
+from numpy_ref.model import TinyLM
 from shared import sampling
 
 
@@ -47,7 +47,14 @@ def new_cache(model: TinyLM, batch: int) -> KVCache:
 
 def step(model: TinyLM, tokens: np.ndarray, cache: KVCache) -> np.ndarray:
     """tokens (B, T) at positions cache.length.. -> logits (B, T, V); the cache is extended by them."""
-    return model(np.asarray(tokens), cache=cache)  # TinyLM checks its call where it enters
+    tokens = np.asarray(tokens)
+    model.check(tokens, cache=cache)  # the call's one check
+    return _logits(model, tokens, cache)
+
+
+def _logits(model: TinyLM, tokens: np.ndarray, cache: KVCache | None = None) -> np.ndarray:
+    # the model on NumPy tokens, unchecked: step checks them first, generate its whole request once
+    return model(np.asarray(tokens), cache=cache)
 
 
 def cache_arrays(cache: KVCache) -> tuple[np.ndarray, np.ndarray]:
@@ -65,5 +72,5 @@ def generate(
     greedy picks the argmax; otherwise a draw from softmax(logits / temperature) with `seed`.
     """
     return sampling.generate(
-        model, prompt, max_new_tokens, new_cache, step, predict, greedy=greedy, temperature=temperature, seed=seed, use_cache=use_cache
+        model, prompt, max_new_tokens, new_cache, _logits, _logits, greedy=greedy, temperature=temperature, seed=seed, use_cache=use_cache
     )

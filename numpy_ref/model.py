@@ -18,12 +18,10 @@ if TYPE_CHECKING:  # the cache's module imports this one
     from numpy_ref.generate import KVCache
 
 
-def check_forward(
-    tokens: Any, params: dict[str, np.ndarray], config: ModelConfig, mask: Any = None, return_weights: bool = False, cache: KVCache | None = None
-) -> None:
+def check_forward(tokens: Any, params: dict[str, np.ndarray], config: ModelConfig, mask: Any = None, cache: KVCache | None = None) -> None:
     """Refuse a bad call of `forward` in one line, before any work: the weights (shared.weights,
     a missing bias or a float16 array is an error, not a guess), then the tokens, cache and mask
-    as TinyLM.check checks them. Runs once, where a call enters (checks.at_entry)."""
+    as TinyLM.check checks them. `forward` does not call it: its caller checks once."""
     validate_weights(params, config)
     _check_call(tokens, params, config, mask, cache)
 
@@ -39,7 +37,6 @@ def _check_call(tokens: Any, params: dict[str, np.ndarray], config: ModelConfig,
     checks.check_cache_and_mask(B, T, params["tok_emb.weight"].dtype.name, config.n_heads, config.max_len, mask, cache, filled)
 
 
-@checks.at_entry(check_forward)
 def forward(
     tokens: Any, params: dict[str, np.ndarray], config: ModelConfig, mask: Any = None, return_weights: bool = False, cache: KVCache | None = None
 ) -> Any:
@@ -99,12 +96,13 @@ class TinyLM:
     def __post_init__(self) -> None:
         validate_weights(self.params, self.config)
 
-    def check(self, tokens: Any, mask: Any = None, return_weights: bool = False, cache: KVCache | None = None) -> None:
-        """Refuse a bad call in one line (shared.checks), before any work (_check_call: the weights
-        were checked when the model was built). Runs once, where a call enters (checks.at_entry)."""
+    def check(self, tokens: Any, mask: Any = None, cache: KVCache | None = None) -> None:
+        """Refuse a bad call of the model in one line (shared.checks), before any work (_check_call:
+        the weights were checked when the model was built). __call__ does not call it: the public
+        functions (predict, loss_and_grads, generate.step) check their input with it once, and a
+        trainer checks an epoch's batches before its steps; a caller of the model itself calls it first."""
         _check_call(tokens, self.params, self.config, mask, cache)
 
-    @checks.at_entry(check)
     def __call__(self, tokens: Any, mask: Any = None, return_weights: bool = False, cache: KVCache | None = None) -> Any:
         # weights that overflow give inf and NaN unwarned, as in torch and JAX: the caller names them
         with np.errstate(over="ignore", invalid="ignore"):
@@ -130,15 +128,18 @@ def loss_fn(model: TinyLM, x: Any, y: Any, mask: Any = None) -> np.ndarray:
 def predict(model: TinyLM, tokens: Any, *, mask: Any = None, return_weights: bool = False, trace: dict[str, np.ndarray] | None = None) -> Any:
     """tokens (B, T) -> logits (B, T, V), or (logits, weights (B, H, T, T)); NumPy already.
     trace, a dict, receives every stage of shared.trace.STAGES."""
+    tokens = np.asarray(tokens)
+    model.check(tokens, mask)  # the call's one check
     with tracing(trace):
-        return model(np.asarray(tokens), mask=mask, return_weights=return_weights)
+        return model(tokens, mask=mask, return_weights=return_weights)
 
 
 def attend(model: TinyLM, x: Any, *, mask: Any = None, return_weights: bool = False) -> Any:
     """The attention block alone: x (B, T, D) -> (B, T, D), or (out, weights); T <= max_len
     as in the frameworks' blocks (the pure `attention` function has no context limit)."""
     x = np.asarray(x)
-    with checks.entry(_check_attend, model, x, mask), np.errstate(over="ignore", invalid="ignore"):  # as TinyLM's call
+    _check_attend(model, x, mask)  # the call's one check
+    with np.errstate(over="ignore", invalid="ignore"):  # as TinyLM's call
         return attention(x, model.params, model.config.n_heads, mask=mask, return_weights=return_weights)
 
 
@@ -160,6 +161,8 @@ def loss_and_grads(model: TinyLM, tokens: Any, targets: Any, *, mask: Any = None
     of numpy_ref.backward, from the stages one forward pass records."""
     from numpy_ref.backward import backward
 
+    tokens = np.asarray(tokens)
+    model.check(tokens, mask)  # the call's one check
     trace: dict[str, np.ndarray] = {}
     with tracing(trace):
         model(tokens, mask=mask)

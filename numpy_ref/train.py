@@ -1,4 +1,4 @@
-"""Train TinyLM on the copy task in pure NumPy: train_step, train_epoch, train (loss_fn and
+"""Train TinyLM on the copy task in pure NumPy: train_step, train_steps, train (loss_fn and
 loss_and_grads are in model.py, the backward pass in backward.py, Adam in adam.py).
 
 What the frameworks hide is spelled out here: the gradient is numpy_ref.backward's analytic
@@ -9,15 +9,10 @@ Run it: `python -m numpy_ref.train --help`.
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # the command line belongs to the tools layer: parse flags before importing the backend
-    import sys
+if __name__ == "__main__":  # flags parsed (mhsa/launch.py) before the backend is imported
+    from mhsa.launch import main
 
-    try:  # Ctrl-C while the command line is still being imported: one line and 130, as at any later moment
-        from mhsa.train_cli import main
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        raise SystemExit(130) from None
-    raise SystemExit(main("numpy"))
+    main("numpy")
 
 import time
 from collections.abc import Callable, Iterable
@@ -26,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from numpy_ref.adam import Adam
-from numpy_ref.model import TinyLM, from_exchange, loss_and_grads
+from numpy_ref.backward import backward
+from numpy_ref.model import TinyLM, from_exchange, intermediates
 from shared import checks, malloc, training
 from shared.adam_state import AdamState
 from shared.config import ModelConfig, TrainConfig
@@ -35,12 +31,13 @@ from shared.history import History
 
 def train_step(model: TinyLM, optimizer: Adam, x: np.ndarray, y: np.ndarray) -> float:
     """One Adam step; returns the loss before the update."""
-    loss, grads = loss_and_grads(model, x, y)  # forward, then the backward pass by hand
+    trace = intermediates(x, model.params, model.config)  # the forward, every stage kept
+    loss, grads = backward(x, y, model.params, model.config, trace)  # the backward pass by hand
     optimizer.step(grads)  # updates model.params in place
-    return loss
+    return float(loss)
 
 
-def train_epoch(model: TinyLM, optimizer: Adam, batches: Iterable[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+def train_steps(model: TinyLM, optimizer: Adam, batches: Iterable[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
     """Every step of `batches` (an epoch, or a run of its steps); returns the per-step losses as a NumPy array."""
     return np.array([train_step(model, optimizer, x, y) for x, y in batches])
 
@@ -86,14 +83,14 @@ def train(
         optimizer_from_exchange(resume, optimizer, model)
 
     # 3. epochs: the same batches as every other backend
-    # (an overflow is not warned about: finish_epoch names the first non-finite step, as in torch and JAX)
+    # (an overflow is not warned about: record_losses names the first non-finite step, as in torch and JAX)
     losses: list[float] = []
     for epochs_done, batches in enumerate(training.epochs(model_config, train_config, start=start_epoch), start=start_epoch + 1):
         checks.check_batches(batches, model_config.vocab_size, model_config.max_len)  # once per epoch, not at every step
         for chunk in training.chunks(batches):  # a few steps at a time: progress as it happens
-            with checks.checked_by_caller(), np.errstate(over="ignore", invalid="ignore"):
-                epoch_losses = train_epoch(model, optimizer, chunk)
-            training.finish_epoch(losses, epoch_losses, train_config, start_epoch, on_step)
+            with np.errstate(over="ignore", invalid="ignore"):
+                run_losses = train_steps(model, optimizer, chunk)
+            training.record_losses(losses, run_losses, train_config, start_epoch, on_step)
         if on_epoch is not None:
             on_epoch(epochs_done, model, optimizer)
     return training.history("numpy", model_config, train_config, losses, started, model, optimizer, start_epoch)

@@ -1,20 +1,15 @@
 """Input checks shared by every backend, over shapes and dtype names, so that the same bad
-input raises the same exception with the same message in NumPy, PyTorch and JAX; and where
-they run: once per call, at the entry of its call tree (at_entry, entry)."""
+input raises the same exception with the same message in NumPy, PyTorch and JAX. They run once
+per call, where it enters: each public function calls its model's check first (docs/DESIGN.md,
+"Errors")."""
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import os
-import threading
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 # the index dtypes every backend embeds: torch's nn.Embedding refuses any other
 TOKEN_DTYPES = ("int32", "int64")
@@ -23,59 +18,6 @@ BLOCK_DTYPES = ("float32", "float64")
 # the seed range every backend accepts: NumPy's default_rng, torch.manual_seed and
 # jax.random.key all take it (JAX overflows at 2**63, torch refuses 2**64)
 SEED_RANGE = (0, 2**32 - 1)
-
-
-# --- where the checks run: once per call, where it enters ------------------------------------
-
-_entered = threading.local()  # .checked: this thread is inside a call whose inputs were checked where it entered
-
-
-def at_entry(check: Callable[..., None]) -> Callable[[F], F]:
-    """Decorate a forward (a method or a function) so that check(*args, **kwargs), given the
-    forward's own arguments, runs before it, once per call tree: a forward called inside another
-    one that was checked (the block inside TinyLM, the model inside predict) skips its check, so
-    each input is checked once, where the call enters, and the forward's body is the math alone.
-    Per thread. A plain flag and try/finally, not a context manager, so that torch.compile
-    (fullgraph) and jax.jit trace it as the Python it is."""
-
-    def decorate(forward: F) -> F:
-        @functools.wraps(forward)
-        def checked(*args: Any, **kwargs: Any) -> Any:
-            if getattr(_entered, "checked", False):
-                return forward(*args, **kwargs)
-            check(*args, **kwargs)
-            _entered.checked = True
-            try:
-                return forward(*args, **kwargs)
-            finally:
-                _entered.checked = False
-
-        return checked  # type: ignore[return-value]
-
-    return decorate
-
-
-@contextlib.contextmanager
-def entry(check: Callable[..., None], *args: Any, **kwargs: Any) -> Iterator[None]:
-    """at_entry for a block of code: `with entry(check, x)` runs check(x) unless an outer call
-    checked already, and inside it every forward decorated with at_entry skips its check. The
-    NumPy-facing functions (predict, step, ...) check the NumPy arrays they are given this way,
-    before they convert them (a framework's conversion refuses some dtypes in its own words)."""
-    if getattr(_entered, "checked", False):
-        yield
-        return
-    check(*args, **kwargs)
-    _entered.checked = True
-    try:
-        yield
-    finally:
-        _entered.checked = False
-
-
-def checked_by_caller() -> contextlib.AbstractContextManager[None]:
-    """entry with nothing to check: the caller has checked the inputs itself (a trainer checks an
-    epoch's token ids once, on the host, before its steps), so the forwards inside skip theirs."""
-    return entry(lambda: None)
 
 
 # --- the checks ---------------------------------------------------------------------------

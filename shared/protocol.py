@@ -7,12 +7,12 @@ function named "NumPy in, NumPy out" takes and returns NumPy arrays, so a tool c
 backend without knowing its framework. B batch, T sequence length, D d_model, H heads,
 V vocab_size, d_head = D // H.
 
-Checks run once per call, where it enters (shared.checks.at_entry and entry): the NumPy-facing
-functions check the NumPy arrays they are given, a layer or a TinyLM called directly checks its
-own input, and what runs inside a checked call (the block inside TinyLM, the model inside
-predict, a trainer's steps after it checked the epoch's ids) does not check again. A mask is
-any array-like of bool (NumPy, nested lists, the framework's array), converted once where the
-call enters; anything else is refused with shared.checks' one message.
+Checks run once per call, at its boundary: the NumPy-facing functions check the NumPy arrays
+they are given in their first line (model.check, model.attn.check), a trainer checks an epoch's
+ids before its steps, and the forwards themselves are the math alone (a caller of a layer or a
+TinyLM on the framework's arrays calls its public check(...) first). A mask is any array-like
+of bool (NumPy, nested lists, the framework's array), converted once where the call enters;
+anything else is refused with shared.checks' one message.
 
 `attention`, where the registry lists "layers" (numpy_ref's block is the pure function
 numpy_ref.attention.attention over the exchange dict)
@@ -56,17 +56,13 @@ numpy_ref.attention.attention over the exchange dict)
     optimizer_to_exchange(optimizer, model, train_config) -> AdamState
     optimizer_from_exchange(adam_state, optimizer, model) -> None
 
-`train`, where the registry lists "train_check" (a framework with a torch.optim optimizer or an
-optax transformation: what the port check through training compares step by step)
-    training_setup(model_config, train_config, arrays) -> dict
-                             train()'s run from the exchange `arrays`, as
-                             mhsa.port_check.training.check.check_training takes it: "model" (a
-                             TinyLM), "optimizer" (the Adam train() builds, with train_config's
-                             lr, betas and eps: a torch.optim.Optimizer over the model's
-                             parameters, or an optax GradientTransformation), "loss" ((logits,
-                             x, y) -> scalar: train()'s loss_fn), "inputs" (every batch train()
-                             sees, in order: (x, y) int (B, T) each), "model_inputs" (1: the
-                             model takes x). Nothing in it is stepped.
+`train` and `model`, where the registry lists "train_check" (a trainer whose Adam is a
+torch.optim optimizer or an nnx.Optimizer over optax: mhsa parity builds from these the run the
+port check through training compares step by step)
+    train.new_optimizer(model, train_config)
+                             the Adam train() builds, with train_config's lr, betas and eps.
+    model.cross_entropy(logits, targets) -> scalar
+                             loss_fn's loss of logits (B, T, V) against int targets (B, T).
 
 `generate`, where the registry lists "generate"
     The cache contract: K and V of shape (B, H, max_len, d_head), zeros where not yet filled,
@@ -137,7 +133,7 @@ CAPABILITIES = {
     "layers": {"attention": ("MultiHeadSelfAttention",)},
     "grads": {"model": ("grads_to_exchange", "loss_and_grads")},
     "train": {"train": ("train", "optimizer_to_exchange", "optimizer_from_exchange")},
-    "train_check": {"train": ("training_setup",)},  # train()'s run as the port check through training takes it
+    "train_check": {"train": ("new_optimizer",), "model": ("cross_entropy",)},  # what mhsa parity builds a port check's training run from
     "fused": {},  # ModelConfig(attn_impl="fused") calls a fused attention kernel
     "jit": {},  # calls are compiled for each new input shape: tests keep such a backend to a few shapes
     "generate": {"generate": ("KVCache", "new_cache", "step", "cache_arrays", "generate")},

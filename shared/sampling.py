@@ -1,7 +1,7 @@
 """Generation that no framework changes, shared by every backend's generate(): the loop over new
 tokens, and the choice of the next token from its logits, in NumPy, so the same logits and seed
 give the same tokens whatever framework computed the logits. A backend supplies its cache and
-its forward steps (new_cache, step, predict of shared.protocol)."""
+its forward steps: new_cache, and a step and predict that do not check the ids generate chose."""
 
 from __future__ import annotations
 
@@ -33,21 +33,21 @@ def generate(
     low, high = (prompt.min(), prompt.max()) if prompt.size else (None, None)  # an empty prompt is refused by the check
     request = (prompt.shape, prompt.dtype.name, config.vocab_size, config.max_len, max_new_tokens, low, high, greedy, temperature)
     # checked once, here: every later call reads ids it picked from [0, V) and fits max_len, so
-    # step and predict skip their own checks (shared.checks.entry)
-    with checks.entry(checks.check_generate, *request):
-        rng = np.random.default_rng(seed)
-        cache = new_cache(model, prompt.shape[0]) if use_cache else None
-        tokens = prompt  # (B, P)
-        chunk = prompt  # what the next call reads: the whole prompt first, then the newest token
+    # the backend hands in a step and a predict that do not check again
+    checks.check_generate(*request)
+    rng = np.random.default_rng(seed)
+    cache = new_cache(model, prompt.shape[0]) if use_cache else None
+    tokens = prompt  # (B, P)
+    chunk = prompt  # what the next call reads: the whole prompt first, then the newest token
 
-        for _ in range(max_new_tokens):
-            # 1. forward: with a cache only the new positions, without one the whole prefix again
-            logits = step(model, chunk, cache) if cache is not None else predict(model, tokens)  # (B, t, V)
+    for _ in range(max_new_tokens):
+        # 1. forward: with a cache only the new positions, without one the whole prefix again
+        logits = step(model, chunk, cache) if cache is not None else predict(model, tokens)  # (B, t, V)
 
-            # 2. pick the next token from the last position's logits
-            chosen = next_tokens(logits[:, -1], greedy, temperature, rng).astype(prompt.dtype)  # (B,)
-            tokens = np.concatenate([tokens, chosen[:, None]], axis=1)  # (B, t + 1)
-            chunk = chosen[:, None]  # (B, 1)
+        # 2. pick the next token from the last position's logits
+        chosen = next_tokens(logits[:, -1], greedy, temperature, rng).astype(prompt.dtype)  # (B,)
+        tokens = np.concatenate([tokens, chosen[:, None]], axis=1)  # (B, t + 1)
+        chunk = chosen[:, None]  # (B, 1)
     return tokens
 
 

@@ -11,26 +11,24 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 STAGES = ("embed", "qkv", "q", "k", "v", "scores", "weights", "context", "merged", "attn_out", "logits")
 
-_current = threading.local()  # .stages: the dict being filled (None: no trace asked for); .keep: how a value is kept
+_current = threading.local()  # .stages: the dict being filled (None: no trace asked for)
 
 
 @contextlib.contextmanager
-def tracing(stages: dict[str, Any] | None, keep: Callable[[Any], Any] = lambda value: value) -> Iterator[None]:
-    """Inside: every stage a forward records in this thread is stored, as keep(value), in
-    `stages`; with stages None, nothing is kept and the forward runs as untraced. keep makes a
-    framework's tensor a NumPy copy at once, so that a later in-place step (torch's masked_fill_)
-    cannot change what was recorded."""
-    saved = getattr(_current, "stages", None), getattr(_current, "keep", None)
-    _current.stages, _current.keep = stages, keep
+def tracing(stages: dict[str, Any] | None) -> Iterator[None]:
+    """Inside: every stage a forward records in this thread is stored, as it is (the framework's
+    array), in `stages`; with stages None, nothing is kept and the forward runs as untraced."""
+    saved = getattr(_current, "stages", None)
+    _current.stages = stages
     try:
         yield
     finally:
-        _current.stages, _current.keep = saved
+        _current.stages = saved
 
 
 def recording() -> bool:
@@ -43,4 +41,4 @@ def record(**stages: Any) -> None:
     """Keep each named stage when this thread is tracing; otherwise do nothing."""
     if getattr(_current, "stages", None) is not None:
         for name, value in stages.items():
-            _current.stages[name] = _current.keep(value)
+            _current.stages[name] = value

@@ -78,7 +78,7 @@ def epochs(model_config: ModelConfig, train_config: TrainConfig, start: int = 0)
             yield batch_list
 
 
-PROGRESS_STEPS = 16  # steps per call of a trainer's train_epoch, so on_step hears of each run of steps as it ends
+PROGRESS_STEPS = 16  # steps per call of a trainer's train_steps, so on_step hears of each run of steps as it ends
 
 
 def chunks(batches: list, size: int = PROGRESS_STEPS) -> Iterator[list]:
@@ -89,13 +89,14 @@ def chunks(batches: list, size: int = PROGRESS_STEPS) -> Iterator[list]:
         yield batches[start : start + size]
 
 
-def finish_epoch(
-    losses: list[float], epoch_losses: ArrayLike, train_config: TrainConfig, start_epoch: int = 0, on_step: Callable | None = None
+def record_losses(
+    losses: list[float], run_losses: ArrayLike, train_config: TrainConfig, start_epoch: int = 0, on_step: Callable | None = None
 ) -> None:
-    """Append one epoch's per-step losses; stop at the first non-finite one, naming its step
-    (counted over the whole run: a run resumed after start_epoch epochs does not start at 0)."""
+    """Append a run of steps' losses to `losses` and tell on_step of each; stop at the first
+    non-finite one, naming its step (counted over the whole run: a run resumed after start_epoch
+    epochs does not start at 0)."""
     first_step = start_epoch * train_config.steps_per_epoch
-    for loss in np.asarray(epoch_losses, dtype=np.float64):
+    for loss in np.asarray(run_losses, dtype=np.float64):
         step = first_step + len(losses)
         if not math.isfinite(loss):
             raise NonFiniteLossError(step, float(loss), train_config.steps_per_epoch)

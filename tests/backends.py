@@ -47,23 +47,29 @@ def native(name: str, array):
 
 def called_directly(name: str, arrays: dict, config: ModelConfig = SMALL):
     """(block(x, mask=None), model(tokens, mask=None)) of backend `name`, called as a user calls
-    them: the framework's layer and model on its own arrays (x and tokens are converted here, a
-    mask is passed as it is given); numpy_ref's attention function and TinyLM on NumPy arrays."""
+    them: the framework's layer and model on its own arrays, each call checked first by its public
+    check (x and tokens are converted here, a mask is passed as it is given); numpy_ref's
+    attention function, checked by check_attention, and TinyLM on NumPy arrays."""
     backend = registry.get(name)
     model = backend.model.from_exchange(arrays, config)
     if "layers" in backend.supports:
 
         def block(x, mask=None):
-            return model.attn(native(name, x), mask=mask)
+            x = native(name, x)
+            model.attn.check(x, mask)
+            return model.attn(x, mask=mask)
 
     else:
-        attention = backend.module("attention").attention
+        attention = backend.module("attention")
 
         def block(x, mask=None):
-            return attention(x, model.params, config.n_heads, mask=mask)
+            attention.check_attention(x, model.params, config.n_heads, mask)
+            return attention.attention(x, model.params, config.n_heads, mask=mask)
 
     def whole(ids, mask=None):
-        return model(native(name, ids), mask=mask)
+        ids = native(name, ids)
+        model.check(ids, mask)
+        return model(ids, mask=mask)
 
     return block, whole
 

@@ -48,18 +48,18 @@ class MultiHeadSelfAttention(nn.Module):
         # True = may attend: on and below the diagonal
         self.register_buffer("causal_mask", torch.tril(torch.ones(max_len, max_len, dtype=torch.bool)), persistent=False)
 
-    def check(self, x: Any, mask: Any = None, return_weights: bool = False, cache: KVCache | None = None) -> None:
-        """Refuse a bad call in one line (shared.checks), before any work: x must be (B, T, D) in
-        the block's dtype with T <= max_len; the cache must fit the chunk; the mask must be boolean
-        and broadcast to (B, H, T, S); and first the block's own weights, so that a weight of the
-        wrong shape is named, not x. Runs once, where a call enters (checks.at_entry)."""
+    def check(self, x: Any, mask: Any = None, cache: KVCache | None = None) -> None:
+        """Refuse a bad call of the block in one line (shared.checks), before any work: x must be
+        (B, T, D) in the block's dtype with T <= max_len; the cache must fit the chunk; the mask
+        must be boolean and broadcast to (B, H, T, S); and first the block's own weights, so that a
+        weight of the wrong shape is named, not x. forward does not call it: whoever hands the block
+        its input checks it once (model.attend; TinyLM's callers check the tokens instead)."""
         checks.check_attention_weights({f"attn.{name}": tuple(value.shape) for name, value in self.named_parameters()}, self.d_model)
         checks.check_input(tuple(x.shape), str(x.dtype), self.d_model, self.max_len, str(self.qkv_proj.weight.dtype))
         B, T, _ = x.shape
         filled = None if cache is None else cache.length
         checks.check_cache_and_mask(B, T, str(x.dtype), self.n_heads, self.max_len, mask, cache, filled)
 
-    @checks.at_entry(check)
     def forward(self, x: torch.Tensor, mask: Any = None, return_weights: bool = False, cache: KVCache | None = None) -> Any:
         """x (B, T, D); mask optional, any array-like of bool, True = may attend, broadcastable to
         (B, H, T, S); cache optional KVCache of the positions before x. S = T without a cache,
@@ -88,17 +88,16 @@ class MultiHeadSelfAttention(nn.Module):
             return self.out_proj(self._fused_attention(q, k, v, mask, start))  # (B, T, D)
 
         # 4. score and scale: keeps the score variance independent of d_head
-        q = q * (1.0 / math.sqrt(self.d_head))  # scaling Q is T / d_head times cheaper than scaling the scores
+        q = q * (1.0 / math.sqrt(self.d_head))  # Q, not the scores: (B, H, T, d_head) products instead of (B, H, T, S)
         scores = q @ k.transpose(-2, -1)  # (B, H, T, S)
         record(scores=scores)
 
         # 5. mask: no query may see a later key
         allowed = self._allowed(start, T, k.shape[2], mask)  # (T, S), or (B, H, T, S) with a mask
-        scores.masked_fill_(~allowed, float("-inf"))
+        scores = scores.masked_fill(~allowed, float("-inf"))
 
         # 6. softmax over keys
-        # (into the scores' own memory when no gradient needs them: one (B, H, T, S) buffer, not two)
-        weights = torch.softmax(scores, dim=-1, out=None if scores.requires_grad else scores)  # (B, H, T, S)
+        weights = torch.softmax(scores, dim=-1)  # (B, H, T, S)
         if mask is not None:
             # a row with no allowed key is all -inf, which softmax turns into NaN: make it 0
             weights = weights.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)

@@ -1,10 +1,9 @@
 """The opt-in compiled training step of torch (train(..., compile=True)), apart from the lesson:
 forward, backward and Adam's update as one torch.compile graph, compiled before the first step.
 
-Why: benchmarks/RESULTS.md, the torch training table ("torch: steady-state training steps per
-second"), the rows `torch_impl.train.train(compile=True)` against `torch_impl.train.train`: its
-steps are faster than the eager trainer's, and its compilation (the note under that table) pays
-only on long runs, so the default run stays eager (docs/performance.md, "--compile").
+Why: one graph runs the step's many small operations without Python between them, so its steps
+are faster than the eager trainer's; its compilation pays only on long runs, so the default run
+stays eager (docs/performance.md, "--compile").
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ import numpy as np
 import torch
 
 from shared import checks
-from torch_impl.startup import FusedAdam
 
 if TYPE_CHECKING:  # the trainer hands compile_step the model and its loss_fn
     from torch_impl.model import TinyLM
@@ -31,9 +29,10 @@ StepFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # a whole trainin
 LossFn = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]  # loss_fn(model, x, y) -> scalar
 
 
-def compile_step(model: TinyLM, optimizer: FusedAdam, batches: list[tuple[np.ndarray, np.ndarray]], loss_fn: LossFn) -> tuple[StepFn, float]:
+def compile_step(model: TinyLM, optimizer: torch.optim.Adam, batches: list[tuple[np.ndarray, np.ndarray]], loss_fn: LossFn) -> tuple[StepFn, float]:
     """(step, seconds it took): one training step as one torch.compile graph, step(x, y) -> the loss
-    before the update, as train_step returns it. The forward and backward are
+    before the update, as train_step returns it; like train_step it does not check the ids (train()
+    checks each epoch's batches first). The forward and backward are
     torch.func.grad_and_value of loss_fn (torch_impl.model's) over the parameters, and Adam's
     update is torch.optim.Adam's arithmetic written out (_adam_update: the fused kernel cannot be traced);
     it updates the model's parameters and the optimizer's state in place, as train_step does, so
@@ -53,8 +52,9 @@ def compile_step(model: TinyLM, optimizer: FusedAdam, batches: list[tuple[np.nda
     started = time.perf_counter()
     names = [name for name, _ in model.named_parameters()]
     params: list[torch.Tensor] = [parameter for _, parameter in model.named_parameters()]
-    states = optimizer.states(params)
-    lr, (beta1, beta2), eps = optimizer.lr, optimizer.betas, optimizer.eps
+    states = _states(optimizer, params)
+    group = optimizer.param_groups[0]
+    lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
 
     def whole_step(params: list[torch.Tensor], states: list[dict[str, torch.Tensor]], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         def loss_of(values: tuple[torch.Tensor, ...]) -> torch.Tensor:
@@ -81,7 +81,7 @@ def compile_step(model: TinyLM, optimizer: FusedAdam, batches: list[tuple[np.nda
     config = model.config
     checks.check_batches(list(shapes.values()), config.vocab_size, config.max_len)
     try:
-        with checks.checked_by_caller(), torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
             for x, y in shapes.values():  # as the steps will run it: one graph per shape, no recompilation after
                 compiled(params, states, torch.from_numpy(x).to(device), torch.from_numpy(y).to(device))
     except FailOnRecompileLimitHit as error:  # the process-wide limit still counts every run's compilations
@@ -100,11 +100,25 @@ def compile_step(model: TinyLM, optimizer: FusedAdam, batches: list[tuple[np.nda
             for tensor, value in zip(_step_tensors(params, states), saved):
                 tensor.copy_(value)
 
-    @checks.at_entry(lambda x, y: model.check(x))  # inside train() the epoch is checked already; on its own, this batch
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return compiled(params, states, x, y)
 
     return step, time.perf_counter() - started
+
+
+@torch.no_grad()
+def _states(optimizer: torch.optim.Adam, params: list[torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+    """The Adam state of each of `params`, created now where it has none yet, as
+    torch.optim.Adam(fused=True) creates it at its first step: the compiled step updates these
+    tensors in place, so the optimizer's own state (saved, resumed, stepped eagerly) is the same."""
+    for parameter in params:
+        if not optimizer.state[parameter]:
+            optimizer.state[parameter] = {
+                "step": torch.zeros((), dtype=torch.float32, device=parameter.device),  # fused Adam keeps the count beside its parameter
+                "exp_avg": torch.zeros_like(parameter, memory_format=torch.preserve_format),
+                "exp_avg_sq": torch.zeros_like(parameter, memory_format=torch.preserve_format),
+            }
+    return [optimizer.state[parameter] for parameter in params]
 
 
 def _adam_update(

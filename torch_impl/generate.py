@@ -13,9 +13,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from shared import checks, sampling
+from shared import sampling
 from torch_impl.attention import DTYPES
-from torch_impl.model import TinyLM, predict
+from torch_impl.model import TinyLM
 
 
 class KVCache(nn.Module):
@@ -59,8 +59,14 @@ def step(model: TinyLM, tokens: np.ndarray, cache: KVCache) -> np.ndarray:
     """NumPy in, NumPy out: tokens (B, T) at positions cache.length.. -> logits (B, T, V);
     the cache is extended by them."""
     tokens = np.asarray(tokens)
-    with checks.entry(model.check, tokens, cache=cache), torch.no_grad():
-        return model(torch.from_numpy(tokens).to(cache.k.device), cache=cache).cpu().numpy()
+    model.check(tokens, cache=cache)  # the call's one check, on the NumPy input
+    return _logits(model, tokens, cache)
+
+
+def _logits(model: TinyLM, tokens: np.ndarray, cache: KVCache | None = None) -> np.ndarray:
+    # the model on NumPy tokens, unchecked: step checks them first, generate its whole request once
+    with torch.no_grad():
+        return model(torch.from_numpy(tokens).to(model.tok_emb.weight.device), cache=cache).cpu().numpy()
 
 
 def cache_arrays(cache: KVCache) -> tuple[np.ndarray, np.ndarray]:
@@ -78,5 +84,5 @@ def generate(
     greedy picks the argmax; otherwise a draw from softmax(logits / temperature) with `seed`.
     """
     return sampling.generate(
-        model, prompt, max_new_tokens, new_cache, step, predict, greedy=greedy, temperature=temperature, seed=seed, use_cache=use_cache
+        model, prompt, max_new_tokens, new_cache, _logits, _logits, greedy=greedy, temperature=temperature, seed=seed, use_cache=use_cache
     )

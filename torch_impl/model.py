@@ -30,18 +30,19 @@ class TinyLM(nn.Module):
         self.attn = MultiHeadSelfAttention(config.d_model, config.n_heads, config.max_len, config.bias, dtype=dtype, attn_impl=config.attn_impl)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=config.bias, dtype=DTYPES[dtype])
 
-    def check(self, tokens: Any, mask: Any = None, return_weights: bool = False, cache: KVCache | None = None) -> None:
-        """Refuse a bad call in one line (shared.checks), before any work: integer tokens (B, T)
-        with T <= max_len and every id in [0, V) (a min and max of the ids: a host sync on a GPU);
-        the cache must fit the chunk; the mask must be boolean and broadcast to (B, H, T, S).
-        Runs once, where a call enters (checks.at_entry): the block inside does not check again."""
+    def check(self, tokens: Any, mask: Any = None, cache: KVCache | None = None) -> None:
+        """Refuse a bad call of the model in one line (shared.checks), before any work: integer
+        tokens (B, T) with T <= max_len and every id in [0, V) (a min and max of the ids: a host
+        sync on a GPU); the cache must fit the chunk; the mask must be boolean and broadcast to
+        (B, H, T, S). forward does not call it: the public functions (predict, loss_and_grads,
+        generate.step) check their NumPy input with it once, and a trainer checks an epoch's
+        batches before its steps; a caller of the model itself calls it first."""
         config = self.config
         checks.check_tokens(tuple(tokens.shape), str(tokens.dtype), config.vocab_size, config.max_len, *checks.id_range(tokens))
         B, T = tokens.shape
         filled = None if cache is None else cache.length
         checks.check_cache_and_mask(B, T, str(self.tok_emb.weight.dtype), config.n_heads, config.max_len, mask, cache, filled)
 
-    @checks.at_entry(check)
     def forward(self, tokens: torch.Tensor, mask: Any = None, return_weights: bool = False, cache: KVCache | None = None) -> Any:
         """tokens int (B, T) -> logits (B, T, V), or (logits, weights (B, H, T, S)).
 
@@ -89,10 +90,15 @@ def grads_to_exchange(model: TinyLM) -> dict[str, np.ndarray]:
     return grads
 
 
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of logits (B, T, V) against int targets (B, T) -> scalar."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))  # (B * T, V) against (B * T,)
+
+
 def loss_fn(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Mean cross-entropy of the next-token logits: x, y int (B, T) -> scalar."""
     logits = model(x, mask=mask)  # (B, T, V)
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))  # (B * T, V) against (B * T,)
+    return cross_entropy(logits, y)
 
 
 def _device(model: TinyLM) -> torch.device:
@@ -106,15 +112,20 @@ def predict(
     """NumPy in, NumPy out: tokens (B, T) -> logits (B, T, V), or (logits, weights (B, H, T, T)).
     trace, a dict, receives every stage of shared.trace.STAGES."""
     tokens, mask, device = np.asarray(tokens), _array(mask), _device(model)
-    with checks.entry(model.check, tokens, mask), tracing(trace, _numpy), torch.no_grad():
+    model.check(tokens, mask)  # the call's one check, on the NumPy input, before any conversion
+    stages: dict[str, torch.Tensor] = {}
+    with tracing(None if trace is None else stages), torch.no_grad():
         result = model(torch.from_numpy(tokens).to(device), mask=_tensor(mask, device), return_weights=return_weights)
+    if trace is not None:
+        trace.update({name: _numpy(value) for name, value in stages.items()})
     return tuple(_numpy(value) for value in result) if return_weights else _numpy(result)
 
 
 def attend(model: TinyLM, x: np.ndarray, *, mask: np.ndarray | None = None, return_weights: bool = False) -> Any:
     """NumPy in, NumPy out: the attention block alone, x (B, T, D) -> (B, T, D), or (out, weights)."""
     x, mask, device = np.asarray(x), _array(mask), _device(model)
-    with checks.entry(model.attn.check, x, mask), torch.no_grad():
+    model.attn.check(x, mask)  # the call's one check, on the NumPy input, before any conversion
+    with torch.no_grad():
         result = model.attn(torch.from_numpy(x).to(device), mask=_tensor(mask, device), return_weights=return_weights)
     return tuple(_numpy(value) for value in result) if return_weights else _numpy(result)
 
@@ -122,9 +133,9 @@ def attend(model: TinyLM, x: np.ndarray, *, mask: np.ndarray | None = None, retu
 def loss_and_grads(model: TinyLM, tokens: np.ndarray, targets: np.ndarray, *, mask: np.ndarray | None = None) -> tuple[float, dict[str, np.ndarray]]:
     """NumPy in, NumPy out: (loss, d loss / d every exchange array) by autograd."""
     tokens, mask, device = np.asarray(tokens), _array(mask), _device(model)
+    model.check(tokens, mask)  # the call's one check, on the NumPy input, before any conversion
     model.zero_grad(set_to_none=True)
-    with checks.entry(model.check, tokens, mask):
-        loss = loss_fn(model, torch.from_numpy(tokens).to(device), torch.from_numpy(np.asarray(targets)).to(device), mask=_tensor(mask, device))
+    loss = loss_fn(model, torch.from_numpy(tokens).to(device), torch.from_numpy(np.asarray(targets)).to(device), mask=_tensor(mask, device))
     loss.backward()
     return float(loss.detach()), grads_to_exchange(model)
 
@@ -139,6 +150,6 @@ def _tensor(mask, device):
 
 
 def _numpy(tensor: torch.Tensor) -> np.ndarray:
-    # a copy on the host: a tensor on the CPU shares its memory with .numpy(), and the forward
-    # writes some tensors in place after recording them
+    # a copy on the host: a tensor on the CPU shares its memory with .numpy(), which the caller
+    # may write to
     return tensor.detach().cpu().numpy().copy()

@@ -34,8 +34,7 @@ from shared.adam_state import AdamState
 from shared.config import ModelConfig, TrainConfig
 from shared.history import History
 from torch_impl.model import TinyLM, from_exchange, to_exchange
-from torch_impl.startup import FusedAdam, new_optimizer
-from torch_impl.train import optimizer_from_exchange, optimizer_to_exchange, train_step
+from torch_impl.train import new_optimizer, optimizer_from_exchange, optimizer_to_exchange, train_step
 
 # forkserver: the ranks fork from one server that imported torch once, so a second run in the
 # same process starts in a fraction of a second and no rank inherits the launcher's threads
@@ -114,7 +113,7 @@ def train(
         while final is None:
             message = _next_message(results, ranks)
             if message[0] == "epoch":
-                training.finish_epoch(losses, message[1], train_config, start_epoch, on_step)
+                training.record_losses(losses, message[1], train_config, start_epoch, on_step)
             elif message[0] == "failed":
                 raise training.RankFailedError(message[1], dp, message[2])
             else:
@@ -173,7 +172,9 @@ def train_rank(
         results.put(("done", to_exchange(model), optimizer_to_exchange(optimizer, model, train_config)))
 
 
-def train_epoch(model: torch.nn.Module, optimizer: FusedAdam, batches: Iterable[tuple[np.ndarray, np.ndarray]], device: torch.device) -> torch.Tensor:
+def train_epoch(
+    model: torch.nn.Module, optimizer: torch.optim.Adam, batches: Iterable[tuple[np.ndarray, np.ndarray]], device: torch.device
+) -> torch.Tensor:
     """Every step of one epoch on this rank's shards; returns the per-step losses (steps,)."""
     losses = [train_step(model, optimizer, torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)) for x, y in batches]
     return torch.stack(losses)

@@ -1,21 +1,16 @@
-"""Train TinyLM on the copy task with PyTorch: train_step, train_epoch, train (loss_fn is in
-model.py), and Adam's state in the exchange format. What only makes it faster lives apart:
-startup.py (Adam without torch._dynamo's import) and compiled.py (the opt-in torch.compile).
+"""Train TinyLM on the copy task with PyTorch: new_optimizer, train_step, train_steps, train
+(loss_fn is in model.py), and Adam's state in the exchange format. What only makes it faster
+lives apart: compiled.py (the opt-in torch.compile).
 
 Run it: `python -m torch_impl.train --help`.
 """
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # the command line belongs to the tools layer: parse flags before importing torch
-    import sys
+if __name__ == "__main__":  # flags parsed (mhsa/launch.py) before torch is imported
+    from mhsa.launch import main
 
-    try:  # Ctrl-C while the command line is still being imported: one line and 130, as at any later moment
-        from mhsa.train_cli import main
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        raise SystemExit(130) from None
-    raise SystemExit(main("torch"))
+    main("torch")
 
 import time
 from collections.abc import Callable, Iterable
@@ -31,10 +26,16 @@ from shared.history import History
 from torch_impl.compiled import StepFn, compile_step
 from torch_impl.device import resolve
 from torch_impl.model import TinyLM, from_exchange, loss_fn
-from torch_impl.startup import FusedAdam, new_optimizer
 
 
-def train_step(model: torch.nn.Module, optimizer: FusedAdam, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def new_optimizer(model: TinyLM, train_config: TrainConfig) -> torch.optim.Adam:
+    """Adam over the model's parameters with TrainConfig's lr, betas and eps. fused=True: one
+    kernel updates every parameter; its moments are created beside the parameters, on their
+    device, at the first step."""
+    return torch.optim.Adam(model.parameters(), lr=train_config.lr, betas=train_config.betas, eps=train_config.eps, fused=True)
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Adam, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """One Adam step; returns the loss before the update (a 0-d tensor, no host sync)."""
     optimizer.zero_grad(set_to_none=True)
     loss = loss_fn(model, x, y)
@@ -43,8 +44,8 @@ def train_step(model: torch.nn.Module, optimizer: FusedAdam, x: torch.Tensor, y:
     return loss.detach()
 
 
-def train_epoch(
-    model: torch.nn.Module, optimizer: FusedAdam, batches: Iterable[tuple[np.ndarray, np.ndarray]], step: StepFn | None = None
+def train_steps(
+    model: torch.nn.Module, optimizer: torch.optim.Adam, batches: Iterable[tuple[np.ndarray, np.ndarray]], step: StepFn | None = None
 ) -> np.ndarray:
     """Every step of `batches` (an epoch, or a run of its steps), on the model's device: train_step,
     or `step` (compile_step's compiled whole step); returns the per-step losses as a NumPy array
@@ -109,29 +110,11 @@ def train(
     for epochs_done, batches in enumerate(training.epochs(model_config, train_config, start=start_epoch), start=start_epoch + 1):
         checks.check_batches(batches, model_config.vocab_size, model_config.max_len)  # once per epoch, on the host: no sync per step
         for chunk in training.chunks(batches):  # a few steps at a time: progress as it happens
-            with checks.checked_by_caller():
-                epoch_losses = train_epoch(model, optimizer, chunk, step)
-            training.finish_epoch(losses, epoch_losses, train_config, start_epoch, on_step)
+            run_losses = train_steps(model, optimizer, chunk, step)
+            training.record_losses(losses, run_losses, train_config, start_epoch, on_step)
         if on_epoch is not None:
             on_epoch(epochs_done, model, optimizer)
     return training.history("torch", model_config, train_config, losses, started, model, optimizer, start_epoch, compile_seconds)
-
-
-def training_setup(model_config: ModelConfig, train_config: TrainConfig, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
-    """train()'s run as the port check through training takes it (mhsa.port_check.training.check):
-    {"model": TinyLM from the exchange `arrays`, "optimizer": the Adam train() builds, "loss":
-    train()'s loss_fn, "inputs": every batch train() sees, in order, each (x, y) int (B, T),
-    "model_inputs": 1 (the model takes x)}. The check trains copies; nothing here is stepped."""
-    model = from_exchange(arrays, model_config)
-    optimizer = new_optimizer(model, train_config)  # FusedAdam: the check reads its param_groups and state
-    inputs = [batch for batches in training.epochs(model_config, train_config) for batch in batches]
-    return {"model": model, "optimizer": optimizer, "loss": _loss_of_logits, "inputs": inputs, "model_inputs": 1}
-
-
-def _loss_of_logits(logits: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    # the check calls the model itself, then the loss on (logits, x, y): train()'s loss_fn, whose
-    # call of the model returns those logits
-    return loss_fn(lambda tokens, mask=None: logits, x, y)  # type: ignore[arg-type]  # a stand-in for the model
 
 
 def _first_epoch(model_config: ModelConfig, train_config: TrainConfig, start_epoch: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -139,7 +122,7 @@ def _first_epoch(model_config: ModelConfig, train_config: TrainConfig, start_epo
     return next(training.epochs(model_config, train_config, start=start_epoch), [])
 
 
-def optimizer_to_exchange(optimizer: FusedAdam, model: TinyLM, train_config: TrainConfig) -> AdamState:
+def optimizer_to_exchange(optimizer: torch.optim.Adam, model: TinyLM, train_config: TrainConfig) -> AdamState:
     """Adam's moments and step count in the exchange layout (after train_config.epochs epochs)."""
     names: dict[torch.Tensor, str] = {parameter: name for name, parameter in model.named_parameters()}
     moments: dict[str, dict[str, np.ndarray]] = {"exp_avg": {}, "exp_avg_sq": {}}
@@ -151,7 +134,7 @@ def optimizer_to_exchange(optimizer: FusedAdam, model: TinyLM, train_config: Tra
     return AdamState(step, train_config.epochs, moments["exp_avg"], moments["exp_avg_sq"], train_config)
 
 
-def optimizer_from_exchange(adam_state: AdamState, optimizer: FusedAdam, model: TinyLM) -> None:
+def optimizer_from_exchange(adam_state: AdamState, optimizer: torch.optim.Adam, model: TinyLM) -> None:
     """Give a fresh Adam the saved moments and step count of every parameter, on its device."""
     for name, parameter in model.named_parameters():
         optimizer.state[parameter] = {

@@ -3,7 +3,8 @@ and batches.
 
 - Two backends with the "train_check" capability (torch, jax) are compared as `mhsa port-check
   --train` compares a port: mhsa.port_check.training.check.check_training trains each one's
-  training_setup (the model, optimizer and loss train() uses, train()'s batches) and compares
+  training_setup (the model, optimizer and loss train() uses, train()'s batches, built from the
+  backend's public functions) and compares
   the loss, every gradient, every Adam moment and every parameter at each of the run's first
   CHECKED_STEPS steps, held to tolerances derived from the two trainers' own float32 errors
   (float64: fixed). One row: the first step and tensor where they part, or else the value
@@ -26,7 +27,7 @@ from mhsa.parity.lanes import Lanes
 from mhsa.parity.rows import Row, pair_key, pairs, reference, stepwise_row
 from mhsa.parity.runs import lane, reference_twins, trained
 from mhsa.port_check.core.training_records import TrainReport, TrainRow
-from shared import weights
+from shared import training, weights
 from shared.config import ModelConfig, TrainConfig
 from shared.tolerances import adam_step_rounding, max_abs_diff, stepwise, tolerance
 
@@ -96,10 +97,27 @@ def compare_trainings(a: str, b: str, config: ModelConfig, train_config: TrainCo
     from mhsa.port_check.training.check import check_training  # imports torch and JAX: here, not at `mhsa parity --help`
 
     arrays = weights.init_weights(config, train_config.seed, train_config.dtype)
-    reference_setup, port_setup = (registry.get(name).train.training_setup(config, train_config, arrays) for name in (a, b))
+    reference_setup, port_setup = (training_setup(name, config, train_config, arrays) for name in (a, b))
     # without the lint's probes (optax run on known gradients, compiled once per scenario): both
     # optimizers are the project's own, and a setting that differs shows in the moments at step 0
     return check_training(reference_setup, port_setup, steps, dtype=train_config.dtype, probes=False)
+
+
+def training_setup(name: str, config: ModelConfig, train_config: TrainConfig, arrays: dict[str, np.ndarray]) -> dict:
+    """Backend `name`'s train() run as check_training takes it, from its public functions:
+    {"model": model.from_exchange(arrays), "optimizer": the Adam of train.new_optimizer (an
+    nnx.Optimizer as the optax transformation it steps with), "loss": model.cross_entropy on
+    (logits, x, y), "inputs": every batch train() sees, in order, each (x, y) int (B, T),
+    "model_inputs": 1 (the model takes x)}. The check trains copies; nothing here is stepped."""
+    backend = registry.get(name)
+    model = backend.model.from_exchange(arrays, config)
+    optimizer = backend.train.new_optimizer(model, train_config)
+    inputs = [batch for batches in training.epochs(config, train_config) for batch in batches]
+
+    def loss(logits, x, y):  # the check calls the model on x itself, then this on its logits
+        return backend.model.cross_entropy(logits, y)
+
+    return {"model": model, "optimizer": getattr(optimizer, "tx", optimizer), "loss": loss, "inputs": inputs, "model_inputs": 1}
 
 
 def training_row(a: str, b: str, report: TrainReport, steps: int) -> Row:

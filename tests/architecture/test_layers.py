@@ -11,7 +11,7 @@
 
 Every import statement counts, and every importlib.import_module("...") literal. The one
 exception to the layers: the `if __name__ == "__main__":` launcher at the top of an
-implementation's train.py, which hands the command line to mhsa.train_cli before the library
+implementation's train.py, which hands the command line to mhsa.launch before the library
 part of the file is even executed.
 """
 
@@ -281,7 +281,7 @@ def test_a_planted_violation_is_found(path, source, expected):
 
 
 def test_the_main_launcher_of_a_trainer_is_the_one_exception():
-    source = 'if __name__ == "__main__":\n    from mhsa.train_cli import main\n'
+    source = 'if __name__ == "__main__":\n    from mhsa.launch import main\n'
     assert violations(Path("torch_impl/train.py"), source) == []
     assert violations(Path("torch_impl/model.py"), source) != []  # only in train.py
 

@@ -53,11 +53,11 @@ def test_a_layer_of_bad_sizes_names_the_value_and_what_was_expected(name, case):
 
 def test_numpy_ref_attention_checks_its_n_heads():
     # its n_heads is an argument, not a config: 5 and 0 would otherwise fail inside a reshape
-    from numpy_ref.attention import attention
+    from numpy_ref.attention import check_attention
 
     for n_heads, message in [(5, "d_model=24 is not divisible by n_heads=5"), (0, "n_heads must be a positive integer, got 0")]:
         with pytest.raises(ValueError, match=message):
-            attention(embeddings(), init_weights(SMALL, 0, "float64"), n_heads)
+            check_attention(embeddings(), init_weights(SMALL, 0, "float64"), n_heads)
 
 
 # --- input to the block and the model -------------------------------------------------------------
@@ -148,7 +148,7 @@ def test_bad_masks_in_the_block_and_the_model(backend, case):
 
 # --- the same refusals from a layer or a model called directly --------------------------------------
 # The NumPy-facing functions above check once, where a call enters; a user who calls the layer or
-# the model itself, on the framework's own arrays, gets the same one-line errors from its entry.
+# the model itself, on the framework's own arrays, gets the same one-line errors from its check.
 
 DIRECT = [("the layer", case) for case in BAD_INPUTS] + [("the model", case) for case in BAD_TOKENS]
 
@@ -193,13 +193,13 @@ def test_a_weight_of_the_wrong_shape_is_named_not_the_input(backend):
         _replace_qkv_weight(backend.name, model.attn, weight)
 
         def block(x):
-            return model.attn(native(backend.name, x))
+            return model.attn.check(native(backend.name, x))
 
     else:
-        from numpy_ref.attention import attention
+        from numpy_ref.attention import check_attention
 
         def block(x):
-            return attention(x, {**arrays, "attn.qkv_proj.weight": weight}, SMALL.n_heads)
+            return check_attention(x, {**arrays, "attn.qkv_proj.weight": weight}, SMALL.n_heads)
 
     message = "weights['attn.qkv_proj.weight'] has shape (24, 72), expected (72, 24) (looks transposed: exchange weights are PyTorch (out, in))"
     with pytest.raises(ValueError, match=exactly(message)):

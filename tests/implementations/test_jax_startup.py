@@ -20,7 +20,7 @@ CONFIG = TrainConfig(epochs=2, n_sequences=100, batch_size=6)
 
 def test_adam_built_without_compiling_equals_nnx_optimizer_leaf_for_leaf():
     m = model.from_exchange(training.initial_weights("shared", SMALL, CONFIG), SMALL)
-    built = startup.new_optimizer(m, CONFIG)
+    built = startup.zeros_optimizer(m, CONFIG)
     tx = optax.adam(CONFIG.lr, *CONFIG.betas, eps=CONFIG.eps)
     eager = nnx.Optimizer(m, tx, wrt=nnx.Param)
     got, expected = nnx.state(built), nnx.state(eager)

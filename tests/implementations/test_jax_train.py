@@ -67,15 +67,15 @@ def test_a_committed_model_feeds_every_model_function_as_a_plain_one(committed):
 
 def test_queued_runs_give_the_losses_of_one_run_at_a_time_in_step_order(monkeypatch):
     """train() queues the next run of steps before it reads the losses of the previous one;
-    the losses equal train_epoch's, run by run, and on_step hears every step in order, each run
+    the losses equal train_steps's, run by run, and on_step hears every step in order, each run
     as soon as the next one is queued, not after the whole epoch (progress as it happens)."""
     arrays = training.initial_weights("shared", SMALL, CONFIG)
     m = model.from_exchange(arrays, SMALL)
-    graphdef, state = nnx.split((m, startup.new_optimizer(m, CONFIG)))
+    graphdef, state = nnx.split((m, startup.zeros_optimizer(m, CONFIG)))
     expected = []
     for batches in training.epochs(SMALL, CONFIG):
         for chunk in training.chunks(batches):
-            state, losses = train.train_epoch(graphdef, state, chunk)
+            state, losses = train.train_steps(graphdef, state, chunk)
             expected.extend(losses.tolist())
 
     queued, heard = [], []

@@ -89,9 +89,9 @@ def test_jax_mask_is_not_a_param_and_gets_no_gradient():
 
 
 def test_checkify_catches_an_id_out_of_range_under_the_users_own_jit():
-    """jax_impl.model's docstring: ids are not known while jit traces a call, and the embedding
-    lookup gives NaN or another row for one out of range; with model.checkify_ids and checkify.checkify around the
-    call, the first bad id becomes an error with the eager call's message, and a batch in range
+    """docs/DESIGN.md, "Checks under jit": ids are not known while jit traces a call, and the embedding
+    lookup gives NaN or another row for one out of range; with model.checkify_ids, model.check in the call and
+    checkify.checkify around it, the first bad id becomes an error with the eager call's message, and a batch in range
     gives the very same logits as the unchecked call."""
     from flax import nnx
     from jax.experimental import checkify
@@ -104,9 +104,17 @@ def test_checkify_catches_an_id_out_of_range_under_the_users_own_jit():
     def logits_of(model, tokens):
         return model(tokens)
 
+    def checked(tokens):  # the model's call with its check first, as the NumPy-facing functions make it
+        model.check(tokens)
+        return model(tokens)
+
     @nnx.jit
     def checked_logits_of(model, tokens):
-        return checkify.checkify(lambda tokens: model(tokens))(tokens)
+        return checkify.checkify(checked)(tokens)
+
+    @nnx.jit
+    def checked_without_checkify(model, tokens):
+        return checked(tokens)
 
     good = tokens_for(16)
     plain = np.asarray(logits_of(model, good))
@@ -129,7 +137,7 @@ def test_checkify_catches_an_id_out_of_range_under_the_users_own_jit():
     np.testing.assert_array_equal(np.asarray(logits), plain)  # the check costs nothing in the numbers
     np.testing.assert_array_equal(predict(model, good), predict(from_exchange(init_weights(SMALL, 0), SMALL), good))  # checked on the host
     with pytest.raises(ValueError, match="checkify.check which was not functionalized"):  # jitted without checkify.checkify
-        logits_of(model, good)
+        checked_without_checkify(model, good)
 
 
 @pytest.mark.parametrize("name", names("layers"))

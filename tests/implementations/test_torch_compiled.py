@@ -24,8 +24,7 @@ from tests.commands import run_cli
 from torch_impl import compiled as compiled_module
 from torch_impl import train as train_module
 from torch_impl.model import TinyLM, from_exchange, loss_fn, to_exchange
-from torch_impl.startup import new_optimizer
-from torch_impl.train import train, train_step
+from torch_impl.train import new_optimizer, train, train_step
 
 SMALL = TrainConfig(epochs=2, n_sequences=96)  # 3 steps per epoch: seconds
 
@@ -92,22 +91,18 @@ def test_compiling_the_step_leaves_the_weights_and_adam_state_as_they_were(count
     batches = next(training.epochs(SMALL_MODEL, config))[:3]  # full batches only: one graph
     for x, y in batches[:2]:  # Adam's state exists and is not zero
         train_step(model, optimizer, torch.from_numpy(x), torch.from_numpy(y))
-    before = [tensor.clone() for tensor in compiled_module._step_tensors(list(model.parameters()), optimizer.states(list(model.parameters())))]
+    before = [
+        tensor.clone()
+        for tensor in compiled_module._step_tensors(list(model.parameters()), compiled_module._states(optimizer, list(model.parameters())))
+    ]
     step, seconds = compiled_module.compile_step(model, optimizer, batches, loss_fn)
-    after = compiled_module._step_tensors(list(model.parameters()), optimizer.states(list(model.parameters())))
+    after = compiled_module._step_tensors(list(model.parameters()), compiled_module._states(optimizer, list(model.parameters())))
     assert seconds > 0 and len(counted_compiles) == 1
     assert all(torch.equal(a, b) for a, b in zip(before, after)), "compile_step changed the weights or Adam's state"
     x, y = (torch.from_numpy(array) for array in batches[2])
     eager_model = from_exchange(to_exchange(model), SMALL_MODEL)
     compiled_loss = step(x, y)  # called on its own, outside train(): it trains from them, as the eager step does
     assert float(compiled_loss) == pytest.approx(float(loss_fn(eager_model, x, y).detach()), rel=1e-12)
-    bad = x.clone()
-    bad[1, 2] = SMALL_MODEL.vocab_size
-    with pytest.raises(ValueError) as from_step:  # and checks the ids it is given, with the forward's message
-        step(bad, y)
-    with pytest.raises(ValueError) as from_forward:
-        loss_fn(eager_model, bad, y)
-    assert str(from_step.value) == str(from_forward.value)
 
 
 def test_each_run_compiles_its_own_step_so_no_recompile_limit_builds_up_across_runs(counted_compiles):

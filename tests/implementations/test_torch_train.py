@@ -10,8 +10,7 @@ import torch
 from shared import training
 from shared.config import ModelConfig, TrainConfig
 from torch_impl.model import from_exchange, predict
-from torch_impl.startup import FusedAdam
-from torch_impl.train import train, train_step
+from torch_impl.train import new_optimizer, train, train_step
 
 SMALL = TrainConfig(epochs=2, n_sequences=96)  # 3 steps per epoch: seconds
 
@@ -22,7 +21,7 @@ def test_the_trajectory_is_the_step_by_step_loop_bit_for_bit():
     model_config = ModelConfig()
     history = train(model_config, SMALL)
     model = from_exchange(training.initial_weights("shared", model_config, SMALL), model_config)
-    optimizer = FusedAdam(model.parameters(), lr=SMALL.lr, betas=SMALL.betas, eps=SMALL.eps)
+    optimizer = new_optimizer(model, SMALL)
     losses = [
         float(train_step(model, optimizer, torch.from_numpy(x), torch.from_numpy(y)))
         for batches in training.epochs(model_config, SMALL)

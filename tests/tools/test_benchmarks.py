@@ -261,7 +261,7 @@ def test_the_data_parallel_rows_run_the_data_parallel_trainer(bench_common):
 
 
 def test_results_md_holds_current_tables_only_each_headed_by_its_command_and_machine():
-    """benchmarks/RESULTS.md (issue 30): at most 250 lines; a short preamble, then only sections
+    """benchmarks/RESULTS.md: at most 250 lines; a short preamble, then only sections
     that a script wrote, each headed by the command that regenerates it, the machine line it
     printed (CPU, sgemm, versions) and closed by the load at its end."""
     text = (ROOT / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8")

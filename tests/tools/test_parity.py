@@ -169,7 +169,7 @@ def test_a_softmax_with_eps_in_its_denominator_passes_the_fixed_tolerances_and_f
     import jax_impl.attention
     import jax_impl.model
 
-    # issue 31's hand-written LayerNorm with eps 1e-6, in this model: a hand-written softmax with
+    # the training check's hand-written LayerNorm with eps 1e-6, in this model: a hand-written softmax with
     # "+ 1e-6 for stability"; a row with one allowed key comes out 1 / (1 + 1e-6), not 1
     copy = faulty(
         jax_impl.attention,
@@ -181,7 +181,7 @@ def test_a_softmax_with_eps_in_its_denominator_passes_the_fixed_tolerances_and_f
     row = report.first_failure
     assert row is not None and (row.section, row.name, row.failing_pair()) == ("stage", "weights", "jax-numpy"), format_report(report)
     assert row.diffs["torch-numpy"] <= row.tol  # torch is still right
-    assert row.diffs["jax-numpy"] > 8 * row.reference_error  # about ten times the reference's own error
+    assert row.diffs["jax-numpy"] > K * row.reference_error  # about seven times the reference's own error, beyond K
     # and every stage is inside docs/DESIGN.md's fixed tolerances (the weights' 1e-6, the others' 1e-5)
     for stage in (r for r in report.rows if r.section == "stage"):
         assert max(diff for diff in stage.diffs.values() if diff is not None) <= tolerance(stage_kind(stage.name), "float32"), stage

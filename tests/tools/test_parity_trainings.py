@@ -61,8 +61,8 @@ def test_the_projects_trainers_agree_at_every_step_in_the_trainings_row(a, b, dt
 
 @PAIRS
 def test_each_trainer_is_checked_as_its_train_runs(a, b):
-    # the check's float32 losses are the real trainers': torch's bit for bit (FusedAdam is
-    # torch.optim.Adam(fused=True)), jax's step compiled alone rather than scanned, within rounding
+    # the check's float32 losses are the real trainers': torch's bit for bit (both step
+    # train.new_optimizer's torch.optim.Adam), jax's step compiled alone rather than scanned, within rounding
     report, _ = trainings(a, b, "float32")
     for index, name in enumerate((a, b)):
         run = registry.get(name).train.train(SMALL, TRAIN).losses
@@ -79,7 +79,7 @@ def test_a_planted_b2_in_jax_parts_the_trainings_at_the_first_step_and_moment(mo
     import jax_impl.train
 
     def b2_099(model, train_config):
-        return jax_impl.startup.new_optimizer(model, dataclasses.replace(train_config, betas=(train_config.betas[0], 0.99)))
+        return jax_impl.startup.zeros_optimizer(model, dataclasses.replace(train_config, betas=(train_config.betas[0], 0.99)))
 
     monkeypatch.setattr(jax_impl.train, "new_optimizer", b2_099)
     _, row = trainings("torch", "jax", dtype, steps=3)
@@ -92,10 +92,10 @@ def test_a_planted_b2_in_jax_parts_the_trainings_at_the_first_step_and_moment(mo
 
 @DTYPES
 def test_a_planted_loss_in_jax_parts_the_trainings_at_the_first_loss(monkeypatch, dtype):
-    import jax_impl.train
+    import jax_impl.model
 
-    loss_fn = jax_impl.train.loss_fn
-    monkeypatch.setattr(jax_impl.train, "loss_fn", lambda model, x, y, mask=None: loss_fn(model, x, y, mask) * (1 + 1e-4))
+    cross_entropy = jax_impl.model.cross_entropy
+    monkeypatch.setattr(jax_impl.model, "cross_entropy", lambda logits, targets: cross_entropy(logits, targets) * (1 + 1e-4))
     _, row = trainings("torch", "jax", dtype, steps=2)
     assert not row.passed and row.name.endswith(", the trainings part at step 0: loss")
     assert row.problems == ()  # the optimizers are the same: only the steps tell
@@ -116,7 +116,7 @@ def test_a_report_with_a_planted_b2_marks_the_trainings_row_where_the_implementa
     import jax_impl.train
 
     def b2_099(model, train_config):
-        return jax_impl.startup.new_optimizer(model, dataclasses.replace(train_config, betas=(train_config.betas[0], 0.99)))
+        return jax_impl.startup.zeros_optimizer(model, dataclasses.replace(train_config, betas=(train_config.betas[0], 0.99)))
 
     monkeypatch.setattr(jax_impl.train, "new_optimizer", b2_099)
     report = build_report(SMALL, "float32", seed=3, epochs=1, samples=1, decode=False)

@@ -1,4 +1,4 @@
-"""Issue 28, point 4: by default the port is checked as it is, with the user's own converter.
+"""By default the port is checked as it is, with the user's own converter.
 
 A port that holds converted weights is not overwritten: each parameter that differs is named with
 how (its transpose, a scale, rows in another order, a flipped kernel, a shape), and the output

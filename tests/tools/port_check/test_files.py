@@ -1,4 +1,4 @@
-"""Issue 29, point 7, and the --inputs contract: a tiny --inputs file cannot demand terabytes.
+"""The --inputs contract: a tiny --inputs file cannot demand terabytes.
 
 Every array's declared size is checked against the bound before anything is allocated: a .npy
 header, each member of a .npz, and the sum of a .npz's members (a zip bomb). A .npz gives

@@ -1,4 +1,4 @@
-"""Issue 28, point 7: hints follow the evidence.
+"""Hints follow the evidence.
 
 Probes only switch what runs at or before the first failing row (for an eps bug in the norm, no
 transpose of a later square layer), and a probe that closes the gap there retires every other

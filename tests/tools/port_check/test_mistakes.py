@@ -1,4 +1,4 @@
-"""Issue 28, point 6: every mistake with factories, inputs or shapes is one line and exit 2; Ctrl-C
+"""Every mistake with factories, inputs or shapes is one line and exit 2; Ctrl-C
 is one line and exit 130; NaN in an output is a NaN row, never a crash and never a PASS."""
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Issue 28, point 5: names that do not correspond get advice, never a comparison against the
+"""Names that do not correspond get advice, never a comparison against the
 port's own random weights.
 
 The check stops (exit 2) and proposes a name map by structure: call order, layer types and

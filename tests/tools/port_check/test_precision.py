@@ -1,4 +1,4 @@
-"""Issue 28, point 3: every captured output's dtype is read, and so are the modules' compute dtypes.
+"""Every captured output's dtype is read, and so are the modules' compute dtypes.
 
 A Linen layer with dtype=float32 computes in float32 whatever its parameters: under --dtype
 float64 the report names it and its attribute and compares from its first call on at float32's

@@ -1,4 +1,4 @@
-"""Issue 28, points 1 and 2: outputs of any shape and structure, and keyword inputs.
+"""Outputs of any shape and structure, and keyword inputs.
 
 Position embeddings computed once for the batch, (1, T, D), against per row, (B, T, D), are
 compared after broadcasting, and a real bug further on is still named at its own module; shapes

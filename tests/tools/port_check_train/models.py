@@ -3,7 +3,7 @@ distinct sizes, in torch and in Flax NNX, with factories that pair an optimizer 
 
     x (B, D) -> LayerNorm(D) -> Linear(D, W) -> GELU (exact) -> Linear(W, C) -> logits (B, C)
 
-The inputs have standard deviation 3, so the LayerNorm's eps matters at the level of issue 31's
+The inputs have standard deviation 3, so the LayerNorm's eps matters at the level of the training check's
 example. The Flax LayerNorm is written out by hand (weight and bias named as torch names them);
 the configuration lint reads its `eps` attribute as it reads nnx.LayerNorm's epsilon."""
 

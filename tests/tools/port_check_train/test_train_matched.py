@@ -44,7 +44,7 @@ def test_matched_optimizer_pairs_agree_at_every_step_loss_gradient_moment_and_pa
 
 
 def test_a_layernorm_eps_of_1e6_parts_at_its_forward_row_in_float32_where_a_fixed_tolerance_passes_it():
-    # issue 31's example: a hand-written LayerNorm with eps 1e-6 where torch's is 1e-5, inputs of
+    # the example: a hand-written LayerNorm with eps 1e-6 where torch's is 1e-5, inputs of
     # standard deviation 3; the configuration lint reads the hand-written module's eps, and the
     # numbers name it on their own: the forward row at the norm fails
     report = check_training(models.torch_side("adam"), models.flax_side(optax.adam(1e-2), eps=1e-6), 2, probes=False)
@@ -80,7 +80,6 @@ class SaysItIsAdam(HandRolledAdam):
 
 
 def test_a_hand_rolled_optimizer_is_read_as_the_torch_class_it_says_it_steps_as_and_refused_without_it():
-    # the project's own FusedAdam (torch_impl/startup.py) is one: mhsa parity's trainings row runs it
     setup = models.torch_side("adam", lr=1e-2)
     setup["optimizer"] = SaysItIsAdam(setup["model"].parameters(), lr=1e-2)
     report = check_training(setup, models.flax_side(optax.adam(1e-2)), 3, probes=True)
