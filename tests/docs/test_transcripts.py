@@ -15,7 +15,8 @@ def _params():
     for path in transcripts.documents():
         doc = transcripts.parse(path)
         if doc.commands:
-            yield pytest.param(path, id=doc.name, marks=[pytest.mark.docs_slow] if doc.slow else [])
+            # every transcript runs commands in fresh processes: the slow tier (make test-slow), the slow documents in make docs
+            yield pytest.param(path, id=doc.name, marks=[pytest.mark.slow, *([pytest.mark.docs_slow] if doc.slow else [])])
 
 
 def test_every_command_block_is_a_transcript_or_says_why_it_is_not_run():

@@ -53,6 +53,7 @@ def test_a_wrong_formula_would_be_caught():
     assert not all(torch.equal(x, y) for x, y in zip(ours[-1], theirs[-1]))  # eps 1e-6 vs 1e-5 shows
 
 
+@pytest.mark.slow
 def test_the_default_run_never_imports_torch_dynamo():
     code = (
         "import sys; from shared.config import ModelConfig, TrainConfig; import torch_impl.train as t; "

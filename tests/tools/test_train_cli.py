@@ -377,6 +377,7 @@ def test_a_load_file_it_cannot_use_exits_2_naming_it_before_the_banner(capsys, t
     assert not (tmp_path / "unpickled").exists()
 
 
+@pytest.mark.slow
 def test_load_of_a_fifo_exits_2_at_once(tmp_path):
     path = tmp_path / "model.safetensors"
     os.mkfifo(path)
@@ -442,6 +443,7 @@ def test_a_run_whose_loss_overflows_stops_in_one_line(capsys, tmp_path, backend_
     assert os.listdir(tmp_path) == []  # nothing saved from a diverged run
 
 
+@pytest.mark.slow
 def test_as_a_command_the_errors_are_one_line_without_traceback(tmp_path):
     # the same two failures in a real process: the exit status and stderr a user sees
     diverged = subprocess.run(

@@ -14,7 +14,13 @@ from mhsa.port_check.report.training import format_train_report
 from mhsa.port_check.training.check import check_training
 
 
-@pytest.mark.parametrize(("name", "dtype"), [(name, "float32") for name in catalog.FAITHFUL])
+def first_fast(cases):
+    """The first case in make test, the property checked once there; every other one in the slow
+    tier (make test-slow): each pair builds and compiles its own models."""
+    return [pytest.param(*case, marks=[] if n == 0 else [pytest.mark.slow]) for n, case in enumerate(cases)]
+
+
+@pytest.mark.parametrize(("name", "dtype"), first_fast([(name, "float32") for name in catalog.FAITHFUL]))
 def test_port_check_passes_every_faithful_pair_with_its_converted_weights_and_gradients(name, dtype):
     pair = catalog.FAITHFUL[name]
     (reference, x), (port, y) = catalog.build(pair.reference), catalog.build(pair.port)
@@ -22,7 +28,7 @@ def test_port_check_passes_every_faithful_pair_with_its_converted_weights_and_gr
     assert report.passed, format_report(report)
 
 
-@pytest.mark.parametrize(("name", "dtype"), [(name, "float64") for name in catalog.FAITHFUL if name != "llama_keywords"])
+@pytest.mark.parametrize(("name", "dtype"), first_fast([(name, "float64") for name in catalog.FAITHFUL if name != "llama_keywords"]))
 def test_port_check_passes_every_fresh_port_once_it_has_the_references_weights(name, dtype):
     pair = catalog.FAITHFUL[name]
     (reference, x), (port, y) = catalog.build(pair.reference), catalog.build(pair.fresh)
@@ -30,7 +36,7 @@ def test_port_check_passes_every_fresh_port_once_it_has_the_references_weights(n
     assert report.passed, format_report(report)
 
 
-@pytest.mark.parametrize(("name", "dtype"), [(name, "float64") for name in catalog.BUGS])
+@pytest.mark.parametrize(("name", "dtype"), first_fast([(name, "float64") for name in catalog.BUGS]))
 def test_port_check_names_every_planted_bug_where_the_models_part(name, dtype):
     bug = catalog.BUGS[name]
     (reference, x), (port, y) = catalog.build(bug.reference), catalog.build(bug.port)
@@ -39,6 +45,7 @@ def test_port_check_names_every_planted_bug_where_the_models_part(name, dtype):
     assert report.passed is (bug.section == "lint") and survey.names(report, bug), format_report(report)
 
 
+@pytest.mark.slow
 def test_the_llama_pair_trains_alike_through_the_check_and_a_port_without_the_clip_parts_at_step_1():
     # examples/zoo/llama_train.py: the zoo's faithful Llama pair with AdamW and clipping, the
     # factories of `mhsa port-check --train` and of benchmarks/port_check_train.py
