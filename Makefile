@@ -18,7 +18,7 @@ INDEX := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 INSTALL_ARGS := PYTHON=$(PYTHON) TORCH_INDEX=$(TORCH_INDEX) PIP_ARGS=$(PIP_ARGS)
 STAMP := $(VENV)/.installed-$(firstword $(shell printf '%s' '$(subst ','\'',$(INSTALL_ARGS))' | cksum))
 
-.PHONY: install demo test docs docs-update lint bench bench-results clean
+.PHONY: install demo test test-slow check docs docs-update lint bench bench-results clean
 
 # pip's own output goes to a log, shown only when the install fails. A .venv installed with other
 # values of the variables is made afresh (venv --clear): pip would keep a torch it finds installed
@@ -39,14 +39,21 @@ demo: $(STAMP)
 	$(VENV)/bin/mhsa demo
 
 # two pytest-xdist workers (a 2-core machine's), each module whole in one worker: its module-scoped
-# fixtures (a default training run, say) are built once, not once per worker. The quick transcripts
-# of the README and docs/ run here; the slow ones in `make docs`.
+# fixtures (a default training run, say) are built once, not once per worker. `make test` is the
+# fast tier: every test in this process, none marked slow (pyproject.toml says what is); the
+# slow tier (commands in fresh processes, torch.compile and heavy XLA compilations, real
+# trainings, every transcript) is `make test-slow` and `make docs`; `make check` runs all three.
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadscope
+	$(PY) -m pytest -q -n 2 --dist loadscope -m "not slow"
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -n 2 --dist loadscope -m "slow and not docs_slow"
 
 # the slow transcripts of the README and docs/ (tests/docs/), one document per worker
 docs: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist load -m docs_slow tests/docs/test_transcripts.py
+
+check: test test-slow docs
 
 # every transcript re-taken: each command's real output written into its document
 docs-update: $(STAMP)

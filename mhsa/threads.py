@@ -1,5 +1,6 @@
 """`--threads N` for every command that computes: how many threads torch, XLA and NumPy's BLAS
-may use. The default leaves each library at its own default (one thread per core).
+may use. The default leaves each library at its own default (one thread per core), except the
+trainers': a model as small as the lesson's trains on one thread (default_train_threads).
 
 On a busy machine a second torch thread can slow a small model's training by an order of
 magnitude or more while it waits for a core (docs/performance.md, "Threads"; the one-thread
@@ -47,9 +48,16 @@ def apply_threads(threads: int | None) -> None:
     threadpool_limits(limits=threads)  # NumPy's BLAS, already loaded, for the rest of the process
 
 
-def one_torch_thread() -> None:
-    """torch alone on one thread, the other libraries at their own defaults: torch sizes its pool
-    from OMP_NUM_THREADS when it starts, or is told directly if it has started already."""
-    os.environ["OMP_NUM_THREADS"] = "1"
-    if "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(1)
+# multiply-adds of one training step below which the trainers default to one thread: a step this
+# small (the default run's is under 3 million) is over before a second thread has work to share,
+# and on a busy machine every parallel region waits for a scheduler tick (docs/performance.md)
+ONE_THREAD_WORK = 200_000_000
+
+
+def default_train_threads(batch_size: int, seq_len: int, d_model: int, vocab_size: int) -> int | None:
+    """The trainers' --threads when none is given: 1 for a step under ONE_THREAD_WORK
+    multiply-adds, otherwise None (each library's own). A step's work is its tokens times the
+    weights each token passes through (QKV and output projections 4·D², the head D·V) plus the
+    attention scores and sums (2·T·D per token)."""
+    work = batch_size * seq_len * (4 * d_model * d_model + d_model * vocab_size + 2 * seq_len * d_model)
+    return 1 if work < ONE_THREAD_WORK else None

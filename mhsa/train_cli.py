@@ -23,7 +23,7 @@ from mhsa import registry
 from mhsa.cli import hold_further_interrupts
 from mhsa.epoch_keeper import EpochKeeper, has_on_epoch
 from mhsa.flags import MODEL_FLAGS, add_model_arguments, int_flag, model_flags_given, png_path, positive_float
-from mhsa.threads import add_threads_argument
+from mhsa.threads import add_threads_argument, apply_threads, default_train_threads
 from mhsa.train_outputs import compile_note, finish, keep_on_interrupt, with_start
 from shared import checkpoint, checks, weights
 from shared.adam_state import AdamState, companion_path
@@ -33,7 +33,7 @@ from shared.words import plural
 
 
 def add_arguments(parser: argparse.ArgumentParser, backend: str | None = None) -> None:
-    add_threads_argument(parser)
+    add_threads_argument(parser, default="1 for a model and batch as small as the lesson's, each library's own for large ones")
     defaults_train = TrainConfig()
     if backend is None:
         parser.add_argument("--backend", choices=registry.names("train"), required=True, help="which implementation trains")
@@ -214,6 +214,9 @@ def run(args) -> int:
     framework prepared, the banner, the training, then the result shown and the files written."""
     plan = check_flags(args)
     backend = registry.get(args.backend)
+    if args.threads is None:  # given, it applied before the command started (mhsa.cli.run_guarded)
+        m, t = plan.model_config, plan.train_config
+        apply_threads(default_train_threads(t.batch_size, m.max_len, m.d_model, m.vocab_size))
     cache_note = prepare_framework(args, backend)
     print_banner(args, plan, cache_note)
     history = train_with_progress(args, plan, backend)

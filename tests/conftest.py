@@ -18,6 +18,7 @@ import signal
 import tempfile
 from pathlib import Path
 
+from tests.machinery import caller  # noqa: F401  (first: the environment before this file changes it)
 from tests.machinery.xla_flags import with_quick_compile
 
 # a session started with Ctrl-C ignored (a background job of a non-interactive shell) would pass

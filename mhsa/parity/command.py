@@ -10,7 +10,7 @@ from mhsa import registry
 from mhsa.parity import data_parallel
 from mhsa.parity.report import build_report, format_report
 from mhsa.parity.runs import padding_mask
-from mhsa.threads import add_threads_argument, one_torch_thread
+from mhsa.threads import add_threads_argument, apply_threads
 from shared.config import DTYPES, ModelConfig, TrainConfig
 
 
@@ -32,7 +32,7 @@ def full_precision(stack: contextlib.ExitStack) -> list[str]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from mhsa.flags import add_model_arguments, int_flag
 
-    add_threads_argument(parser, default="one torch thread, the other libraries' own")
+    add_threads_argument(parser, default="1 in every library: the report's models are tiny, and its digits then hold in any shell")
     parser.add_argument("--dtype", choices=DTYPES, default="float32", help="float32 (default) or float64 in every backend")
     parser.add_argument("--seed", type=int_flag("--seed"), default=0, help="weights, inputs and training seed, in [0, 2**32 - 1] (default 0)")
     parser.add_argument(
@@ -80,6 +80,12 @@ def run(args) -> int:
         args.parser.error(str(error))
     if args.dp == 1:
         args.parser.error("--dp 1 compares a run with itself: give 2 or more, or 0 to skip the data-parallel section")
+    if args.threads is None:
+        # the report's models are tiny: a second thread only waits for work, and with the other
+        # lanes' work on the cores it spins; one thread in torch, NumPy's BLAS and XLA also fixes
+        # the order of every reduction, so the report prints the same digits whatever the shell's
+        # OMP_NUM_THREADS or the machine's core count (before JAX starts: XLA reads it then)
+        apply_threads(1)
     if args.dp:
         data_parallel.prepare(args.dp)  # before JAX starts: it fixes its CPU device count then
     cache_note = None
@@ -87,10 +93,6 @@ def run(args) -> int:
         from mhsa.compile_cache import enable_jax_cache
 
         cache_note = enable_jax_cache()  # the same programs every run: a second run reads them compiled
-    if args.threads is None:
-        # the report's models are tiny: torch's second thread only waits for work, and with the
-        # other lanes' work on the cores it spins; the report prints the same numbers with one or two
-        one_torch_thread()
     mask = padding_mask(config) if args.mask == "padding" else None
     with contextlib.ExitStack() as stack:
         notes = full_precision(stack)

@@ -148,6 +148,7 @@ def is_pair(path, seed, scale):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_save_killed_between_its_two_renames_is_completed_by_the_next_resume(tmp_path):
     path = tmp_path / "run.safetensors"
@@ -159,6 +160,7 @@ def test_a_save_killed_between_its_two_renames_is_completed_by_the_next_resume(t
     assert sorted(os.listdir(tmp_path)) == ["run.adam.safetensors", "run.safetensors"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_save_killed_before_its_renames_leaves_the_previous_pair_and_the_next_save_cleans_up(tmp_path):
     path = tmp_path / "run.safetensors"
@@ -169,6 +171,7 @@ def test_a_save_killed_before_its_renames_leaves_the_previous_pair_and_the_next_
     assert is_pair(path, seed=2, scale=5.0) and sorted(os.listdir(tmp_path)) == ["run.adam.safetensors", "run.safetensors"]
 
 
+@pytest.mark.slow
 def test_a_save_killed_between_its_renames_is_completed_by_the_next_save_not_cleaned_away(tmp_path, monkeypatch):
     # the next save fails on a full disk: the pair the killed save left must still be whole
     path = tmp_path / "run.safetensors"
@@ -247,6 +250,7 @@ def pages(size: int) -> int:
     return -(-size // 4096)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("room", ["for-neither-temporary", "for-the-weights-temporary-only"])
 def test_a_full_disk_keeps_the_previous_pair_on_a_real_small_tmpfs(tmp_path, room):
     if os.geteuid() != 0 or not shutil.which("mount"):

@@ -163,6 +163,7 @@ STALE_WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_killed_writers_temporary_is_removed_by_the_next_save_but_a_live_ones_is_kept(tmp_path):
     path = tmp_path / "run.safetensors"
     killed = subprocess.Popen([sys.executable, "-c", STALE_WRITER, str(path)], cwd=ROOT, stdout=subprocess.PIPE, text=True)

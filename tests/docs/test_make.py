@@ -49,6 +49,7 @@ def installs(output: str) -> bool:
 PYTHON_A = "PYTHON=bin/python-a"
 
 
+@pytest.mark.slow
 def test_the_first_make_installs_and_a_second_does_nothing(checkout):
     assert installs(make(checkout, PYTHON_A, dry=True))
     make(checkout, PYTHON_A)
@@ -57,6 +58,7 @@ def test_the_first_make_installs_and_a_second_does_nothing(checkout):
     assert not installs(make(checkout, PYTHON_A, dry=True))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "change, shown",
     [
@@ -75,6 +77,7 @@ def test_changing_a_variable_installs_again_into_a_fresh_venv_and_changing_it_ba
     assert installs(back) and "-m venv --clear .venv" in back, back  # the venv now holds the other install
 
 
+@pytest.mark.slow
 def test_a_quote_in_pip_args_is_kept_whole(checkout):
     change = "PIP_ARGS=--trusted-host 'mirror.invalid' --no-cache-dir"
     assert "--trusted-host 'mirror.invalid' --no-cache-dir" in make(checkout, PYTHON_A, change, dry=True)
@@ -83,6 +86,7 @@ def test_a_quote_in_pip_args_is_kept_whole(checkout):
     assert not installs(make(checkout, PYTHON_A, change, dry=True))
 
 
+@pytest.mark.slow
 def test_a_changed_pyproject_installs_again_into_the_same_venv(checkout):
     make(checkout, PYTHON_A)
     (checkout / "pyproject.toml").write_text((checkout / "pyproject.toml").read_text() + "\n")
@@ -90,6 +94,7 @@ def test_a_changed_pyproject_installs_again_into_the_same_venv(checkout):
     assert installs(again) and "bin/python-a -m venv .venv" in again, again  # no --clear: pip updates what is there
 
 
+@pytest.mark.slow
 def test_make_clean_removes_the_venv(checkout):
     make(checkout, PYTHON_A)
     result = subprocess.run(["make", "clean"], cwd=checkout, capture_output=True, text=True, timeout=60)

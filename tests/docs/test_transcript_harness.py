@@ -157,11 +157,15 @@ def test_the_fresh_folders_are_shown_as_the_default_ones(tmp_path):
     assert outcome.ok, outcome.output
 
 
-def test_the_callers_environment_does_not_reach_the_commands(tmp_path, monkeypatch):
+def test_the_sessions_environment_does_not_reach_the_commands_the_callers_thread_settings_do(tmp_path, monkeypatch):
+    from tests.machinery import caller
+
     monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=0")
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("OMP_NUM_THREADS", "2")
-    path = write(tmp_path, "```console\n$ echo ${XLA_FLAGS-unset} ${JAX_COMPILATION_CACHE_DIR-unset} $OMP_NUM_THREADS\nunset unset 1\n```\n")
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # as conftest sets it in a worker: not the caller's
+    monkeypatch.setattr(caller, "ENVIRONMENT", {"OMP_NUM_THREADS": "3", "OPENBLAS_CORETYPE": "Haswell", "JAX_PLATFORMS": "cpu"})
+    echo = "echo ${XLA_FLAGS-unset} ${JAX_COMPILATION_CACHE_DIR-unset} ${JAX_PLATFORMS-unset} $OMP_NUM_THREADS $OPENBLAS_CORETYPE"
+    path = write(tmp_path, f"```console\n$ {echo}\nunset unset unset 3 Haswell\n```\n")
     outcome = transcripts.run(transcripts.parse(path))[0]
     assert outcome.ok, outcome.output
 

@@ -8,13 +8,15 @@ import pytest
 
 from tests.docs import transcripts
 from tests.docs.conftest import UPDATE
+from tests.paths import ROOT
 
 
 def _params():
     for path in transcripts.documents():
         doc = transcripts.parse(path)
         if doc.commands:
-            yield pytest.param(path, id=doc.name, marks=[pytest.mark.docs_slow] if doc.slow else [])
+            # every transcript runs commands in fresh processes: the slow tier (make test-slow), the slow documents in make docs
+            yield pytest.param(path, id=doc.name, marks=[pytest.mark.slow, *([pytest.mark.docs_slow] if doc.slow else [])])
 
 
 def test_every_command_block_is_a_transcript_or_says_why_it_is_not_run():
@@ -22,10 +24,18 @@ def test_every_command_block_is_a_transcript_or_says_why_it_is_not_run():
     assert not problems, "\n".join(problems)
 
 
+def test_the_documents_scratch_folder_is_ignored_by_git():
+    ignored = (ROOT / ".gitignore").read_text(encoding="utf-8").split()
+    assert f"/{transcripts.SCRATCH}/" in ignored, f".gitignore does not ignore {transcripts.SCRATCH}/, where the documents' commands write"
+
+
 @pytest.mark.parametrize("path", list(_params()))
 def test_transcript(path):
     doc = transcripts.parse(path)
-    outcomes = transcripts.run(doc)
+    written: list[str] = []
+    outcomes = transcripts.run(doc, written=written)
+    stray = [name for name in written if not name.startswith(transcripts.scratch(doc) + "/")]
+    assert not stray, f"{doc.name}'s commands write outside {transcripts.scratch(doc)}/, the document's own scratch folder: {stray}"
     wrong = [outcome for outcome in outcomes if not outcome.ok]
     if UPDATE:
         exits = [outcome for outcome in wrong if outcome.status != outcome.command.exits]

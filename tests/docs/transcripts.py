@@ -9,10 +9,11 @@ first line: `# exits 1` (any other status fails the check).
 Every other block in which a reader could find commands (bash, sh, shell, python) is shown and
 never run, and must say why on the line before it: `<!-- not run: make test runs this suite -->`.
 A document whose commands take more than a few seconds in all says `<!-- transcripts: slow -->`:
-`make docs` runs it, `make test` skips it.
+`make docs` runs it, `make test-slow` the other documents (every transcript is in the slow tier).
 
 A document's commands run in order, in one fresh folder (so a command can read only what an
-earlier one wrote), through bash, with `.venv/bin/` meaning the running interpreter's folder, in
+earlier one wrote; what they write must lie in the document's own folder under runs/,
+scratch()), through bash, with `.venv/bin/` meaning the running interpreter's folder, in
 an environment of their own (run_environment). Their output is compared with the document's
 line by line, trailing spaces and trailing blank lines aside, after MASKS have replaced what
 differs from run to run in both. Nothing else is masked: a loss or a parity number that moves
@@ -50,6 +51,7 @@ MASKS = (
     # a checkpoint's bytes differ from run to run: safetensors writes its metadata in any order
     ("a file's SHA-256, as messages abbreviate it", re.compile(r"\b[0-9a-f]{12}\.\.\."), "<sha256>..."),
 )
+SCRATCH = "runs"  # the one folder the documents' commands write into (.gitignore has it)
 CACHE_SHOWN = "~/.cache"  # the run's fresh cache folder is shown as the default one
 FOLDER_SHOWN = "."  # and its fresh working folder as the current one
 
@@ -146,22 +148,31 @@ def masked(text: str) -> list[str]:
     return lines
 
 
+# the caller's variables that choose threads and BLAS kernels: passed on as they are, so that a
+# document holds in the shell `make docs` runs in (OMP_NUM_THREADS=1 or unset, OPENBLAS_CORETYPE
+# set or not): the commands themselves fix what would move their digits
+THREAD_VARIABLES = ("OMP_", "OPENBLAS_", "GOTO_", "MKL_", "KMP_", "BLIS_", "NVPL_")
+
+
 def run_environment(cache: Path) -> dict[str, str]:
-    """What the commands see: the caller's PATH, home and locale, and nothing else of the
-    caller's environment (no XLA_FLAGS of a test session); a fresh cache folder (JAX's compiled
-    programs: every document starts as a first run); matplotlib's own folder (its font cache
-    built once, in this process, not in a command's output); the repository on PYTHONPATH, as
-    when the commands run from its root (the port check's `examples.` factories); and one
-    OpenMP thread for torch and NumPy's BLAS: the same numbers on these small models, without
-    the slowdown a second thread can cost on a busy machine (docs/performance.md)."""
+    """What the commands see: the caller's PATH, home, locale and thread and BLAS settings
+    (THREAD_VARIABLES, as the session was started: not the one thread tests/conftest.py gives
+    each xdist worker), and nothing else of the caller's environment (no XLA_FLAGS of a test
+    session); a fresh cache folder (JAX's compiled programs: every document starts as a first
+    run); matplotlib's own folder (its font cache built once, in this process, not in a
+    command's output); and the repository on PYTHONPATH, as when the commands run from its root
+    (the port check's `examples.` factories)."""
     import matplotlib
 
+    from tests.machinery.caller import ENVIRONMENT
+
     kept = {key: value for key, value in os.environ.items() if key in ("PATH", "HOME", "USER", "LOGNAME", "TMPDIR") or key.startswith("LC_")}
+    kept.update({key: value for key, value in ENVIRONMENT.items() if key.startswith(THREAD_VARIABLES)})
     kept["LANG"] = os.environ.get("LANG", "C.UTF-8")
     matplotlib_folder = matplotlib.get_cachedir()
     import matplotlib.font_manager  # noqa: F401  (builds the font cache now, if there is none)
 
-    return {**kept, "XDG_CACHE_HOME": str(cache), "MPLCONFIGDIR": matplotlib_folder, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return {**kept, "XDG_CACHE_HOME": str(cache), "MPLCONFIGDIR": matplotlib_folder, "PYTHONPATH": str(ROOT)}
 
 
 @dataclass
@@ -187,8 +198,15 @@ class Outcome:
         return head + "\n" + "\n".join(diff)
 
 
-def run(doc: Document, timeout: float = 600) -> list[Outcome]:
-    """Run the document's commands in order in one fresh folder; each one's output and status."""
+def scratch(doc: Document) -> str:
+    """The folder a document's commands write into: its own under runs/ (ignored by git), so that
+    following the guides leaves the checkout clean and no document's file replaces another's."""
+    return f"{SCRATCH}/{doc.path.stem.lower()}"
+
+
+def run(doc: Document, timeout: float = 600, written: list[str] | None = None) -> list[Outcome]:
+    """Run the document's commands in order in one fresh folder; each one's output and status.
+    `written`, if given, receives the path of every file the commands left, relative to the folder."""
     bin_folder = Path(sys.executable).parent
     outcomes = []
     with tempfile.TemporaryDirectory(prefix="mhsa-docs-") as scratch:
@@ -214,6 +232,8 @@ def run(doc: Document, timeout: float = 600) -> list[Outcome]:
             for real, shown in ((str(cache), CACHE_SHOWN), (str(folder), FOLDER_SHOWN), (f"{bin_folder}/", ".venv/bin/")):
                 output = output.replace(real, shown)
             outcomes.append(Outcome(command, output, status))
+        if written is not None:
+            written.extend(sorted(path.relative_to(folder).as_posix() for path in folder.rglob("*") if not path.is_dir()))
     return outcomes
 
 

@@ -99,6 +99,7 @@ def test_queued_runs_give_the_losses_of_one_run_at_a_time_in_step_order(monkeypa
         assert runs_queued == min(run + 2, len(queued)), f"step {step} of run {run} was reported with {runs_queued} runs queued"
 
 
+@pytest.mark.slow
 def test_the_default_run_compiled_with_xlas_own_settings_agrees_with_every_trainer(default_run, tmp_path):
     """The tests compile JAX programs with XLA's quickest settings (tests/machinery/xla_flags.py); a user's
     run compiles with XLA's defaults. The default run, trained here as a user trains it (its own

@@ -147,6 +147,7 @@ def section(torch_runs, jax_runs, dtype, dp, kind=None):
 # --- the mathematics equals the single-device run ---------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_two_torch_ranks_and_two_jax_devices_match_their_single_device_runs_and_each_other(torch_runs, jax_runs, dtype):
     rows = section(torch_runs, jax_runs, dtype, 2)
@@ -159,6 +160,7 @@ def test_two_torch_ranks_and_two_jax_devices_match_their_single_device_runs_and_
     print(dtype, {key: f"{value:.1e}" for key, value in rows[0].diffs.items()})
 
 
+@pytest.mark.slow
 def test_four_jax_devices_match_the_single_device_run_in_float64(torch_runs, jax_runs):
     rows = section({}, jax_runs, "float64", 4)
     assert [set(row.diffs) for row in rows] == [{"dp jax"}, {"dp jax"}]
@@ -169,6 +171,7 @@ def test_four_jax_devices_match_the_single_device_run_in_float64(torch_runs, jax
     assert max(np.abs(exchange[name] - reference_weights[name]).max() for name in exchange) <= 1e-9
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", names("dp"))
 def test_a_shard_offset_by_one_sequence_fails_the_data_parallel_rows_naming_the_first_step(torch_runs, jax_runs, name):
     found = {"torch": torch_runs, "jax": jax_runs[0]}[name]
@@ -184,6 +187,7 @@ def test_a_shard_offset_by_one_sequence_fails_the_data_parallel_rows_naming_the_
 # --- checkpoints are ordinary checkpoints --------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_jax_dp2_checkpoint_resumes_at_dp4_and_in_torch_at_dp1_as_if_never_stopped(torch_runs, jax_runs):
     from torch_impl import train
 
@@ -218,6 +222,7 @@ def test_a_split_that_cannot_be_equal_is_refused_with_one_line(name, dp, changes
     assert str(raised.value) == expected
 
 
+@pytest.mark.slow
 def test_more_devices_than_jax_has_is_refused_naming_the_flag(jax_runs):
     assert jax_runs[1]["too many"] == (
         "dp=8 needs 8 devices, but only 4 are available (jax.devices() on cpu; "
@@ -250,6 +255,7 @@ def test_prepare_asks_xla_for_at_least_dp_cpu_devices(monkeypatch, flags, expect
 # --- a failing rank stops every rank -------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_rank_that_raises_stops_every_rank_with_one_message_and_no_hang(torch_runs):
     import multiprocessing
 

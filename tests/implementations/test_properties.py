@@ -1,7 +1,8 @@
 """Property-based checks (hypothesis) over random valid shapes and random boolean masks,
 fully masked query rows included: outputs finite, every weight row summing to 1 (or to 0 when
-no key is allowed), causality, and every backend agreeing with numpy_ref within the
-docs/DESIGN.md tolerances.
+no key is allowed, the output then out_proj's bias alone), exact zeros above the diagonal and
+where masked, causality, and every backend agreeing with numpy_ref within the docs/DESIGN.md
+tolerances. These are the one place each of these invariants is tested.
 
 Deterministic (derandomize) and small. Eager backends see every random shape; a backend
 whose calls compile per shape ("jit" in the registry, such as JAX: about a second per new
@@ -66,7 +67,8 @@ def allowed_keys(mask, B, H, T):
 def check_weights(name, weights, allowed, dtype):
     # rows with an allowed key sum to 1; rows without one are all exactly 0, never NaN
     assert np.isfinite(weights).all(), name
-    assert (weights[~allowed] == 0).all(), name  # exactly zero above the diagonal and where masked
+    assert (weights[~allowed] == 0).all(), name  # exactly zero above the diagonal and where masked, not just small
+    assert (weights[allowed] > 0).all(), name  # every allowed key gets a share
     has_key = allowed.any(axis=-1)
     np.testing.assert_allclose(weights.sum(axis=-1)[has_key], 1.0, rtol=0, atol=tolerance("weights", dtype), err_msg=name)
     assert (weights[~has_key] == 0).all(), name
@@ -86,6 +88,10 @@ def check_block(names, case, t):
         out, weights = backend.attention(x, params, config, mask=mask, return_weights=True)
         assert out.shape == x.shape and out.dtype == dtype and np.isfinite(out).all(), name
         check_weights(name, weights, allowed, dtype)
+        # a query with no allowed key has a zero context: its output is out_proj's bias alone
+        empty = ~allowed.any(axis=-1).any(axis=1)  # (B, T): no key in any head
+        bias = np.broadcast_to(params["attn.out_proj.bias"], out.shape)
+        np.testing.assert_allclose(out[empty], bias[empty], rtol=0, atol=tolerance("stage", dtype), err_msg=name)
         # causality: changing positions t.. leaves every earlier output exactly as it was
         np.testing.assert_array_equal(backend.attention(later, params, config, mask=mask)[:, :t], out[:, :t], err_msg=name)
         results[name] = out, weights

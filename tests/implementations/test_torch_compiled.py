@@ -47,6 +47,7 @@ def counted_compiles(monkeypatch):
     torch._dynamo.reset()
 
 
+@pytest.mark.slow
 def test_compile_builds_every_batch_shape_before_step_0_and_trains_as_the_eager_run(counted_compiles):
     config = TrainConfig(epochs=2, batch_size=8, n_sequences=28, seed=5, dtype="float64")  # 3 batches of 8 and a last of 4 per epoch
     seen = []  # graphs compiled by the time each step is reported
@@ -70,6 +71,7 @@ def test_compile_builds_every_batch_shape_before_step_0_and_trains_as_the_eager_
             np.testing.assert_allclose(getattr(compiled_adam, moment)[name], value, rtol=1e-9, atol=1e-14, err_msg=f"{moment} {name}")
 
 
+@pytest.mark.slow
 def test_compile_resumes_as_the_eager_run(counted_compiles, tmp_path):
     config = TrainConfig(epochs=2, batch_size=8, n_sequences=32, seed=5, dtype="float64")  # one batch shape: one graph
     first = train(SMALL_MODEL, dataclasses.replace(config, epochs=1))
@@ -84,6 +86,7 @@ def test_compile_resumes_as_the_eager_run(counted_compiles, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_compiling_the_step_leaves_the_weights_and_adam_state_as_they_were(counted_compiles):
     config = TrainConfig(epochs=1, batch_size=8, n_sequences=28, seed=5, dtype="float64")
     model = from_exchange(training.initial_weights("shared", SMALL_MODEL, config), SMALL_MODEL)
@@ -105,6 +108,7 @@ def test_compiling_the_step_leaves_the_weights_and_adam_state_as_they_were(count
     assert float(compiled_loss) == pytest.approx(float(loss_fn(eager_model, x, y).detach()), rel=1e-12)
 
 
+@pytest.mark.slow
 def test_each_run_compiles_its_own_step_so_no_recompile_limit_builds_up_across_runs(counted_compiles):
     import torch._dynamo
 
@@ -135,6 +139,7 @@ def test_compile_names_a_failed_compilation(monkeypatch):
     torch._dynamo.reset()
 
 
+@pytest.mark.slow
 def test_the_compile_flag_reports_its_seconds_apart_and_in_the_history(counted_compiles, tmp_path):
     flags = ["--quiet", "--epochs", "1", "--n-sequences", "40", "--batch-size", "8", "--history", "run.json"]
     flags += ["--d-model", "8", "--n-heads", "2", "--seq-len", "5", "--vocab-size", "7"]

@@ -13,6 +13,7 @@ from mhsa.cli import main
 from tests.paths import ROOT
 
 
+@pytest.mark.slow
 def test_quick_benchmarks_print_every_table(capsys):
     import torch
 
@@ -60,6 +61,7 @@ def test_a_missing_benchmarks_folder_is_a_clear_error(monkeypatch, tmp_path, cap
     assert "attention.py not found" in err and "not installed with the package" in err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "script, argv, message",
     [
@@ -79,6 +81,7 @@ def test_the_scripts_refuse_a_count_outside_its_range_before_any_work(script, ar
     assert result.returncode == 2 and result.stdout == "" and message in result.stderr, result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt and /proc/self/status")
 def test_keep_freed_memory_keeps_a_freed_large_buffer_resident_for_reuse():
     """attention.py --keep-freed-memory: after bench_common.keep_freed_memory(), a freed 256 MiB
@@ -220,6 +223,7 @@ def test_each_script_with_write_replaces_its_own_section_named_by_its_command(be
     assert measured in capsys.readouterr().out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", ["attention.py", "train.py", "generate.py"])
 def test_write_refuses_quick_tables(script):
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--quick", "--write"], capture_output=True, text=True, timeout=120)
@@ -248,6 +252,7 @@ def test_parity_timing_writes_its_ratios_against_the_import_floor(bench_common, 
     assert "| floor | 1.10 | 1.00-1.20 | 1.00x |\n| mhsa parity | 3.30 | 3.00-3.60 | 3.00x |\n" in section
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_data_parallel_rows_run_the_data_parallel_trainer(bench_common):
     """train.py --only dp (left out of --quick's tables): dp=2 goes through the backend's

@@ -18,6 +18,7 @@ def bind(*argv):
     return subprocess.run([sys.executable, "-m", "mhsa.cli", "bind", *argv], cwd=ROOT, capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.slow
 def test_bind_binds_a_companion_from_before_the_binding_so_that_it_resumes(tmp_path):
     path = tmp_path / "run.safetensors"
     unbound(path)
@@ -26,6 +27,7 @@ def test_bind_binds_a_companion_from_before_the_binding_so_that_it_resumes(tmp_p
     assert checkpoint.load(path)[1].step == 6
 
 
+@pytest.mark.slow
 def test_bind_refuses_a_companion_bound_to_other_weights_unless_forced_and_says_what_it_overrode(tmp_path):
     save(tmp_path / "r1.safetensors", seed=0)
     save(tmp_path / "r2.safetensors", seed=1, scale=3.0)

@@ -49,17 +49,20 @@ def test_version_prints_the_package_version(capsys):
     assert out.startswith("mhsa ") and out.split()[1][0].isdigit()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_help_of_every_command_loads_no_framework(command):
     assert imported_frameworks("from mhsa.cli import main; sys.exit(main(sys.argv[1:]))", [command, "--help"]) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", names("train"))
 def test_help_of_every_trainer_loads_no_framework(name):
     call = f"runpy.run_module('{package(name)}.train', run_name='__main__')"
     assert imported_frameworks(call, ["--help"]) == []
 
 
+@pytest.mark.slow
 def test_the_probe_sees_a_framework_when_one_is_imported():
     # the check above can fail: a help that imports torch first is caught
     call = "import torch; from mhsa.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -77,6 +80,7 @@ print(torch.get_num_threads(), sorted(blas), "{flag}" in os.environ.get("XLA_FLA
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("threads", [1, 2])
 def test_threads_limits_torch_blas_and_xla(threads):
     from mhsa.threads import XLA_SINGLE_THREAD

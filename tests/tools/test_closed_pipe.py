@@ -22,6 +22,7 @@ from tests.paths import ROOT
 QUIET_STDERR = ("Traceback", "Exception ignored", "BrokenPipeError")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("name", names("train"))
 def test_a_training_command_whose_reader_leaves_after_one_line_still_writes_its_three_files(tmp_path, name):
@@ -40,6 +41,7 @@ def test_a_training_command_whose_reader_leaves_after_one_line_still_writes_its_
     assert len(History.load(tmp_path / "p.json").losses) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_mhsa_train_piped_into_grep_m1_still_writes_its_files_and_exits_as_it_would_have(tmp_path):
     mhsa = [sys.executable, "-m", "mhsa.cli"]
@@ -105,6 +107,7 @@ def test_every_command_that_prints_finishes_its_work_when_its_reader_has_left(tm
     assert json.loads((tmp_path / "t.json").read_text())["losses"]  # train wrote its file
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     "argv", [["-m", "mhsa.cli", "--help"], ["-m", "mhsa.cli", "train", "--help"], ["-m", f"{package(names('train')[0])}.train", "--help"]]

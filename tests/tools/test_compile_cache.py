@@ -68,6 +68,7 @@ TRAIN = [sys.executable, "-m", "jax_impl.train", "--quiet", "--epochs", "1", "--
 TRAIN += ["--d-model", "8", "--n-heads", "2", "--vocab-size", "5"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("where", ["the command's folder", "JAX_COMPILATION_CACHE_DIR"])
 def test_a_fifo_in_the_cache_folder_never_reaches_jax_the_run_compiles_afresh_and_says_so_once(tmp_path, where):
@@ -112,6 +113,7 @@ PROGRAM = (
 )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_an_entry_a_kill_cut_short_is_written_again_by_the_next_run_without_a_warning(tmp_path):
     from jax._src.compilation_cache import decompress_executable

@@ -230,6 +230,7 @@ REAL_RUN = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_real_ctrl_c_keeps_the_last_complete_epoch_and_more_of_them_change_nothing(tmp_path):
     name = names("train")[0]
@@ -279,6 +280,7 @@ def interrupted(argv, wait_for=None, delay=0.0, stream="stdout"):
     return child.returncode, out, lines
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_python_m_impl_train_imports_its_command_line_prints_one_line_and_exits_130():
     # -X importtime reports each finished import on stderr: numpy's comes while the launcher
     # imports mhsa.train_cli, before any handler of train_cli exists (the interpreter's
@@ -288,6 +290,7 @@ def test_ctrl_c_while_python_m_impl_train_imports_its_command_line_prints_one_li
     assert code == 130 and err == ["interrupted"], err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("delay", [0.5, 1.5])
 def test_ctrl_c_later_in_python_m_impl_train_prints_one_line_and_exits_130(delay):
     # a run long enough in every backend that the signal lands while it imports or trains

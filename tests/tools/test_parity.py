@@ -212,6 +212,7 @@ def test_mhsa_parity_prints_the_table_and_exits_by_the_result(capsys, monkeypatc
     assert asked == ["cache"]  # not asked again
 
 
+@pytest.mark.slow
 def test_jax_cache_keeps_every_compiled_program_where_asked(tmp_path):
     # a fresh process: JAX decides at its first compilation whether it has a cache
     program = (

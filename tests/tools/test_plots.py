@@ -253,6 +253,7 @@ def test_figures_refuse_bad_tokens_losses_and_epochs():
             training_figure(fake_losses(4), bad, weights)
 
 
+@pytest.mark.slow
 def test_the_module_is_framework_neutral_and_needs_no_pyplot():
     code = (
         "import sys, mhsa.plots, mhsa.heatmap; "

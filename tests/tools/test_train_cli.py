@@ -20,7 +20,7 @@ from mhsa import registry, train_cli
 from mhsa.cli import main
 from mhsa.train_cli import full_precision
 from shared import files, weights
-from shared.config import TrainConfig
+from shared.config import ModelConfig, TrainConfig
 from shared.history import History
 from shared.weights import init_weights
 from tests.backends import SMALL, names, package, skip_where_cuda_is_seen
@@ -53,6 +53,23 @@ def test_mhsa_train_runs_a_backend(tmp_path, capsys, monkeypatch):
     assert main(["train", "--backend", TRAINERS[0], "--epochs", "1", "--n-sequences", "64", "--n-heads", "8"]) == 0
     out, err = capsys.readouterr()
     assert "n_heads=8 (d_head=4)" in out and "epoch 1/1" in out, err
+
+
+def test_a_small_run_defaults_to_one_thread_a_large_one_to_the_libraries_own_and_threads_n_sets_n(capsys, monkeypatch):
+    import mhsa.threads
+    from mhsa.threads import default_train_threads
+
+    applied = []  # what each run asked for, none of it applied to this process's libraries
+    monkeypatch.setattr(train_cli, "apply_threads", applied.append)
+    monkeypatch.setattr(mhsa.threads, "apply_threads", applied.append)
+    m, t = ModelConfig(), TrainConfig()
+    assert default_train_threads(t.batch_size, m.max_len, m.d_model, m.vocab_size) == 1  # the lesson's model and batch
+    assert default_train_threads(32, 256, 512, 32000) is None  # a step of billions of multiply-adds
+    assert run_main(capsys, TRAINERS[0], *TINY)[0] == 0
+    assert applied == [1]  # the command line's default, applied before the framework starts
+    applied.clear()
+    assert main(["train", "--backend", TRAINERS[0], "--threads", "2", *TINY]) == 0
+    assert applied == [2]  # a given --threads alone, applied before the command starts (mhsa.cli.run_guarded)
 
 
 @pytest.mark.parametrize("backend", TRAINERS)
@@ -360,6 +377,7 @@ def test_a_load_file_it_cannot_use_exits_2_naming_it_before_the_banner(capsys, t
     assert not (tmp_path / "unpickled").exists()
 
 
+@pytest.mark.slow
 def test_load_of_a_fifo_exits_2_at_once(tmp_path):
     path = tmp_path / "model.safetensors"
     os.mkfifo(path)
@@ -425,6 +443,7 @@ def test_a_run_whose_loss_overflows_stops_in_one_line(capsys, tmp_path, backend_
     assert os.listdir(tmp_path) == []  # nothing saved from a diverged run
 
 
+@pytest.mark.slow
 def test_as_a_command_the_errors_are_one_line_without_traceback(tmp_path):
     # the same two failures in a real process: the exit status and stderr a user sees
     diverged = subprocess.run(

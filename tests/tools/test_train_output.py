@@ -83,6 +83,7 @@ FINAL = re.compile(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_quiet_prints_only_the_final_line_whose_seconds_say_what_they_measure(tmp_path):
     argv = [sys.executable, "-m", f"{package(names('train')[0])}.train", "--quiet", "--epochs", "1", "--n-sequences", "64"]

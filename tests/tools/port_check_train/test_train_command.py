@@ -73,6 +73,7 @@ def test_a_factory_that_raises_exits_2_with_one_line_naming_it(capsys):
     assert err.startswith(said) and err.count("\n") == 1, err
 
 
+@pytest.mark.slow
 def test_mhsa_port_check_runs_the_training_check_with_train():
     argv = [sys.executable, "-m", "mhsa.cli", "port-check", f"{MODELS}:torch_adamw", f"{MODELS}:flax_adamw", "--train", "2", "--no-probes"]
     result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -80,6 +81,7 @@ def test_mhsa_port_check_runs_the_training_check_with_train():
     assert result.stdout.startswith("mhsa port-check --train 2 · TorchMLP (torch, AdamW) vs FlaxMLP (jax, optax) · float32")
 
 
+@pytest.mark.slow
 def test_the_commands_parser_takes_the_train_flag_without_starting_a_framework():
     code = "import sys, mhsa.port_check.training_command; print(sorted(m for m in ('torch', 'jax', 'flax', 'optax') if m in sys.modules))"
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -41,12 +41,18 @@ def _checked(name: str, kind: str, dtype: str, grads: bool) -> None:
     assert ("split at another module boundary" in lines[-1]) is (name in SPLIT), lines[-1]
 
 
-@pytest.mark.parametrize(("name", "dtype"), [(name, "float32") for name in catalog.FAITHFUL])
+def first_fast(cases):
+    """The first case in make test, the property checked once there; every other one in the slow
+    tier (make test-slow): each pair builds and compiles its own models."""
+    return [pytest.param(*case, marks=[] if n == 0 else [pytest.mark.slow]) for n, case in enumerate(cases)]
+
+
+@pytest.mark.parametrize(("name", "dtype"), first_fast([(name, "float32") for name in catalog.FAITHFUL]))
 def test_port_check_passes_every_faithful_pair_with_its_converted_weights_and_gradients(name, dtype):
     _checked(name, "converted", dtype, grads=True)
 
 
-@pytest.mark.parametrize(("name", "dtype"), [(name, "float64") for name in catalog.FAITHFUL if name != "llama_keywords"])
+@pytest.mark.parametrize(("name", "dtype"), first_fast([(name, "float64") for name in catalog.FAITHFUL if name != "llama_keywords"]))
 def test_port_check_passes_every_fresh_port_once_it_has_the_references_weights(name, dtype):
     _checked(name, "fresh", dtype, grads=True)
 
@@ -61,7 +67,7 @@ def test_port_check_passes_the_pairs_of_real_architectures_defects_without_gradi
     _checked(name, kind, dtype, grads=False)
 
 
-@pytest.mark.parametrize(("name", "dtype"), [(name, "float64") for name in catalog.BUGS])
+@pytest.mark.parametrize(("name", "dtype"), first_fast([(name, "float64") for name in catalog.BUGS]))
 def test_port_check_names_every_planted_bug_where_the_models_part(name, dtype):
     bug = catalog.BUGS[name]
     (reference, x), (port, y) = catalog.build(bug.reference), catalog.build(bug.port)
@@ -70,6 +76,7 @@ def test_port_check_names_every_planted_bug_where_the_models_part(name, dtype):
     assert report.passed is (bug.section == "lint") and survey.names(report, bug), format_report(report)
 
 
+@pytest.mark.slow
 def test_the_llama_pair_trains_alike_through_the_check_and_a_port_without_the_clip_parts_at_step_1():
     # examples/zoo/llama_train.py: the zoo's faithful Llama pair with AdamW and clipping, the
     # factories of `mhsa port-check --train` and of benchmarks/port_check_train.py
