@@ -82,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
                 args = subparser.parse_args(argv[1:], argparse.Namespace(command=known.command))
             except KeyboardInterrupt:
                 hold_further_interrupts()
-                print("interrupted", file=sys.stderr)
-                return 130
+                print(interruption(), file=sys.stderr)
+                return interrupt_status()
             return run_guarded(module.run, args, prefix=f"mhsa {known.command}: error")
 
 
@@ -104,30 +104,61 @@ def run_guarded(run, args, prefix: str) -> int:
             return 1
         except KeyboardInterrupt:
             hold_further_interrupts()
-            print("interrupted", file=sys.stderr)
-            return 130
+            print(interruption(), file=sys.stderr)
+            return interrupt_status()
+
+
+# the signals that interrupt a command: Ctrl-C (SIGINT) and SIGTERM, what `kill`, `timeout` and
+# schedulers send; both wind the command down the same way, as a KeyboardInterrupt
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
+_received: list[int] = [signal.SIGINT]  # the signal that interrupted the command under way
+
+
+def _interrupted(signum: int, frame) -> None:
+    _received[0] = signum
+    raise KeyboardInterrupt
+
+
+def interrupt_status() -> int:
+    """The exit status of an interrupted command: 128 + the signal's number, as a shell reports a
+    process the signal ended (130 for Ctrl-C, 143 for SIGTERM)."""
+    return 128 + int(_received[0])
+
+
+def interruption() -> str:
+    """What the one line of an interrupted command starts with: "interrupted", or
+    "interrupted by SIGTERM" where the signal was not a Ctrl-C."""
+    return "interrupted" if _received[0] == signal.SIGINT else f"interrupted by {signal.Signals(_received[0]).name}"
 
 
 def hold_further_interrupts() -> None:
-    """After a Ctrl-C a command winds down: it saves what it can and says so in one line, then
-    exits 130. A further Ctrl-C is ignored from here on, so that it cuts short neither the line
-    nor the interpreter's exit with a traceback (interrupts_restored undoes this in a command run
-    inside another program)."""
+    """After a Ctrl-C or SIGTERM a command winds down: it saves what it can and says so in one
+    line, then exits (interrupt_status). A further Ctrl-C or SIGTERM is ignored from here on, so
+    that it cuts short neither the line nor the interpreter's exit with a traceback
+    (interrupts_restored undoes this in a command run inside another program)."""
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for signum in INTERRUPTS:
+            signal.signal(signum, signal.SIG_IGN)
 
 
 @contextlib.contextmanager
 def interrupts_restored(own_process: bool) -> Iterator[None]:
-    """The Ctrl-C handler as it was before the block, unless the command is this process's own
-    (it is exiting: hold_further_interrupts stays)."""
+    """Ctrl-C and SIGTERM raise KeyboardInterrupt while the block runs, the signal recorded for
+    interrupt_status; a signal ignored when the block starts (a background job's Ctrl-C) stays
+    ignored. The handlers as they were before the block afterwards, unless the command is this
+    process's own (it is exiting: hold_further_interrupts stays)."""
     main = threading.current_thread() is threading.main_thread()
-    previous = signal.getsignal(signal.SIGINT) if main else None
+    previous = {signum: signal.getsignal(signum) for signum in INTERRUPTS} if main else {}
+    _received[0] = signal.SIGINT
+    for signum, handler in previous.items():
+        if handler in (signal.default_int_handler, signal.SIG_DFL):
+            signal.signal(signum, _interrupted)
     try:
         yield
     finally:
         if main and not own_process:
-            signal.signal(signal.SIGINT, previous)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
 
 class _ReaderMayLeave(io.TextIOBase):

@@ -325,7 +325,7 @@ class Progress:
 
 def train_with_progress(args, plan: Plan, backend: registry.Backend):
     """The History of the run, or the exit code of a run that stopped (1: an error, one line;
-    130: Ctrl-C, after keeping the last complete epoch where --save asks for it: keep_on_interrupt)."""
+    130: Ctrl-C, 143: SIGTERM, after keeping the last complete epoch where --save asks for it: keep_on_interrupt)."""
     model_config, train_config, resume = plan.model_config, plan.train_config, plan.resume
     first_step = 0 if resume is None else resume.step
     bar = tqdm(
@@ -355,7 +355,7 @@ def train_with_progress(args, plan: Plan, backend: registry.Backend):
         print(f"{args.parser.prog}: error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        hold_further_interrupts()  # the last complete epoch is saved and said whatever Ctrl-C comes next
+        hold_further_interrupts()  # the last complete epoch is saved and said whatever Ctrl-C or SIGTERM comes next
         bar.close()
         return keep_on_interrupt(args, plan, progress, keeper)
     bar.close()
@@ -364,7 +364,7 @@ def train_with_progress(args, plan: Plan, backend: registry.Backend):
 
 def main(backend: str, argv: list[str] | None = None) -> int:
     """`python -m PACKAGE.train ARGV` (sys.argv's when None: this process's own command line)."""
-    from mhsa.cli import interrupts_restored, run_guarded, stdout_to_a_reader_that_may_leave
+    from mhsa.cli import interrupt_status, interruption, interrupts_restored, run_guarded, stdout_to_a_reader_that_may_leave
 
     parser = argparse.ArgumentParser(
         prog=f"python -m {registry.get(backend).package}.train",
@@ -377,6 +377,6 @@ def main(backend: str, argv: list[str] | None = None) -> int:
             args.backend = backend
         except KeyboardInterrupt:
             hold_further_interrupts()
-            print("interrupted", file=sys.stderr)
-            return 130
+            print(interruption(), file=sys.stderr)
+            return interrupt_status()
         return run_guarded(run, args, prefix=f"{parser.prog}: error")
