@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import importlib
 import io
 import os
@@ -65,7 +66,8 @@ def version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """`mhsa ARGV` (sys.argv's when None: this process's own command line)."""
-    with interrupts_restored(own_process=argv is None):
+    argv_is_own = argv is None
+    with interrupts_restored(own_process=argv_is_own):
         argv = sys.argv[1:] if argv is None else argv
         with stdout_to_a_reader_that_may_leave():
             parser = build_parser()
@@ -84,7 +86,10 @@ def main(argv: list[str] | None = None) -> int:
                 hold_further_interrupts()
                 print(interruption(), file=sys.stderr)
                 return interrupt_status()
-            return run_guarded(module.run, args, prefix=f"mhsa {known.command}: error")
+            status = run_guarded(module.run, args, prefix=f"mhsa {known.command}: error")
+            if argv_is_own and status == interrupt_status():
+                leave_busy_threads(status)
+            return status
 
 
 def run_guarded(run, args, prefix: str) -> int:
@@ -116,7 +121,21 @@ _received: list[int] = [signal.SIGINT]  # the signal that interrupted the comman
 
 def _interrupted(signum: int, frame) -> None:
     _received[0] = signum
+    if _in_gc_callback(frame):
+        # an exception raised inside a garbage-collector callback (JAX has one) is printed as
+        # "Exception ignored" and dropped: the signal comes again once the callback is done
+        threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
+        return
     raise KeyboardInterrupt
+
+
+def _in_gc_callback(frame) -> bool:
+    codes = {getattr(callback, "__code__", None) for callback in gc.callbacks}
+    while frame is not None:
+        if frame.f_code in codes:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def interrupt_status() -> int:
@@ -129,6 +148,38 @@ def interruption() -> str:
     """What the one line of an interrupted command starts with: "interrupted", or
     "interrupted by SIGTERM" where the signal was not a Ctrl-C."""
     return "interrupted" if _received[0] == signal.SIGINT else f"interrupted by {signal.Signals(_received[0]).name}"
+
+
+def leave_busy_threads(status: int) -> None:
+    """The end of an interrupted command that is this process's own: where threads of its own are
+    still at work (mhsa parity's lanes: a compilation, a data-parallel run), their work is dropped
+    rather than waited for. Every child process the command started is ended (SIGKILL: the
+    command saves what it keeps before this), the streams are flushed and the process exits with
+    `status` now. Without such threads it returns, and the command exits as usual."""
+    if not any(thread.is_alive() and not thread.daemon for thread in threading.enumerate() if thread is not threading.current_thread()):
+        return
+    import multiprocessing
+
+    children = multiprocessing.active_children()
+    for child in children:
+        child.kill()
+    for child in children:
+        child.join(timeout=5)
+    # the ranks' server (multiprocessing's forkserver) leaves only once it has imported what it
+    # preloads (torch: seconds) and sees this process gone: it is ended now too
+    from multiprocessing import forkserver
+
+    server = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+    if server is not None:
+        with contextlib.suppress(OSError):
+            os.kill(server, signal.SIGKILL)
+    from multiprocessing import util
+
+    util._run_finalizers(0)  # type: ignore[attr-defined]  # what an ordinary exit runs first: the queues' semaphores are released, not reported leaked
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(status)
 
 
 def hold_further_interrupts() -> None:

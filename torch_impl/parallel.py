@@ -22,6 +22,7 @@ import queue
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable
@@ -66,7 +67,8 @@ def prepare(dp: int) -> None:
         # the server inherits ignored signals across its exec, and its ranks inherit them from it:
         # a Ctrl-C while it imports PRELOAD would end it in a traceback, a SIGTERM would leave its
         # ranks without the server that reports their exit
-        previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGINT, signal.SIGTERM)}
+        main = threading.current_thread() is threading.main_thread()  # where signal handlers can be set
+        previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGINT, signal.SIGTERM)} if main else {}
         try:
             forkserver.ensure_running()
         finally:

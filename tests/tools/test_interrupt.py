@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -368,3 +369,45 @@ def test_a_signal_to_the_whole_group_keeps_the_last_complete_epoch_in_one_line_a
     assert resumed.returncode == 0, resumed.stderr
     history = History.load(tmp_path / "h.json")
     assert history.first_step == kept * STEPS_PER_EPOCH and len(history.losses) == STEPS_PER_EPOCH
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("section", ["parity [1/", "parity [2/", "parity [4/"])
+def test_ctrl_c_to_the_group_of_mhsa_parity_prints_one_line_exits_130_at_once_and_leaves_no_process(section):
+    # its progress is written to a terminal only: stderr is one (a pseudo-terminal), and the Ctrl-C
+    # lands as the section starts, while other lanes compile, train and run the torch ranks and their server
+    leader, follower = os.openpty()
+    argv = [sys.executable, "-m", "mhsa.parity", "--epochs", "2"]
+    child = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=follower, start_new_session=True)
+    os.close(follower)
+    try:
+        seen = b""
+        while section.encode() not in seen:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # EIO: every writer has closed it
+                chunk = b""
+            assert chunk, f"{section!r} never appeared: {seen.decode(errors='replace')}"
+            seen += chunk
+        os.killpg(child.pid, signal.SIGINT)
+        sent = time.monotonic()
+        child.wait(timeout=60)
+        seconds = time.monotonic() - sent
+        rest = b""
+        with contextlib.suppress(OSError):  # EIO once every writer has closed it
+            while select.select([leader], [], [], 1.0)[0] and (chunk := os.read(leader, 4096)):
+                rest += chunk
+        deadline = time.monotonic() + 5
+        while live_members(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = live_members(child.pid)
+    finally:
+        os.close(leader)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+    after = [line.strip() for line in rest.decode(errors="replace").replace("\r", "\n").splitlines()]
+    after = [line for line in after if line and not line.startswith("parity [")]
+    assert child.returncode == 130 and after == ["interrupted"], (child.returncode, after)
+    assert seconds < 15, f"exited {seconds:.1f} s after the Ctrl-C"
+    assert left == [], f"still running after the command ended: {left}"
