@@ -107,6 +107,10 @@ def add_arguments(parser: argparse.ArgumentParser, backend: str | None = None) -
     parser.set_defaults(parser=parser)
 
 
+class FileUnusable(ValueError):
+    """A file the flags name cannot be used (missing, cut short, another format): one line, no usage."""
+
+
 @dataclasses.dataclass
 class Plan:
     """What a run will do, decided and checked before any work: every file read once."""
@@ -141,14 +145,17 @@ def configs(args) -> Plan:
     if source is not None:
         if args.init != "shared":
             raise ValueError(f"{flag} and --init {args.init} both choose the initial weights; give one")
-        if args.resume is not None:
-            loaded, resume = checkpoint.load(source)
-        else:
-            loaded = weights.read(source)
-        weights.check_finite(loaded.arrays, f"weights file {str(source)!r}")
-        if resume is not None:
-            moments = {f"{moment}/{name}": value for moment in ("exp_avg", "exp_avg_sq") for name, value in getattr(resume, moment).items()}
-            weights.check_finite(moments, f"Adam state file {str(companion_path(source))!r}")
+        try:  # the file itself: missing, cut short, of another format, holding NaN
+            if args.resume is not None:
+                loaded, resume = checkpoint.load(source)
+            else:
+                loaded = weights.read(source)
+            weights.check_finite(loaded.arrays, f"weights file {str(source)!r}")
+            if resume is not None:
+                moments = {f"{moment}/{name}": value for moment in ("exp_avg", "exp_avg_sq") for name, value in getattr(resume, moment).items()}
+                weights.check_finite(moments, f"Adam state file {str(companion_path(source))!r}")
+        except (ValueError, TypeError, OSError) as error:
+            raise FileUnusable(str(error)) from None
         saved = loaded.config
         disagree = [
             f"{MODEL_FLAGS[field]} {value} (file has {getattr(saved, field)})"
@@ -228,6 +235,9 @@ def check_flags(args) -> Plan:
     parser = args.parser
     try:
         plan = configs(args)
+    except FileUnusable as error:  # the flags are right, the file is not: its line alone, no usage
+        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
     except (ValueError, TypeError, FileNotFoundError) as error:
         parser.error(str(error))
     backend = registry.get(args.backend)
