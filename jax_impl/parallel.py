@@ -17,6 +17,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -67,11 +68,17 @@ def train(
     init: str = "shared",
     on_step: Callable[[int, float], object] | None = None,
     resume: AdamState | None = None,
+    on_epoch: Callable[[int, Any, Any], object] | None = None,
     *,
     shard: Callable[[np.ndarray, int, int], np.ndarray] = shard,
 ) -> History:
     """jax_impl.train.train over dp devices; returns the same History (the model and Adam
     gathered back onto one device: ordinary objects, saved as usual).
+
+    on_epoch(epochs_done, model, optimizer), if given, is called after every epoch's steps have
+    been reported (epochs_done counted over the whole run), with the live replicated model and
+    optimizer, valid only during the call (the next epoch donates their buffers), as
+    train.train's on_epoch.
 
     shard(x, rank, dp): the rows of a global batch that device `rank` trains on (a named hook,
     so a test can plant a wrong split and watch the data-parallel parity rows fail).
@@ -98,9 +105,11 @@ def train(
 
     # 2. epochs: the global batch's loss at every step, checked and reported here alone
     losses: list[float] = []
-    for batches in training.epochs(model_config, train_config, start=start_epoch):
+    for epochs_done, batches in enumerate(training.epochs(model_config, train_config, start=start_epoch), start=start_epoch + 1):
         state, epoch_losses = train_epoch(graphdef, state, batches, mesh, shard)
         training.record_losses(losses, epoch_losses, train_config, start_epoch, on_step)
+        if on_epoch is not None:
+            on_epoch(epochs_done, *nnx.merge(graphdef, state))
 
     # 3. result: the trained weights and Adam state as ordinary single-device objects
     state = jax.device_put(state, jax.devices()[0])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import importlib
 import io
 import os
@@ -65,7 +66,8 @@ def version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """`mhsa ARGV` (sys.argv's when None: this process's own command line)."""
-    with interrupts_restored(own_process=argv is None):
+    argv_is_own = argv is None
+    with interrupts_restored(own_process=argv_is_own):
         argv = sys.argv[1:] if argv is None else argv
         with stdout_to_a_reader_that_may_leave():
             parser = build_parser()
@@ -82,9 +84,12 @@ def main(argv: list[str] | None = None) -> int:
                 args = subparser.parse_args(argv[1:], argparse.Namespace(command=known.command))
             except KeyboardInterrupt:
                 hold_further_interrupts()
-                print("interrupted", file=sys.stderr)
-                return 130
-            return run_guarded(module.run, args, prefix=f"mhsa {known.command}: error")
+                print(interruption(), file=sys.stderr)
+                return interrupt_status()
+            status = run_guarded(module.run, args, prefix=f"mhsa {known.command}: error")
+            if argv_is_own and status == interrupt_status():
+                leave_busy_threads(status)
+            return status
 
 
 def run_guarded(run, args, prefix: str) -> int:
@@ -104,30 +109,107 @@ def run_guarded(run, args, prefix: str) -> int:
             return 1
         except KeyboardInterrupt:
             hold_further_interrupts()
-            print("interrupted", file=sys.stderr)
-            return 130
+            print(interruption(), file=sys.stderr)
+            return interrupt_status()
+
+
+# the signals that interrupt a command: Ctrl-C (SIGINT) and SIGTERM, what `kill`, `timeout` and
+# schedulers send; both wind the command down the same way, as a KeyboardInterrupt
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
+_received: list[int] = [signal.SIGINT]  # the signal that interrupted the command under way
+
+
+def _interrupted(signum: int, frame) -> None:
+    _received[0] = signum
+    if _in_gc_callback(frame):
+        # an exception raised inside a garbage-collector callback (JAX has one) is printed as
+        # "Exception ignored" and dropped: the signal comes again once the callback is done
+        threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
+        return
+    raise KeyboardInterrupt
+
+
+def _in_gc_callback(frame) -> bool:
+    codes = {getattr(callback, "__code__", None) for callback in gc.callbacks}
+    while frame is not None:
+        if frame.f_code in codes:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def interrupt_status() -> int:
+    """The exit status of an interrupted command: 128 + the signal's number, as a shell reports a
+    process the signal ended (130 for Ctrl-C, 143 for SIGTERM)."""
+    return 128 + int(_received[0])
+
+
+def interruption() -> str:
+    """What the one line of an interrupted command starts with: "interrupted", or
+    "interrupted by SIGTERM" where the signal was not a Ctrl-C."""
+    return "interrupted" if _received[0] == signal.SIGINT else f"interrupted by {signal.Signals(_received[0]).name}"
+
+
+def leave_busy_threads(status: int) -> None:
+    """The end of an interrupted command that is this process's own: where threads of its own are
+    still at work (mhsa parity's lanes: a compilation, a data-parallel run), their work is dropped
+    rather than waited for. Every child process the command started is ended (SIGKILL: the
+    command saves what it keeps before this), the streams are flushed and the process exits with
+    `status` now. Without such threads it returns, and the command exits as usual."""
+    if not any(thread.is_alive() and not thread.daemon for thread in threading.enumerate() if thread is not threading.current_thread()):
+        return
+    import multiprocessing
+
+    children = multiprocessing.active_children()
+    for child in children:
+        child.kill()
+    for child in children:
+        child.join(timeout=5)
+    # the ranks' server (multiprocessing's forkserver) leaves only once it has imported what it
+    # preloads (torch: seconds) and sees this process gone: it is ended now too
+    from multiprocessing import forkserver
+
+    server = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+    if server is not None:
+        with contextlib.suppress(OSError):
+            os.kill(server, signal.SIGKILL)
+    from multiprocessing import util
+
+    util._run_finalizers(0)  # type: ignore[attr-defined]  # what an ordinary exit runs first: the queues' semaphores are released, not reported leaked
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(status)
 
 
 def hold_further_interrupts() -> None:
-    """After a Ctrl-C a command winds down: it saves what it can and says so in one line, then
-    exits 130. A further Ctrl-C is ignored from here on, so that it cuts short neither the line
-    nor the interpreter's exit with a traceback (interrupts_restored undoes this in a command run
-    inside another program)."""
+    """After a Ctrl-C or SIGTERM a command winds down: it saves what it can and says so in one
+    line, then exits (interrupt_status). A further Ctrl-C or SIGTERM is ignored from here on, so
+    that it cuts short neither the line nor the interpreter's exit with a traceback
+    (interrupts_restored undoes this in a command run inside another program)."""
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for signum in INTERRUPTS:
+            signal.signal(signum, signal.SIG_IGN)
 
 
 @contextlib.contextmanager
 def interrupts_restored(own_process: bool) -> Iterator[None]:
-    """The Ctrl-C handler as it was before the block, unless the command is this process's own
-    (it is exiting: hold_further_interrupts stays)."""
+    """Ctrl-C and SIGTERM raise KeyboardInterrupt while the block runs, the signal recorded for
+    interrupt_status; a signal ignored when the block starts (a background job's Ctrl-C) stays
+    ignored. The handlers as they were before the block afterwards, unless the command is this
+    process's own (it is exiting: hold_further_interrupts stays)."""
     main = threading.current_thread() is threading.main_thread()
-    previous = signal.getsignal(signal.SIGINT) if main else None
+    previous = {signum: signal.getsignal(signum) for signum in INTERRUPTS} if main else {}
+    _received[0] = signal.SIGINT
+    for signum, handler in previous.items():
+        if handler in (signal.default_int_handler, signal.SIG_DFL):
+            signal.signal(signum, _interrupted)
     try:
         yield
     finally:
         if main and not own_process:
-            signal.signal(signal.SIGINT, previous)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
 
 class _ReaderMayLeave(io.TextIOBase):

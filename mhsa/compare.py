@@ -130,10 +130,11 @@ def _start(history: History) -> str:
     return history.init
 
 
-def comparison_figure(result: Comparison, labels: tuple[str, str]):
+def comparison_figure(result: Comparison, labels: tuple[str, str], bound: tuple[float, str] | None = None):
     """Both loss curves (log axis) above their per-step absolute difference (log axis).
     labels name the runs (file, backend, dtype); runs identical at every step get a note
-    instead of an empty difference panel."""
+    instead of an empty difference panel. bound: (the bound the gap is held to, its dtype),
+    trajectory_tolerance's, drawn as a dashed line across the difference panel."""
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(10, 6), dpi=100, layout="constrained")
@@ -155,11 +156,14 @@ def comparison_figure(result: Comparison, labels: tuple[str, str]):
             ha="center",
             va="center",
         )
-        gaps.set_title("|A - B| = 0", fontsize=10)
+        gaps.set_title("|A - B| = 0" + (f" (trajectory tolerance {bound[0]:.0e}, {bound[1]})" if bound else ""), fontsize=10)
     else:
         shown = np.where(result.gaps > 0, result.gaps, np.nan)  # exact agreement has no place on a log axis
         gaps.plot(result.steps, shown, color="tab:red", linewidth=1.0)
         gaps.set_yscale("log")
+        if bound is not None:  # the line the verdict holds every step's gap under
+            gaps.axhline(bound[0], color="black", linestyle="--", linewidth=1.0, label=f"trajectory tolerance {bound[0]:.0e} ({bound[1]})")
+            gaps.legend(loc="best", fontsize=9)
         gaps.set_ylabel("|A - B|")
         gaps.grid(alpha=0.3)
         exact = int((result.gaps == 0).sum())
@@ -214,6 +218,6 @@ def run(args) -> int:
 
         names = (args.a.name, " + ".join(path.name for path in args.b))
         label_a, label_b = (f"{key} = {name} ({run.backend}, {run.train_config.dtype})" for key, name, run in zip("AB", names, (first, second)))
-        save_figure(comparison_figure(result, (label_a, label_b)), args.plot)
+        save_figure(comparison_figure(result, (label_a, label_b), trajectory_tolerance(first, second)), args.plot)
         print(f"saved plot to {args.plot}")
     return 0 if agree else 1

@@ -13,9 +13,10 @@ What JAX opens there, it opens as regular files, blocking: `KEY-cache` (the prog
 (when it was last read) and `.lockfile`. A FIFO under one of those names would hang the run
 inside JAX, a folder or a device would fail it at every write; so any entry under those names
 that is not a regular file (a symbolic link included) keeps the cache off for the run, said once
-(unusable_entry). JAX writes an entry in place, then its access time: a kill halfway through the
-entry leaves it cut short without an access time, which JAX would fail to read, warn of and never
-write again; such an entry is removed before JAX starts (_remove_cut_short), under JAX's own lock.
+(unusable_entry), as does a cache path that is itself a file or a FIFO (_not_a_folder). JAX
+writes an entry in place, then its access time: a kill halfway through the entry leaves it cut
+short without an access time, which JAX would fail to read, warn of and never write again; such
+an entry is removed before JAX starts (_remove_cut_short), under JAX's own lock.
 """
 
 from __future__ import annotations
@@ -51,12 +52,15 @@ def enable_jax_cache(directory: str | Path | None = None, size_limit: int = SIZE
 
     current = getattr(jax.config, "jax_compilation_cache_dir")  # noqa: B009 - the stubs lack the flags
     if current:  # the user's own cache, with the user's own thresholds
-        bad = unusable_entry(Path(current))
+        bad = _not_a_folder(Path(current)) or unusable_entry(Path(current))
         if bad is not None:
             jax.config.update("jax_enable_compilation_cache", False)
             return f"{OFF}, {current} (JAX_COMPILATION_CACHE_DIR) cannot be used ({bad}): every program is compiled afresh"
         return f"JAX's compilation cache: {current} (JAX_COMPILATION_CACHE_DIR)"
     chosen = Path(directory or default_directory())
+    not_a_folder = _not_a_folder(chosen)
+    if not_a_folder is not None:
+        return f"{OFF}, {chosen} cannot be used ({not_a_folder}): every program is compiled afresh"
     try:  # checked here: JAX would only warn at every entry it cannot write
         chosen.mkdir(parents=True, exist_ok=True)
         if not os.access(chosen, os.W_OK | os.X_OK):
@@ -74,6 +78,23 @@ def enable_jax_cache(directory: str | Path | None = None, size_limit: int = SIZE
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)  # no size limit, and JAX may not raise it
     jax.config.update("jax_compilation_cache_max_size", size_limit)  # least recently read entries go first
     return f"JAX's compiled programs are kept in {chosen} for the next run (--no-jax-cache: compile afresh)"
+
+
+def _not_a_folder(path: Path) -> str | None:
+    """The cache's own path, or the first of its parents, that exists and is not a folder (a regular
+    file, a FIFO: nothing can be made in it), in words as unusable_entry's; None otherwise."""
+    for candidate in (path, *path.parents):
+        try:
+            mode = candidate.stat().st_mode  # a link to a folder is a folder here
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # made by mkdir, or below a parent that is not a folder
+        except OSError:  # unreadable: the mkdir below says why
+            return None
+        if stat.S_ISDIR(mode):
+            return None
+        where = "it" if candidate == path else str(candidate)
+        return f"{where} is {files.kind_of(mode)}, not a folder; remove it to use the cache again"
+    return None
 
 
 def unusable_entry(folder: Path) -> str | None:

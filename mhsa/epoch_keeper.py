@@ -1,4 +1,4 @@
-"""Ctrl-C during a run with --save keeps the last complete epoch: a copy of the model's weights
+"""Ctrl-C or SIGTERM during a run with --save keeps the last complete epoch: a copy of the model's weights
 and of Adam's state as they stood after it, saved as a bound checkpoint that --resume continues
 exactly as if the run had never stopped.
 
@@ -9,7 +9,7 @@ resumed run's earlier epochs included). The objects are valid only during the ca
 trainer's next step may reuse their buffers), so the keeper copies them to NumPy at once. The
 epoch counts as complete once on_step has reported every one of its steps, finite: a trainer that
 queues the next steps before it reads the last losses (JAX) hands over the copy first. A trainer
-without on_epoch keeps nothing (capability check: has_on_epoch), and Ctrl-C saves nothing, as before.
+without on_epoch keeps nothing (capability check: has_on_epoch), and Ctrl-C saves nothing.
 """
 
 from __future__ import annotations

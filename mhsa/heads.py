@@ -22,12 +22,20 @@ MAX_ID = 2**31 - 1  # ids beyond int32 are refused here; the model refuses those
 
 
 def token_list(text: str) -> list[int]:
-    try:
-        tokens = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated token ids such as 3,3,3, got {text!r}") from None
-    if not tokens:
-        raise argparse.ArgumentTypeError("expected at least one token id")
+    """Comma-separated token ids, parsed strictly: every item a non-negative integer, none empty
+    (`3,,3`, `,3` and `3,` are refused, naming the item), each in [0, MAX_ID]."""
+    parts, expected = text.split(","), f"expected comma-separated token ids such as 3,3,3, got {text!r}"
+    tokens = []
+    for position, part in enumerate(parts, start=1):
+        item = part.strip()
+        if not item:
+            where = "no token id" if len(parts) == 1 else f"item {position} of {len(parts)} is empty (a stray comma?)"
+            raise argparse.ArgumentTypeError(f"{expected}: {where}")
+        if not (item.isascii() and item.isdecimal()):  # "-1", "2.5", "0x3", "+3": not a plain non-negative integer
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated token ids such as 3,3,3, got {text!r}: item {position} is {item!r}, not a non-negative integer"
+            )
+        tokens.append(int(item))
     bad = next((token for token in tokens if not 0 <= token <= MAX_ID), None)
     if bad is not None:
         raise argparse.ArgumentTypeError(f"expected token ids in [0, {MAX_ID}], got {bad}")

@@ -107,6 +107,10 @@ def add_arguments(parser: argparse.ArgumentParser, backend: str | None = None) -
     parser.set_defaults(parser=parser)
 
 
+class FileUnusable(ValueError):
+    """A file the flags name cannot be used (missing, cut short, another format): one line, no usage."""
+
+
 @dataclasses.dataclass
 class Plan:
     """What a run will do, decided and checked before any work: every file read once."""
@@ -141,14 +145,17 @@ def configs(args) -> Plan:
     if source is not None:
         if args.init != "shared":
             raise ValueError(f"{flag} and --init {args.init} both choose the initial weights; give one")
-        if args.resume is not None:
-            loaded, resume = checkpoint.load(source)
-        else:
-            loaded = weights.read(source)
-        weights.check_finite(loaded.arrays, f"weights file {str(source)!r}")
-        if resume is not None:
-            moments = {f"{moment}/{name}": value for moment in ("exp_avg", "exp_avg_sq") for name, value in getattr(resume, moment).items()}
-            weights.check_finite(moments, f"Adam state file {str(companion_path(source))!r}")
+        try:  # the file itself: missing, cut short, of another format, holding NaN
+            if args.resume is not None:
+                loaded, resume = checkpoint.load(source)
+            else:
+                loaded = weights.read(source)
+            weights.check_finite(loaded.arrays, f"weights file {str(source)!r}")
+            if resume is not None:
+                moments = {f"{moment}/{name}": value for moment in ("exp_avg", "exp_avg_sq") for name, value in getattr(resume, moment).items()}
+                weights.check_finite(moments, f"Adam state file {str(companion_path(source))!r}")
+        except (ValueError, TypeError, OSError) as error:
+            raise FileUnusable(str(error)) from None
         saved = loaded.config
         disagree = [
             f"{MODEL_FLAGS[field]} {value} (file has {getattr(saved, field)})"
@@ -231,6 +238,9 @@ def check_flags(args) -> Plan:
     parser = args.parser
     try:
         plan = configs(args)
+    except FileUnusable as error:  # the flags are right, the file is not: its line alone, no usage
+        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
     except (ValueError, TypeError, FileNotFoundError) as error:
         parser.error(str(error))
     backend = registry.get(args.backend)
@@ -328,7 +338,7 @@ class Progress:
 
 def train_with_progress(args, plan: Plan, backend: registry.Backend):
     """The History of the run, or the exit code of a run that stopped (1: an error, one line;
-    130: Ctrl-C, after keeping the last complete epoch where --save asks for it: keep_on_interrupt)."""
+    130: Ctrl-C, 143: SIGTERM, after keeping the last complete epoch where --save asks for it: keep_on_interrupt)."""
     model_config, train_config, resume = plan.model_config, plan.train_config, plan.resume
     first_step = 0 if resume is None else resume.step
     bar = tqdm(
@@ -358,7 +368,7 @@ def train_with_progress(args, plan: Plan, backend: registry.Backend):
         print(f"{args.parser.prog}: error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        hold_further_interrupts()  # the last complete epoch is saved and said whatever Ctrl-C comes next
+        hold_further_interrupts()  # the last complete epoch is saved and said whatever Ctrl-C or SIGTERM comes next
         bar.close()
         return keep_on_interrupt(args, plan, progress, keeper)
     bar.close()
@@ -367,7 +377,7 @@ def train_with_progress(args, plan: Plan, backend: registry.Backend):
 
 def main(backend: str, argv: list[str] | None = None) -> int:
     """`python -m PACKAGE.train ARGV` (sys.argv's when None: this process's own command line)."""
-    from mhsa.cli import interrupts_restored, run_guarded, stdout_to_a_reader_that_may_leave
+    from mhsa.cli import interrupt_status, interruption, interrupts_restored, run_guarded, stdout_to_a_reader_that_may_leave
 
     parser = argparse.ArgumentParser(
         prog=f"python -m {registry.get(backend).package}.train",
@@ -380,6 +390,6 @@ def main(backend: str, argv: list[str] | None = None) -> int:
             args.backend = backend
         except KeyboardInterrupt:
             hold_further_interrupts()
-            print("interrupted", file=sys.stderr)
-            return 130
+            print(interruption(), file=sys.stderr)
+            return interrupt_status()
         return run_guarded(run, args, prefix=f"{parser.prog}: error")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from mhsa import registry
-from mhsa.cli import hold_further_interrupts
+from mhsa.cli import hold_further_interrupts, interrupt_status, interruption
 from mhsa.epoch_keeper import EpochKeeper
 from mhsa.heatmap import ascii_heatmap
 from shared import checkpoint, weights
@@ -52,19 +52,19 @@ def with_start(history: History, plan: Plan) -> History:
 
 
 def keep_on_interrupt(args, plan: Plan, progress: Progress, keeper: EpochKeeper | None) -> int:
-    """Ctrl-C during training: with --save, the last complete epoch saved as a bound pair (and its
-    history with --history), whatever Ctrl-C comes next; one line on stderr saying what is on
-    disk; 130."""
+    """Ctrl-C or SIGTERM during training: with --save, the last complete epoch saved as a bound pair
+    (and its history with --history), whatever signal comes next; one line on stderr saying what
+    is on disk; 130 (Ctrl-C) or 143 (SIGTERM)."""
     train_config = plan.train_config
-    where = f"interrupted in epoch {progress.epoch}/{train_config.epochs}"
+    where = f"{interruption()} in epoch {progress.epoch}/{train_config.epochs}"
     kept = keeper.last_complete() if keeper is not None else None
     if kept is None:
         reason = (
             "" if args.save is None else " (no epoch was complete)" if keeper is not None else " (this trainer hands over its model only at the end)"
         )
         saves = args.save is not None or args.history is not None or args.plot is not None
-        print(f"{where}: nothing was saved{reason}" if saves else "interrupted", file=sys.stderr)
-        return 130
+        print(f"{where}: nothing was saved{reason}" if saves else interruption(), file=sys.stderr)
+        return interrupt_status()
     step = kept.epochs_done * train_config.steps_per_epoch
     pair, saved = f"{args.save} and {companion_path(args.save)}", []
     try:  # further Ctrl-Cs are ignored now (hold_further_interrupts), or held until a pair is renamed
@@ -84,12 +84,12 @@ def keep_on_interrupt(args, plan: Plan, progress: Progress, keeper: EpochKeeper 
     except OSError as error:  # a full disk: said, with what is on disk
         if not saved:
             print(f"{where}: epoch {kept.epochs_done} could not be saved: {error}", file=sys.stderr)
-            return 130
+            return interrupt_status()
         failed = f"; its history was not written: {error}"
     else:
         failed = ""
     print(f"{where}: saved epoch {kept.epochs_done} (step {step}) to {', '.join(saved)} (--resume {args.save} continues it){failed}", file=sys.stderr)
-    return 130
+    return interrupt_status()
 
 
 def seconds_since_process_start() -> float | None:
@@ -194,7 +194,7 @@ def save_plot(args, plan: Plan, backend: registry.Backend, history) -> None:
 def finish(args, plan: Plan, backend: registry.Backend, history) -> int:
     """The result shown, then --plot, --save and --history, in that order (a line for each, not
     with --quiet); 0. A Ctrl-C meanwhile lands once the file being written is whole; the run is
-    complete, so its checkpoint and history are still written (interrupted_after_training); 130."""
+    complete, so its checkpoint and history are still written (interrupted_after_training); 130 (143 for SIGTERM)."""
     say = (lambda line: None) if args.quiet else print
     planned = outputs(args, plan, backend, history)
     written: list[str] = []
@@ -246,7 +246,7 @@ def save_checkpoint(args, plan: Plan, backend: registry.Backend, history) -> Pat
 def interrupted_after_training(args, written: list[str], rest: list[tuple[str, str, Callable[[], object]]]) -> int:
     """Ctrl-C after the last step: the checkpoint and history among `rest` are written now, the
     run being complete, whatever Ctrl-C comes next (hold_further_interrupts); the figure is left
-    out. One line says what is on disk; 130."""
+    out. One line says what is on disk; 130 (143 for SIGTERM)."""
     left = [name for name, _, _ in rest]
     for name, _, write in rest:
         if args.plot is not None and name == str(args.plot):
@@ -260,12 +260,12 @@ def interrupted_after_training(args, written: list[str], rest: list[tuple[str, s
         written.append(name)
     not_written = [name for name in left if name not in written]
     if not written and not not_written:
-        print("interrupted", file=sys.stderr)
+        print(interruption(), file=sys.stderr)
     else:
         print(
-            "interrupted after training: "
+            f"{interruption()} after training: "
             + (f"saved {', '.join(written)}" if written else "nothing was saved")
             + (f"; not written: {', '.join(not_written)}" if written and not_written else ""),
             file=sys.stderr,
         )
-    return 130
+    return interrupt_status()

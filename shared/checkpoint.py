@@ -5,7 +5,7 @@ SHA-256 of the weights file's bytes, recorded in the companion and verified on e
 Saving writes both files to temporaries in their folder (synced to the disk) before it renames
 either: a full disk, an error or a Ctrl-C while they are written removes them and leaves the
 previous pair as it was. Then the weights are renamed into place, then the companion, with
-SIGINT held until both are (SavedThenInterrupted says that one came meanwhile). A process killed
+SIGINT (and a SIGTERM the program handles) held until both are (SavedThenInterrupted says that one came meanwhile). A process killed
 between the two renames (SIGKILL, power loss) leaves the new weights beside the old companion,
 and the new companion in its temporary: the next --resume or save of that path finds it, sees
 that it is bound to the weights in place and completes the pair (finish_interrupted_save). So
@@ -144,19 +144,29 @@ def _remove_own_temporaries(path: Path) -> None:
 
 @contextmanager
 def deferred_interrupt(raised: KeyboardInterrupt | None = None) -> Iterator[None]:
-    """Hold SIGINT (Ctrl-C) while the block runs, then raise `raised` (KeyboardInterrupt by
+    """Hold SIGINT (Ctrl-C), and SIGTERM where the program handles it (a handler of its own, as
+    the command lines install), while the block runs, then raise `raised` (KeyboardInterrupt by
     default) if one came and the block finished: the renames of a checkpoint happen both or,
-    on an error, neither is half-done by an interrupt."""
+    on an error, neither is half-done by an interrupt. A held signal is handed to the handler it
+    had before the block first, so that the program learns which signal came."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    received = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    received: list[int] = []
+    held = [signal.SIGINT] + [signal.SIGTERM] * callable(signal.getsignal(signal.SIGTERM))
+    previous = {int(signum): signal.signal(signum, lambda signum, frame: received.append(signum)) for signum in held}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     if received:
+        handler = previous[received[0]]
+        if callable(handler):
+            try:
+                handler(received[0], None)
+            except KeyboardInterrupt:  # raised below, as `raised`
+                pass
         raise raised or KeyboardInterrupt()
 
 

@@ -8,7 +8,11 @@ single-device step: the same mathematics, only the order of the sums differs.
 
 The launcher (train) starts the ranks itself on a free port of 127.0.0.1; rank 0 sends each
 epoch's losses and the final weights and Adam state back, and the launcher alone prints,
-saves and writes history. A rank that raises, or Ctrl-C, stops every rank: one message, no hang.
+saves and writes history. A rank that raises, or Ctrl-C or SIGTERM, stops every rank: one
+message, no hang. The launcher alone handles those signals, which a terminal or `timeout` sends
+to every process of the group: the rank server and the ranks ignore them from their start.
+With on_epoch, rank 0 also sends the weights and Adam state after every epoch, so that the
+launcher can hand them over while the ranks train on.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import queue
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable
@@ -29,7 +34,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
-from shared import training
+from shared import checkpoint, training
 from shared.adam_state import AdamState
 from shared.config import ModelConfig, TrainConfig
 from shared.history import History
@@ -58,7 +63,16 @@ def prepare(dp: int) -> None:
         from multiprocessing import forkserver
 
         mp.get_context(START_METHOD).set_forkserver_preload(PRELOAD)
-        forkserver.ensure_running()
+        # the server inherits ignored signals across its exec, and its ranks inherit them from it:
+        # a Ctrl-C while it imports PRELOAD would end it in a traceback, a SIGTERM would leave its
+        # ranks without the server that reports their exit
+        main = threading.current_thread() is threading.main_thread()  # where signal handlers can be set
+        previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGINT, signal.SIGTERM)} if main else {}
+        try:
+            forkserver.ensure_running()
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
 
 def devices(dp: int) -> tuple[int | None, str]:
@@ -75,11 +89,16 @@ def train(
     init: str = "shared",
     on_step: Callable[[int, float], object] | None = None,
     resume: AdamState | None = None,
+    on_epoch: Callable[[int, Any, Any], object] | None = None,
     *,
     shard: Callable[[np.ndarray, int, int], np.ndarray] = shard,
 ) -> History:
     """torch_impl.train.train over dp ranks; returns the same History (the model and Adam
     rebuilt in this process from rank 0's final state: ordinary objects, saved as usual).
+
+    on_epoch(epochs_done, model, optimizer), if given, is called after every epoch's steps have
+    been reported (epochs_done counted over the whole run), with a model and Adam rebuilt in this
+    process from rank 0's state after that epoch, as train.train's on_epoch.
 
     shard(x, rank, dp): the rows of a global batch that rank trains on (a named hook, so a
     test can plant a wrong split and watch the data-parallel parity rows fail).
@@ -98,34 +117,35 @@ def train(
     context = mp.get_context(START_METHOD)
     results = context.Queue()
     port = free_port()
+    keep = on_epoch is not None
     ranks = [
         # every concrete context has Process; the stub types get_context(str) as BaseContext, which lacks it
-        context.Process(target=_run_rank, daemon=True, args=(rank, dp, port, model_config, train_config, init, resume, shard, results))  # type: ignore[attr-defined]
+        context.Process(target=_run_rank, daemon=True, args=(rank, dp, port, model_config, train_config, init, resume, shard, results, keep))  # type: ignore[attr-defined]
         for rank in range(dp)
     ]
-    for rank in ranks:
-        rank.start()
 
     # 2. epochs: the global batch's loss at every step, checked and reported here alone
     losses: list[float] = []
     final = None
     try:
+        with checkpoint.deferred_interrupt():  # a rank is started whole, or not at all: every started one is stopped below
+            for rank in ranks:
+                rank.start()
         while final is None:
             message = _next_message(results, ranks)
             if message[0] == "epoch":
                 training.record_losses(losses, message[1], train_config, start_epoch, on_step)
+                if on_epoch is not None:
+                    on_epoch(start_epoch + len(losses) // train_config.steps_per_epoch, *_rebuilt(model_config, train_config, *message[2:]))
             elif message[0] == "failed":
                 raise training.RankFailedError(message[1], dp, message[2])
             else:
                 final = message[1:]
     finally:
-        _stop(ranks, wait=final is not None)
+        _stop([rank for rank in ranks if rank.pid is not None], wait=final is not None)
 
     # 3. result: the trained weights and Adam state as ordinary single-device objects
-    arrays, adam_state = final
-    model = from_exchange(arrays, model_config)
-    optimizer = new_optimizer(model, train_config)
-    optimizer_from_exchange(adam_state, optimizer, model)
+    model, optimizer = _rebuilt(model_config, train_config, *final)
     return training.history("torch", model_config, train_config, losses, started, model, optimizer, start_epoch)
 
 
@@ -138,9 +158,11 @@ def train_rank(
     resume: AdamState | None,
     shard: Callable[[np.ndarray, int, int], np.ndarray],
     results: Any,
+    keep: bool = False,
 ) -> None:
     """One rank's run, inside an initialized process group: the single-device train() with the
-    model wrapped in DistributedDataParallel and each batch cut to this rank's shard."""
+    model wrapped in DistributedDataParallel and each batch cut to this rank's shard. keep: rank 0
+    sends the weights and Adam state with every epoch's losses (the launcher's on_epoch)."""
     start_epoch = training.first_epoch(resume, train_config)
     device = torch.device("cuda", rank) if torch.cuda.is_available() else torch.device("cpu")
 
@@ -163,13 +185,11 @@ def train_rank(
         epoch_losses = train_epoch(replica, optimizer, local, device)  # this shard's mean loss at every step
         dist.all_reduce(epoch_losses)  # the mean over equal shards is the global batch's mean
         if rank == 0:
-            results.put(("epoch", (epoch_losses / dp).cpu().numpy()))
+            kept = (to_exchange(model), optimizer_to_exchange(optimizer, model, train_config)) if keep else ()  # host copies
+            results.put(("epoch", (epoch_losses / dp).cpu().numpy(), *kept))
 
     if rank == 0:
-        model.cpu()
-        for state in optimizer.state.values():
-            state.update({key: value.cpu() for key, value in state.items()})
-        results.put(("done", to_exchange(model), optimizer_to_exchange(optimizer, model, train_config)))
+        results.put(("done", to_exchange(model), optimizer_to_exchange(optimizer, model, train_config)))  # host copies
 
 
 def train_epoch(
@@ -180,6 +200,14 @@ def train_epoch(
     return torch.stack(losses)
 
 
+def _rebuilt(model_config: ModelConfig, train_config: TrainConfig, arrays: dict[str, np.ndarray], adam_state: AdamState) -> tuple[TinyLM, FusedAdam]:
+    # rank 0's weights and Adam state as a model and optimizer of this process
+    model = from_exchange(arrays, model_config)
+    optimizer = new_optimizer(model, train_config)
+    optimizer_from_exchange(adam_state, optimizer, model)
+    return model, optimizer
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now (bound to port 0, the system's choice, then released)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -187,16 +215,18 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _run_rank(rank, dp, port, model_config, train_config, init, resume, shard, results) -> None:
-    # Ctrl-C reaches every process of the terminal: the launcher alone handles it and stops the ranks
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def _run_rank(rank, dp, port, model_config, train_config, init, resume, shard, results, keep) -> None:
+    # Ctrl-C and a SIGTERM to the group reach every process: the launcher alone handles them and
+    # stops the ranks (a forkserver rank ignores them from its start: prepare)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # gloo talks over the loopback interface only
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // dp))  # dp processes share the cores
     try:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=dp)
         try:
-            train_rank(rank, dp, model_config, train_config, init, resume, shard, results)
+            train_rank(rank, dp, model_config, train_config, init, resume, shard, results, keep)
         finally:
             dist.destroy_process_group()
     except BaseException as error:  # noqa: BLE001 - every failure becomes one line for the launcher
@@ -225,14 +255,12 @@ def _next_message(results, ranks):
 
 
 def _stop(ranks, wait: bool) -> None:
-    """Let finished ranks exit (wait), or end them: SIGTERM, then SIGKILL."""
+    """Let finished ranks exit (wait), or end them: SIGKILL (a rank ignores SIGTERM; it holds
+    nothing the launcher has not received)."""
     for process in ranks:
         process.join(timeout=10 if wait else 0)
     for process in ranks:
         if process.is_alive():
-            process.terminate()
-    for process in ranks:
-        process.join(timeout=5)
-        if process.is_alive():
             process.kill()
-            process.join()
+    for process in ranks:
+        process.join()

@@ -119,11 +119,15 @@ def _progress(index: int, total: int, section: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m mhsa.parity`: the same flags and report as `mhsa parity`."""
-    from mhsa.cli import run_guarded
+    from mhsa.cli import interrupt_status, interrupts_restored, leave_busy_threads, run_guarded
 
     parser = argparse.ArgumentParser(prog="python -m mhsa.parity", description=(__doc__ or "").split("\n\n")[0])
     add_arguments(parser)
-    return run_guarded(run, parser.parse_args(argv), prefix="python -m mhsa.parity: error")
+    with interrupts_restored(own_process=argv is None):
+        status = run_guarded(run, parser.parse_args(argv), prefix="python -m mhsa.parity: error")
+        if argv is None and status == interrupt_status():
+            leave_busy_threads(status)
+        return status
 
 
 if __name__ == "__main__":

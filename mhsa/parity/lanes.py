@@ -42,15 +42,17 @@ class Lanes:
             future.set_exception(error)
         return future
 
-    def close(self, cancel: bool = False) -> None:
+    def close(self, cancel: bool = False, wait: bool = True) -> None:
         """Wait for every lane's running job; cancel=True drops the jobs not yet started (a
-        section failed and the report stops), otherwise they run first."""
+        section failed and the report stops), otherwise they run first. wait=False: return at
+        once, the running jobs left to finish or to be dropped with the process (Ctrl-C)."""
         for pool in self._pools.values():
-            pool.shutdown(wait=True, cancel_futures=cancel)
+            pool.shutdown(wait=wait, cancel_futures=cancel)
         self._pools.clear()
 
     def __enter__(self) -> Lanes:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None) -> None:
-        self.close(cancel=kind is not None)
+        # a Ctrl-C or SIGTERM (KeyboardInterrupt) waits for nothing: the command ends now (mhsa.cli.leave_busy_threads)
+        self.close(cancel=kind is not None, wait=kind is None or not issubclass(kind, KeyboardInterrupt))

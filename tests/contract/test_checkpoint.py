@@ -277,3 +277,24 @@ def test_a_full_disk_keeps_the_previous_pair_on_a_real_small_tmpfs(tmp_path, roo
         assert is_pair(path, seed=0, scale=1.0)  # and the previous pair still resumes
     finally:
         subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_sigterm_the_program_handles_is_held_until_the_block_ends_and_then_reaches_its_handler():
+    heard = []
+
+    def handler(signum, frame):
+        heard.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        with pytest.raises(checkpoint.SavedThenInterrupted):
+            with checkpoint.deferred_interrupt(checkpoint.SavedThenInterrupted(Path("x.adam.safetensors"))):
+                os.kill(os.getpid(), signal.SIGTERM)
+                for _ in range(1000):  # the handler would run at any of these bytecodes
+                    pass
+                held = list(heard)
+        assert held == [] and heard == [signal.SIGTERM]
+        assert signal.getsignal(signal.SIGTERM) is handler
+    finally:
+        signal.signal(signal.SIGTERM, previous)

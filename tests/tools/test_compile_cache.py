@@ -87,6 +87,30 @@ def test_a_fifo_in_the_cache_folder_never_reaches_jax_the_run_compiles_afresh_an
     assert done.stdout.startswith("final loss ") and sorted(os.listdir(folder)) == ["k-atime", "k-cache"]  # nothing written there
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("kind", ["regular file", "FIFO", "regular file as a parent"])
+def test_a_cache_path_that_is_not_a_folder_gets_the_one_line_note_and_the_run_compiles_afresh(tmp_path, kind):
+    base = tmp_path / "xdg" / "mhsa"
+    base.mkdir(parents=True)
+    folder = base / "jax"
+    if kind == "FIFO":
+        os.mkfifo(folder)
+    elif kind == "regular file":
+        folder.write_bytes(b"")
+    else:
+        base.rmdir()
+        base.write_bytes(b"")
+    done = subprocess.run(TRAIN, cwd=ROOT, env=environment(XDG_CACHE_HOME=str(tmp_path / "xdg")), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    where, word = ("it", f"a {kind}") if kind != "regular file as a parent" else (str(base), "a regular file")
+    assert done.stderr == (
+        f"note: JAX's compilation cache is off, {folder} cannot be used ({where} is {word}, not a folder; "
+        "remove it to use the cache again): every program is compiled afresh\n"
+    )
+    assert done.stdout.startswith("final loss ")
+
+
 KILLED_WRITE = textwrap.dedent("""
     import time
     from jax._src import path

@@ -36,6 +36,31 @@ def test_a_token_id_beyond_int32_is_refused_by_the_parser_in_one_line(capsys, tm
     assert err.splitlines()[-1].endswith("expected token ids in [0, 2147483647], got 99999999999999999999")
 
 
+@pytest.mark.parametrize(
+    "command",
+    [["heads", "--load", "model.safetensors", "--tokens"], ["generate", "--load", "model.safetensors", "--prompt"]],
+    ids=["heads", "generate"],
+)
+@pytest.mark.parametrize(
+    "ids, why",
+    [
+        ("3,,3", "item 2 of 3 is empty (a stray comma?)"),
+        (",3,", "item 1 of 3 is empty (a stray comma?)"),
+        ("3,", "item 2 of 2 is empty (a stray comma?)"),
+        ("", "no token id"),
+        ("3,-1", "item 2 is '-1', not a non-negative integer"),
+        ("2.5", "item 1 is '2.5', not a non-negative integer"),
+        ("3,\u0661", "item 2 is '\u0661', not a non-negative integer"),
+    ],
+)
+def test_a_list_of_ids_is_parsed_strictly_and_a_bad_item_is_named_in_one_line(capsys, command, ids, why):
+    err = refused(capsys, *command, ids)
+    flag = command[-1]
+    assert err.splitlines()[-1] == (
+        f"mhsa {command[0]}: error: argument {flag}: expected comma-separated token ids such as 3,3,3, got {ids!r}: {why}"
+    ), err
+
+
 def test_a_plot_over_its_own_input_is_refused(capsys, tmp_path):
     source = saved(tmp_path, "model.png")
     before = source.read_bytes()

@@ -9,14 +9,17 @@ The keeping needs a trainer whose train() hands over its model and optimizer at 
 real trainer run one epoch at a time, each part resuming the last through the public resume
 protocol, with on_epoch called between the parts (epoch_by_epoch)."""
 
+import contextlib
 import dataclasses
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -297,3 +300,117 @@ def test_ctrl_c_later_in_python_m_impl_train_prints_one_line_and_exits_130(delay
     argv = [sys.executable, "-m", f"{package(names('train')[0])}.train", "--quiet", "--epochs", "100000", "--n-sequences", "64"]
     code, out, err = interrupted(argv, delay=delay)
     assert code == 130 and err == ["interrupted"], err
+
+
+# --- Ctrl-C and SIGTERM as a terminal and `timeout` send them: to every process of the group ------
+
+
+def live_members(group: int) -> list[str]:
+    """The processes of process group `group` still running (zombies aside): '(pid) command'."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            pid, rest = stat.read_text().split(" ", 1)
+        except OSError:  # ended meanwhile
+            continue
+        fields = rest.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        if int(fields[2]) == group and fields[0] != "Z":  # proc(5): state, ppid, pgrp
+            found.append(f"({pid}) {rest.split(')', 1)[0][1:]}")
+    return found
+
+
+def signalled_group(argv, signum, wait_for):
+    """Start argv as the leader of a process group of its own, send `signum` to the whole group
+    once `wait_for` appears on its stdout, and return (returncode, stderr, the group's processes
+    still running a moment after it ended)."""
+    child = subprocess.Popen(
+        argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
+    try:
+        seen = ""
+        while wait_for not in seen:
+            line = child.stdout.readline()
+            assert line, f"{wait_for!r} never appeared: {child.stderr.read()}"
+            seen += line
+        os.killpg(child.pid, signum)
+        _, err = child.communicate(timeout=120)
+        deadline = time.monotonic() + 5
+        while live_members(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return child.returncode, err, live_members(child.pid)
+    finally:
+        child.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "name, dp, signum",
+    [(name, 2, signal.SIGINT) for name in names("dp")] + [(names("dp")[0], 2, signal.SIGTERM), (names("train")[0], 1, signal.SIGTERM)],
+    ids=lambda value: getattr(value, "name", str(value)),
+)
+def test_a_signal_to_the_whole_group_keeps_the_last_complete_epoch_in_one_line_and_leaves_no_process(tmp_path, name, dp, signum):
+    path = tmp_path / "run.safetensors"
+    argv = [sys.executable, "-m", f"{package(name)}.train", *SMALL_RUN, "--dp", str(dp), "--epochs", "100000", "--save", str(path)]
+    code, err, left = signalled_group(argv, signum, wait_for="epoch 2/")
+    by = "" if signum == signal.SIGINT else " by SIGTERM"
+    saved = re.fullmatch(
+        rf"interrupted{by} in epoch (\d+)/100000: saved epoch (\d+) \(step (\d+)\) to {re.escape(str(path))} and \S+ "
+        rf"\(--resume {re.escape(str(path))} continues it\)\n",
+        err,
+    )
+    assert code == 128 + signum and saved is not None, (code, err)
+    assert left == [], f"still running after the command ended: {left}"
+    _, state = checkpoint.load(path)
+    kept = int(saved.group(2))
+    assert kept >= 1 and state.epochs_done == kept and state.step == int(saved.group(3)) == kept * STEPS_PER_EPOCH
+    resumed = run_cli(
+        name, "--quiet", *SMALL_RUN, "--dp", str(dp), "--epochs", str(kept + 1), "--resume", str(path), "--history", "h.json", cwd=tmp_path
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    history = History.load(tmp_path / "h.json")
+    assert history.first_step == kept * STEPS_PER_EPOCH and len(history.losses) == STEPS_PER_EPOCH
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("section", ["parity [1/", "parity [2/", "parity [4/"])
+def test_ctrl_c_to_the_group_of_mhsa_parity_prints_one_line_exits_130_at_once_and_leaves_no_process(section):
+    # its progress is written to a terminal only: stderr is one (a pseudo-terminal), and the Ctrl-C
+    # lands as the section starts, while other lanes compile, train and run the torch ranks and their server
+    leader, follower = os.openpty()
+    argv = [sys.executable, "-m", "mhsa.parity", "--epochs", "2"]
+    child = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=follower, start_new_session=True)
+    os.close(follower)
+    try:
+        seen = b""
+        while section.encode() not in seen:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # EIO: every writer has closed it
+                chunk = b""
+            assert chunk, f"{section!r} never appeared: {seen.decode(errors='replace')}"
+            seen += chunk
+        os.killpg(child.pid, signal.SIGINT)
+        sent = time.monotonic()
+        child.wait(timeout=60)
+        seconds = time.monotonic() - sent
+        rest = b""
+        with contextlib.suppress(OSError):  # EIO once every writer has closed it
+            while select.select([leader], [], [], 1.0)[0] and (chunk := os.read(leader, 4096)):
+                rest += chunk
+        deadline = time.monotonic() + 5
+        while live_members(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = live_members(child.pid)
+    finally:
+        os.close(leader)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+    after = [line.strip() for line in rest.decode(errors="replace").replace("\r", "\n").splitlines()]
+    after = [line for line in after if line and not line.startswith("parity [")]
+    assert child.returncode == 130 and after == ["interrupted"], (child.returncode, after)
+    assert seconds < 15, f"exited {seconds:.1f} s after the Ctrl-C"
+    assert left == [], f"still running after the command ended: {left}"

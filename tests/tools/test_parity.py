@@ -333,6 +333,12 @@ def test_mhsa_compare_reports_the_gap_and_plots(tmp_path, capsys):
     assert "compared 5 common steps (0..4)" in out
     assert "max |A - B|  1.000e-01 at step 2" in out and "mean |A - B| 3.000e-02" in out
     assert (tmp_path / "gap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from mhsa.compare import compare, comparison_figure, join, trajectory_tolerance
+
+    first, second = History.load(tmp_path / "a.json"), join([History.load(tmp_path / "b1.json"), History.load(tmp_path / "b2.json")])
+    figure = comparison_figure(compare(first, second), ("A", "B"), trajectory_tolerance(first, second))
+    lines = [line for line in figure.axes[1].get_lines() if line.get_label().startswith("trajectory tolerance")]
+    assert [list(line.get_ydata()) for line in lines] == [[tolerance("trajectory", "float32")] * 2], "gap.png lacks the tolerance line"
     assert json.loads((tmp_path / "b2.json").read_text())["first_step"] == 3
 
 
