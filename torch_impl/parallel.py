@@ -200,7 +200,9 @@ def train_epoch(
     return torch.stack(losses)
 
 
-def _rebuilt(model_config: ModelConfig, train_config: TrainConfig, arrays: dict[str, np.ndarray], adam_state: AdamState) -> tuple[TinyLM, FusedAdam]:
+def _rebuilt(
+    model_config: ModelConfig, train_config: TrainConfig, arrays: dict[str, np.ndarray], adam_state: AdamState
+) -> tuple[TinyLM, torch.optim.Adam]:
     # rank 0's weights and Adam state as a model and optimizer of this process
     model = from_exchange(arrays, model_config)
     optimizer = new_optimizer(model, train_config)
