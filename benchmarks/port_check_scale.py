@@ -129,7 +129,7 @@ def measure(argv: list[str]) -> tuple[float, int, int, str]:
 
 CHECK = "import sys; from mhsa.cli import main; sys.exit(main(sys.argv[1:]))"
 NO_TWIN = (
-    "import sys; from mhsa.port_check import compare; from shared import tolerances; compare._derive = lambda *args: None; "
+    "import sys; from mhsa.port_check.forward import check; from shared import tolerances; check._derive = lambda *args: None; "
     "tolerances.TOLERANCES['float32'].update(stage=float('inf'), grad=float('inf')); " + CHECK.partition("; ")[2]
 )
 
