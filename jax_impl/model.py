@@ -14,7 +14,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jax_impl import startup
+from jax_impl import compiled
 from jax_impl.attention import DTYPES, MultiHeadSelfAttention, _concrete
 from shared import checks, weights
 from shared.config import ModelConfig
@@ -118,7 +118,7 @@ def from_exchange(arrays: dict[str, np.ndarray], config: ModelConfig) -> TinyLM:
     dtype = weights.validate(arrays, config)
     if dtype == "float64":
         jax.config.update("jax_enable_x64", True)  # off by default: float64 would silently become float32
-    model = startup.zeros_model(TinyLM, MultiHeadSelfAttention, config, dtype)
+    model = compiled.zeros_model(TinyLM, MultiHeadSelfAttention, config, dtype)
     assign_exchange(model, arrays)
     return model
 

@@ -1,6 +1,6 @@
 """Train TinyLM on the copy task with JAX, Flax NNX and optax: new_optimizer, train_step, train_steps,
 train (loss_fn is in model.py), and Adam's state in the exchange format. What only makes it faster lives apart:
-startup.py (a model and Adam built without compiling) and compiled.py (the scanned runs of steps).
+compiled.py (a model and Adam built without compiling, the scanned runs of steps).
 
 Run it: `python -m jax_impl.train --help`.
 """
@@ -21,7 +21,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jax_impl import compiled, startup
+from jax_impl import compiled
 from jax_impl.device import resolve
 from jax_impl.model import TinyLM, assign_exchange, from_exchange, grads_to_exchange, loss_fn
 from shared import checks, training
@@ -33,8 +33,8 @@ from shared.history import History
 def new_optimizer(model: TinyLM, train_config: TrainConfig) -> nnx.Optimizer:
     """Adam over the model's nnx.Param with TrainConfig's lr, betas and eps:
     nnx.Optimizer(model, optax.adam(lr, *betas, eps=eps), wrt=nnx.Param), its zero state built
-    without a compilation (startup.zeros_optimizer)."""
-    return startup.zeros_optimizer(model, train_config)
+    without a compilation (compiled.zeros_optimizer)."""
+    return compiled.zeros_optimizer(model, train_config)
 
 
 def train_step(model: TinyLM, optimizer: nnx.Optimizer, x: jax.Array, y: jax.Array) -> jax.Array:

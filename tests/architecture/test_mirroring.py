@@ -29,13 +29,7 @@ def module_names(package: str) -> set[str]:
 
 
 # the files one framework needs and the other has nothing to put in: name -> (side, why)
-ONE_SIDED_FILES = {
-    "startup": (
-        "right",
-        "Flax runs a model's random initializers and optax's zeros_like eagerly, compiling a small program per "
-        "parameter shape; torch builds both without compiling anything",
-    ),
-}
+ONE_SIDED_FILES: dict[str, tuple[str, str]] = {}
 # every file any mirrored package has, against the reference: a file missing on one side
 # is still collected (from the other side) and fails
 PAIRS = [
@@ -93,6 +87,11 @@ ONE_SIDED = {
         "scan_steps": ("right", "the jax.lax.scan of train_step under jax.jit, on split state; torch's default steps run eagerly"),
         "run_steps": ("right", "a run of steps queued on XLA without waiting; eager torch computes as it goes"),
         "read_one_run_late": ("right", "the host reads a run's losses once XLA has the next run; eager torch has nothing queued"),
+        "zeros_model": (
+            "right",
+            "Flax runs a model's random initializers eagerly, compiling a small program per parameter shape; torch compiles nothing",
+        ),
+        "zeros_optimizer": ("right", "optax's zeros_like per parameter shape compiles eagerly too; torch.optim.Adam builds its state lazily"),
     },
     "parallel": {
         "train_rank": ("left", "torch runs one process per rank: this is the body of each process"),

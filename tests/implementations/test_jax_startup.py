@@ -1,4 +1,4 @@
-"""jax_impl/startup.py: Adam's zero state built without compiling equals nnx.Optimizer's leaf for
+"""jax_impl/compiled.py's start-up: Adam's zero state built without compiling equals nnx.Optimizer's leaf for
 leaf and updates alike, and a run compiles its programs, not one small program per parameter
 shape."""
 
@@ -10,7 +10,7 @@ jax = pytest.importorskip("jax")
 import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from jax_impl import model, startup, train  # noqa: E402
+from jax_impl import compiled, model, train  # noqa: E402
 from shared import training  # noqa: E402
 from shared.config import ModelConfig, TrainConfig  # noqa: E402
 from tests.backends import SMALL  # noqa: E402
@@ -20,7 +20,7 @@ CONFIG = TrainConfig(epochs=2, n_sequences=100, batch_size=6)
 
 def test_adam_built_without_compiling_equals_nnx_optimizer_leaf_for_leaf():
     m = model.from_exchange(training.initial_weights("shared", SMALL, CONFIG), SMALL)
-    built = startup.zeros_optimizer(m, CONFIG)
+    built = compiled.zeros_optimizer(m, CONFIG)
     tx = optax.adam(CONFIG.lr, *CONFIG.betas, eps=CONFIG.eps)
     eager = nnx.Optimizer(m, tx, wrt=nnx.Param)
     got, expected = nnx.state(built), nnx.state(eager)

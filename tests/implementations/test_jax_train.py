@@ -18,7 +18,7 @@ jax = pytest.importorskip("jax")
 
 from flax import nnx  # noqa: E402
 
-from jax_impl import compiled, generate, model, startup, train  # noqa: E402
+from jax_impl import compiled, generate, model, train  # noqa: E402
 from shared import training  # noqa: E402
 from shared.config import TrainConfig  # noqa: E402
 from shared.history import History  # noqa: E402
@@ -71,7 +71,7 @@ def test_queued_runs_give_the_losses_of_one_run_at_a_time_in_step_order(monkeypa
     as soon as the next one is queued, not after the whole epoch (progress as it happens)."""
     arrays = training.initial_weights("shared", SMALL, CONFIG)
     m = model.from_exchange(arrays, SMALL)
-    graphdef, state = nnx.split((m, startup.zeros_optimizer(m, CONFIG)))
+    graphdef, state = nnx.split((m, compiled.zeros_optimizer(m, CONFIG)))
     expected = []
     for batches in training.epochs(SMALL, CONFIG):
         for chunk in training.chunks(batches):

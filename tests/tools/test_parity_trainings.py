@@ -75,11 +75,11 @@ def test_each_trainer_is_checked_as_its_train_runs(a, b):
 
 @DTYPES
 def test_a_planted_b2_in_jax_parts_the_trainings_at_the_first_step_and_moment(monkeypatch, dtype):
-    import jax_impl.startup
+    import jax_impl.compiled
     import jax_impl.train
 
     def b2_099(model, train_config):
-        return jax_impl.startup.zeros_optimizer(model, dataclasses.replace(train_config, betas=(train_config.betas[0], 0.99)))
+        return jax_impl.compiled.zeros_optimizer(model, dataclasses.replace(train_config, betas=(train_config.betas[0], 0.99)))
 
     monkeypatch.setattr(jax_impl.train, "new_optimizer", b2_099)
     _, row = trainings("torch", "jax", dtype, steps=3)
@@ -112,11 +112,11 @@ def test_a_setting_the_lint_finds_different_fails_the_row_whose_steps_agree():
 
 
 def test_a_report_with_a_planted_b2_marks_the_trainings_row_where_the_implementations_part(monkeypatch):
-    import jax_impl.startup
+    import jax_impl.compiled
     import jax_impl.train
 
     def b2_099(model, train_config):
-        return jax_impl.startup.zeros_optimizer(model, dataclasses.replace(train_config, betas=(train_config.betas[0], 0.99)))
+        return jax_impl.compiled.zeros_optimizer(model, dataclasses.replace(train_config, betas=(train_config.betas[0], 0.99)))
 
     monkeypatch.setattr(jax_impl.train, "new_optimizer", b2_099)
     report = build_report(SMALL, "float32", seed=3, epochs=1, samples=1, decode=False)
