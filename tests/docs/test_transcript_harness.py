@@ -163,9 +163,20 @@ def test_the_sessions_environment_does_not_reach_the_commands_the_callers_thread
     monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=0")
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("OMP_NUM_THREADS", "2")  # as conftest sets it in a worker: not the caller's
-    monkeypatch.setattr(caller, "ENVIRONMENT", {"OMP_NUM_THREADS": "3", "OPENBLAS_CORETYPE": "Haswell", "JAX_PLATFORMS": "cpu"})
-    echo = "echo ${XLA_FLAGS-unset} ${JAX_COMPILATION_CACHE_DIR-unset} ${JAX_PLATFORMS-unset} $OMP_NUM_THREADS $OPENBLAS_CORETYPE"
-    path = write(tmp_path, f"```console\n$ {echo}\nunset unset unset 3 Haswell\n```\n")
+    monkeypatch.setattr(caller, "ENVIRONMENT", {"OMP_NUM_THREADS": "3", "OPENBLAS_NUM_THREADS": "5", "JAX_PLATFORMS": "cpu"})
+    echo = "echo ${JAX_COMPILATION_CACHE_DIR-unset} ${JAX_PLATFORMS-unset} $OMP_NUM_THREADS $OPENBLAS_NUM_THREADS"
+    path = write(tmp_path, f"```console\n$ {echo}\nunset unset 3 5\n```\n")
+    outcome = transcripts.run(transcripts.parse(path))[0]
+    assert outcome.ok, outcome.output
+
+
+def test_the_commands_run_the_avx2_kernels_whatever_the_callers_shell_chose(tmp_path, monkeypatch):
+    from tests.machinery import caller
+
+    monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=0")
+    monkeypatch.setattr(caller, "ENVIRONMENT", {"OPENBLAS_CORETYPE": "SkylakeX", "ATEN_CPU_CAPABILITY": "avx512"})
+    echo = "echo $XLA_FLAGS $OPENBLAS_CORETYPE $ATEN_CPU_CAPABILITY"
+    path = write(tmp_path, f"```console\n$ {echo}\n--xla_cpu_enable_platform_dependent_math=false Haswell avx2\n```\n")
     outcome = transcripts.run(transcripts.parse(path))[0]
     assert outcome.ok, outcome.output
 

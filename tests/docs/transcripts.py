@@ -153,12 +153,23 @@ def masked(text: str) -> list[str]:
 # set or not): the commands themselves fix what would move their digits
 THREAD_VARIABLES = ("OMP_", "OPENBLAS_", "GOTO_", "MKL_", "KMP_", "BLIS_", "NVPL_")
 
+# the kernels every command runs with, whatever the CPU and the caller's shell: a CPU with AVX-512
+# picks wider kernels that sum in another order (ATen's vectorized ops, OpenBLAS's sgemm) and
+# XLA's AVX-512 approximations of exp and tanh, which move a float32 loss's last digit and every
+# error column by a few ulps; these are the kernels any x86-64 CPU with AVX2 runs, so a page
+# taken on one such CPU holds on another
+KERNELS = {
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "OPENBLAS_CORETYPE": "Haswell",
+    "XLA_FLAGS": "--xla_cpu_enable_platform_dependent_math=false",
+}
+
 
 def run_environment(cache: Path) -> dict[str, str]:
     """What the commands see: the caller's PATH, home, locale and thread and BLAS settings
     (THREAD_VARIABLES, as the session was started: not the one thread tests/conftest.py gives
-    each xdist worker), and nothing else of the caller's environment (no XLA_FLAGS of a test
-    session); a fresh cache folder (JAX's compiled programs: every document starts as a first
+    each xdist worker), the AVX2 kernels (KERNELS, in place of the caller's), and nothing else
+    of the caller's environment (no XLA_FLAGS of a test session); a fresh cache folder (JAX's compiled programs: every document starts as a first
     run); matplotlib's own folder (its font cache built once, in this process, not in a
     command's output); and the repository on PYTHONPATH, as when the commands run from its root
     (the port check's `examples.` factories)."""
@@ -168,6 +179,7 @@ def run_environment(cache: Path) -> dict[str, str]:
 
     kept = {key: value for key, value in os.environ.items() if key in ("PATH", "HOME", "USER", "LOGNAME", "TMPDIR") or key.startswith("LC_")}
     kept.update({key: value for key, value in ENVIRONMENT.items() if key.startswith(THREAD_VARIABLES)})
+    kept.update(KERNELS)
     kept["LANG"] = os.environ.get("LANG", "C.UTF-8")
     matplotlib_folder = matplotlib.get_cachedir()
     import matplotlib.font_manager  # noqa: F401  (builds the font cache now, if there is none)
