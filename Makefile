@@ -20,15 +20,19 @@ STAMP := $(VENV)/.installed-$(firstword $(shell printf '%s' '$(subst ','\'',$(IN
 
 .PHONY: install demo test test-slow check docs docs-update lint bench bench-results clean
 
-# pip's own output goes to a log, shown only when the install fails. A .venv installed with other
+# pip's own output goes to a log, shown only when the install fails. pip compiles the installed
+# files to bytecode on one core; compileall does it on every core (half the time on two), and a
+# file no Python 3 compiles (a package's own test data) stays uncompiled, as pip leaves it (the
+# list in .venv/compileall.log). A .venv installed with other
 # values of the variables is made afresh (venv --clear): pip would keep a torch it finds installed
 # whatever the index, and another interpreter's packages would stay behind.
 $(STAMP): pyproject.toml constraints.txt
 	@echo "[1/2] creating $(VENV) with $(PYTHON)"
 	@$(PYTHON) -m venv $(if $(filter-out $(STAMP),$(wildcard $(VENV)/.installed*)),--clear )$(VENV)
 	@echo "[2/2] installing the pinned versions of constraints.txt (torch, jax, flax, optax, ...): a minute or two"
-	@$(PY) -m pip install --disable-pip-version-check $(INDEX) $(PIP_ARGS) -c constraints.txt -e ".[test,lint]" > $(PIP_LOG) 2>&1 \
+	@$(PY) -m pip install --no-compile --disable-pip-version-check $(INDEX) $(PIP_ARGS) -c constraints.txt -e ".[test,lint]" > $(PIP_LOG) 2>&1 \
 		|| { cat $(PIP_LOG); echo "pip install failed: the log above is also in $(PIP_LOG)"; exit 1; }
+	@$(PY) -m compileall -q -j 0 $(VENV)/lib > $(VENV)/compileall.log 2>&1 || true
 	@rm -f $(VENV)/.installed*
 	@printf '%s\n' '$(subst ','\'',$(INSTALL_ARGS))' > $(STAMP)
 	@echo "installed: $(VENV)/bin/mhsa --help lists every command"
