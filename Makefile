@@ -22,10 +22,10 @@ STAMP := $(VENV)/.installed-$(firstword $(shell printf '%s' '$(subst ','\'',$(IN
 
 # pip's own output goes to a log, shown only when the install fails. pip compiles the installed
 # files to bytecode on one core; compileall does it on every core (half the time on two), and a
-# file no Python 3 compiles (a package's own test data) stays uncompiled, as pip leaves it (the
-# list in .venv/compileall.log). A .venv installed with other
-# values of the variables is made afresh (venv --clear): pip would keep a torch it finds installed
-# whatever the index, and another interpreter's packages would stay behind.
+# file that this Python cannot compile (torch's Python 3.12 test helpers) stays uncompiled, as
+# pip leaves it (the list in .venv/compileall.log). A .venv installed with other values of the
+# variables is made afresh (venv --clear): pip would keep a torch it finds installed whatever the
+# index, and another interpreter's packages would stay behind.
 $(STAMP): pyproject.toml constraints.txt
 	@echo "[1/2] creating $(VENV) with $(PYTHON)"
 	@$(PYTHON) -m venv $(if $(filter-out $(STAMP),$(wildcard $(VENV)/.installed*)),--clear )$(VENV)

@@ -149,15 +149,15 @@ def masked(text: str) -> list[str]:
 
 
 # the caller's variables that choose threads and BLAS kernels: passed on as they are, so that a
-# document holds in the shell `make docs` runs in (OMP_NUM_THREADS=1 or unset, OPENBLAS_CORETYPE
-# set or not): the commands themselves fix what would move their digits
+# document holds in the shell `make docs` runs in (OMP_NUM_THREADS=1 or unset): the commands
+# themselves fix their thread counts
 THREAD_VARIABLES = ("OMP_", "OPENBLAS_", "GOTO_", "MKL_", "KMP_", "BLIS_", "NVPL_")
 
 # the kernels every command runs with, whatever the CPU and the caller's shell: a CPU with AVX-512
-# picks wider kernels that sum in another order (ATen's vectorized ops, OpenBLAS's sgemm) and
-# XLA's AVX-512 approximations of exp and tanh, which move a float32 loss's last digit and every
-# error column by a few ulps; these are the kernels any x86-64 CPU with AVX2 runs, so a page
-# taken on one such CPU holds on another
+# picks wider kernels of ATen and OpenBLAS that sum in another order, and XLA's platform-dependent
+# math, which move a float32 loss's last digit; with these, the losses of an AVX-512 CPU are an
+# AVX2 one's. MKL's and XLA's matrix kernels still choose by the CPU: a parity table's error
+# column can move by a rounding between CPU kinds
 KERNELS = {
     "ATEN_CPU_CAPABILITY": "avx2",
     "OPENBLAS_CORETYPE": "Haswell",
@@ -169,8 +169,8 @@ def run_environment(cache: Path) -> dict[str, str]:
     """What the commands see: the caller's PATH, home, locale and thread and BLAS settings
     (THREAD_VARIABLES, as the session was started: not the one thread tests/conftest.py gives
     each xdist worker), the AVX2 kernels (KERNELS, in place of the caller's), and nothing else
-    of the caller's environment (no XLA_FLAGS of a test session); a fresh cache folder (JAX's compiled programs: every document starts as a first
-    run); matplotlib's own folder (its font cache built once, in this process, not in a
+    of the caller's environment (no XLA_FLAGS of a test session); a fresh cache folder (JAX's
+    compiled programs: every document starts as a first run); matplotlib's own folder (its font cache built once, in this process, not in a
     command's output); and the repository on PYTHONPATH, as when the commands run from its root
     (the port check's `examples.` factories)."""
     import matplotlib
