@@ -4,8 +4,9 @@ renderer draws. Pure: lines in, rows out.
 Sections (see sections.py) are paired by their key (the comment text, or the class/function
 name, with torch `forward` and flax `__call__` counted as the same method), in order; what is
 left is paired more loosely (a reworded step comment, then a step of the same number and
-label in another function, so numpy_ref's `attention` lines up with torch's `forward`);
-inside a pair the lines are aligned with difflib.
+label in another function, so numpy_ref's `attention` lines up with torch's `forward`); the
+steps still one-sided after that pair across functions defined in another order (numpy_ref's
+`forward` and flax's `TinyLM.__call__`); inside a pair the lines are aligned with difflib.
 """
 
 from __future__ import annotations
@@ -89,7 +90,9 @@ def pair_sections(left: list[Section], right: list[Section]) -> list[tuple[Secti
     function `attention` and the same step of torch's method `forward`). The pairing with
     the most pairs wins (so a function's steps pair even where the two files order their
     definitions differently); among those, pairs by key beat pairs by label, and pairs in
-    one scope beat pairs across scopes."""
+    one scope beat pairs across scopes. Steps that in-order pairing leaves one-sided then pair
+    across functions out of order (see _pair_stray_steps): only the left side is sure to keep
+    its file order."""
     n, m = len(left), len(right)
     # a pair is worth `pair` plus its preference: one more pair outweighs all preferences
     pair = 4 * (n + m + 1)
@@ -116,7 +119,57 @@ def pair_sections(left: list[Section], right: list[Section]) -> list[tuple[Secti
         else:
             skipped_right.append(right[j])
             j += 1
-    return pairs + [(s, None) for s in skipped_left] + [(None, s) for s in skipped_right]
+    pairs += [(s, None) for s in skipped_left] + [(None, s) for s in skipped_right]
+    return _pair_stray_steps(pairs)
+
+
+def _pair_stray_steps(pairs: list[tuple[Section | None, Section | None]]) -> list[tuple[Section | None, Section | None]]:
+    """Pair the steps still one-sided across functions the in-order pairing could not line
+    up: numpy_ref's function `forward` holds the steps that flax writes in `TinyLM.__call__`,
+    defined after other sections both files share, so keeping both file orders leaves them
+    apart. Steps pair by number and label, one enclosing function with one (the pair of
+    functions sharing the most labels first), and only where one of the two functions has
+    no mirror by name, so two functions that do mirror each other keep their own steps.
+    Each such pair sits where its left step is: the left column keeps its file order."""
+    paired_defs = {normal_scope(s.scope) for a, b in pairs if a and b for s in (a, b) if s.kind == "def"}
+
+    def strays(side: int) -> dict[str, list[tuple[int, Section]]]:
+        groups: dict[str, list[tuple[int, Section]]] = {}
+        for index, pair in enumerate(pairs):
+            section, other = pair[side], pair[1 - side]
+            if other is None and section is not None and _step_label(section) is not None:
+                groups.setdefault(section.scope, []).append((index, section))
+        return groups
+
+    lefts, rights = strays(0), strays(1)
+    candidates = []
+    for left_scope, left_steps in lefts.items():
+        for right_scope, right_steps in rights.items():
+            if normal_scope(left_scope) in paired_defs and normal_scope(right_scope) in paired_defs:
+                continue
+            labels = {_step_label(s) for _, s in right_steps}
+            shared = sum(1 for _, s in left_steps if _step_label(s) in labels)
+            if shared:
+                candidates.append((-shared, left_scope, right_scope))
+    moved: dict[int, Section] = {}  # left step's index -> the right step that joins it
+    taken: set[int] = set()  # indexes of right steps that moved
+    used_left: set[str] = set()
+    used_right: set[str] = set()
+    for _, left_scope, right_scope in sorted(candidates, key=lambda c: c[0]):
+        if left_scope in used_left or right_scope in used_right:
+            continue
+        used_left.add(left_scope)
+        used_right.add(right_scope)
+        free = list(rights[right_scope])
+        for index, section in lefts[left_scope]:
+            match = next((k for k, (_, other) in enumerate(free) if _step_label(other) == _step_label(section)), None)
+            if match is not None:
+                right_index, other = free.pop(match)
+                moved[index] = other
+                taken.add(right_index)
+    if not moved:
+        return pairs
+    return [(a, moved[k]) if k in moved else (a, b) for k, (a, b) in enumerate(pairs) if k not in taken]
 
 
 def _weight(a: Section, b: Section) -> int:

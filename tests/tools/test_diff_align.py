@@ -235,3 +235,92 @@ def test_pairs_by_key_beat_pairs_by_label_and_one_scope_beats_across():
     assert _weight(split, split) > _weight(split, reworded) > _weight(split, elsewhere) > 0
     assert _weight(split, dataclasses.replace(split, title="5. mask: no query may see a later key")) == 0  # another number
     assert _weight(sections[1], sections[2]) == 0  # two different definitions
+
+
+# --- steps whose functions are named differently ---------------------------------------------
+
+FUNCTION_FIRST = textwrap.dedent("""\
+    def check(tokens):
+        return tokens
+
+
+    def forward(tokens, params):
+        x = tokens
+        # 1. embed: token identity plus position
+        x = params["emb"][x]
+        # 2. attend
+        x = attention(x, params)
+        # 3. read out the next token
+        return x @ params["head"]
+
+
+    class TinyLM:
+        def check(self, tokens):
+            return check(tokens)
+
+        def __call__(self, tokens):
+            return forward(tokens, self.params)
+    """)
+
+METHOD_LAST = textwrap.dedent("""\
+    class TinyLM:
+        def check(self, tokens):
+            return tokens
+
+        def __call__(self, tokens):
+            x = tokens
+            # 1. embed: token identity plus position
+            x = self.emb(x)
+            # 2. attend
+            x = self.attn(x)
+            # 3. read out the next token
+            return self.head(x)
+    """)
+
+
+@pytest.mark.parametrize("flip", [False, True], ids=["function-left", "method-left"])
+def test_steps_pair_across_functions_named_differently_and_defined_out_of_order(flip):
+    # keeping both file orders, the function's steps would cost the class and its methods
+    # their pairs; the steps pair anyway, by number and label
+    left, right = (METHOD_LAST, FUNCTION_FIRST) if flip else (FUNCTION_FIRST, METHOD_LAST)
+    pairs = pair_sections(split_sections(lines(left)), split_sections(lines(right)))
+    paired = [(a.title, b.title) for a, b in pairs if a and b]
+    for title in ("1. embed: token identity plus position", "2. attend", "3. read out the next token"):
+        assert (title, title) in paired
+    assert ("class TinyLM", "class TinyLM") in paired and ("def TinyLM.__call__", "def TinyLM.__call__") in paired
+    assert not [s for a, b in pairs if a is None or b is None for s in (a, b) if s is not None and s.kind == "step"]
+    # the left column still reads in file order; the pulled-in steps stay in their own order
+    starts = [a.start for a, _ in pairs if a is not None]
+    assert starts == sorted(starts)
+    moved = [b.start for a, b in pairs if a and b and a.kind == "step"]
+    assert moved == sorted(moved)
+
+
+def test_stray_steps_pair_only_by_number_and_label():
+    other = METHOD_LAST.replace("# 2. attend", "# 2. mix").replace("# 3. read out the next token", "# 4. read out the next token")
+    pairs = pair_sections(split_sections(lines(FUNCTION_FIRST)), split_sections(lines(other)))
+    paired = {a.title for a, b in pairs if a and b and a.kind == "step"}
+    assert paired == {"1. embed: token identity plus position"}
+
+
+def test_a_step_of_a_function_with_a_mirror_does_not_go_looking_elsewhere():
+    # f and g pair by name in both files; the one step moved from f to g stays one-sided
+    left = "def f(x):\n    # 1. one\n    return x\n\n\ndef g(x):\n    return x\n"
+    right = "def f(x):\n    return x\n\n\ndef g(x):\n    # 1. one\n    return x\n"
+    pairs = pair_sections(split_sections(lines(left)), split_sections(lines(right)))
+    assert [(a.title, b.title) for a, b in pairs if a and b] == [("def f", "def f"), ("def g", "def g")]
+
+
+@pytest.mark.parametrize("left", ["numpy", "torch", "jax"])
+def test_the_model_pairs_every_step_of_numpy_forward(left):
+    from mhsa import registry
+    from mhsa.diff.command import read_lines, repo_root
+
+    right = "numpy" if left != "numpy" else "jax"
+    files = [read_lines(repo_root() / registry.get(side).package / "model.py") for side in (left, right)]
+    pairs = pair_sections(*map(split_sections, files))
+    one_sided = [s.title for a, b in pairs if a is None or b is None for s in (a, b) if s is not None and s.kind == "step"]
+    assert one_sided == []
+    paired = [(a.title, b.title) for a, b in pairs if a and b and a.kind == "step"]
+    for title in ("1. embed: token identity plus learned position", "2. attend", "3. read out the next token"):
+        assert (title, title) in paired
