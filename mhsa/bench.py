@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import shared
+from mhsa.exit_status import TROUBLE
 from mhsa.flags import int_flag
 
 SCRIPTS = {"attention": "attention.py", "train": "train.py", "generate": "generate.py"}
@@ -30,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     if args.write and args.quick:
         print("mhsa bench: --write records the full tables; --quick's are too small to mean anything", file=sys.stderr)
-        return 2
+        return TROUBLE
     folder = benchmarks_folder()
     names = list(SCRIPTS) if args.which == "all" else [args.which]
     missing = [SCRIPTS[name] for name in names if not (folder / SCRIPTS[name]).is_file()]
@@ -40,7 +41,7 @@ def run(args) -> int:
             "repository's benchmarks/ folder, which is not installed with the package: run it from a checkout",
             file=sys.stderr,
         )
-        return 1
+        return TROUBLE
     argv = (["--quick"] if args.quick else []) + (["--repeats", str(args.repeats)] if args.repeats else []) + (["--write"] if args.write else [])
     sys.path.insert(0, str(folder))  # the scripts import bench_common beside them
     try:

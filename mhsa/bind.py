@@ -9,6 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from mhsa.exit_status import TROUBLE
 from shared import checkpoint
 
 
@@ -26,7 +27,7 @@ def run(args) -> int:
         companion, before, digest = checkpoint.bind(args.weights, force=args.force)
     except (ValueError, TypeError, FileNotFoundError) as error:
         print(f"mhsa bind: error: {error}", file=sys.stderr)
-        return 1
+        return TROUBLE
     if before == digest:
         print(f"{companion} is already bound to {args.weights}: nothing to do")
     elif before is not None:

@@ -14,6 +14,8 @@ import sys
 import threading
 from collections.abc import Iterator
 
+from mhsa.exit_status import TROUBLE
+
 # name -> (module with add_arguments(parser) and run(args) -> exit code, one-line help)
 COMMANDS = {
     "demo": ("mhsa.demo", "train the default copy task with every backend and show a head"),
@@ -106,7 +108,7 @@ def run_guarded(run, args, prefix: str) -> int:
             return run(args)
         except OSError as error:  # a write failed after the checks (disk full, a folder removed): one line
             print(f"{prefix}: {error}", file=sys.stderr)
-            return 1
+            return TROUBLE
         except KeyboardInterrupt:
             hold_further_interrupts()
             print(interruption(), file=sys.stderr)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mhsa.exit_status import DIFFERENT, OK, TROUBLE
 from shared import checks
 from shared.history import History
 from shared.tolerances import tolerance
@@ -200,7 +201,7 @@ def run(args) -> int:
         result = compare(first, second)
     except (ValueError, FileNotFoundError) as error:
         print(f"mhsa compare: error: {error}", file=sys.stderr)
-        return 1
+        return TROUBLE
     print(f"A  {describe(first, args.a)}")
     print(f"B  {describe(second, ' + '.join(str(path) for path in args.b))}")
     for line in differences(first, second):
@@ -220,4 +221,4 @@ def run(args) -> int:
         label_a, label_b = (f"{key} = {name} ({run.backend}, {run.train_config.dtype})" for key, name, run in zip("AB", names, (first, second)))
         save_figure(comparison_figure(result, (label_a, label_b), trajectory_tolerance(first, second)), args.plot)
         print(f"saved plot to {args.plot}")
-    return 0 if agree else 1
+    return OK if agree else DIFFERENT

@@ -34,6 +34,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from mhsa.exit_status import TROUBLE
 from shared.checks import SEED_RANGE
 from shared.config import ATTN_IMPLS, ModelConfig
 
@@ -106,7 +107,7 @@ def refuse(parser: argparse.ArgumentParser, error: Exception | str) -> int:
     parser.error prints them, returned as exit status 2 instead of raised."""
     parser.print_usage(sys.stderr)
     print(f"{parser.prog}: error: {error}", file=sys.stderr)
-    return 2
+    return TROUBLE
 
 
 def png_path(text: str) -> Path:

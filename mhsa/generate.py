@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from mhsa import registry
+from mhsa.exit_status import TROUBLE
 from mhsa.flags import int_flag, positive_float, refuse
 from mhsa.heads import token_list
 from mhsa.heatmap import NAN
@@ -59,7 +60,7 @@ def run(args) -> int:
         weights.check_finite(loaded.arrays, f"weights file {str(args.load)!r}")
     except (ValueError, FileNotFoundError) as error:
         print(f"mhsa generate: error: {error}", file=sys.stderr)
-        return 1
+        return TROUBLE
     config = loaded.config
     prompt = np.array([args.prompt], dtype=np.int64)
     greedy = args.temperature is None
@@ -89,7 +90,7 @@ def run(args) -> int:
         )
     except NonFiniteLogitsError as error:  # finite weights large enough to overflow: no token to choose
         print(f"mhsa generate: error: {error}", file=sys.stderr)
-        return 1
+        return TROUBLE
     tokens = ids[0].tolist()
     how = "greedy" if greedy else f"sampled at temperature {args.temperature}, seed {args.seed}"
     print(f"{args.load}: {args.backend}, {'no cache' if args.no_cache else 'KV cache'}, {how}")

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from mhsa import registry
+from mhsa.exit_status import TROUBLE
 from mhsa.flags import png_path, refuse
 from mhsa.heatmap import ascii_heads
 from mhsa.threads import add_threads_argument
@@ -72,7 +73,7 @@ def run(args) -> int:
         weights.check_finite(loaded.arrays, f"weights file {str(args.load)!r}")
     except (ValueError, FileNotFoundError) as error:
         print(f"mhsa heads: error: {error}", file=sys.stderr)
-        return 1
+        return TROUBLE
     arrays, config = loaded.arrays, loaded.config
     if args.attn_impl is not None:
         config = dataclasses.replace(config, attn_impl=args.attn_impl)

@@ -22,6 +22,7 @@ from tqdm import tqdm
 from mhsa import registry
 from mhsa.cli import hold_further_interrupts
 from mhsa.epoch_keeper import EpochKeeper, has_on_epoch
+from mhsa.exit_status import TROUBLE
 from mhsa.flags import MODEL_FLAGS, add_model_arguments, int_flag, model_flags_given, png_path, positive_float
 from mhsa.threads import add_threads_argument, apply_threads, default_train_threads
 from mhsa.train_outputs import compile_note, finish, keep_on_interrupt, with_start
@@ -366,7 +367,7 @@ def train_with_progress(args, plan: Plan, backend: registry.Backend):
     except (NonFiniteLossError, RankFailedError, ValueError, TypeError, FileNotFoundError) as error:
         bar.close()
         print(f"{args.parser.prog}: error: {error}", file=sys.stderr)
-        return 1
+        return TROUBLE
     except KeyboardInterrupt:
         hold_further_interrupts()  # the last complete epoch is saved and said whatever Ctrl-C or SIGTERM comes next
         bar.close()

@@ -17,6 +17,7 @@ import numpy as np
 from mhsa import registry
 from mhsa.cli import hold_further_interrupts, interrupt_status, interruption
 from mhsa.epoch_keeper import EpochKeeper
+from mhsa.exit_status import TROUBLE
 from mhsa.heatmap import ascii_heatmap
 from shared import checkpoint, weights
 from shared.adam_state import companion_path
@@ -212,7 +213,7 @@ def finish(args, plan: Plan, backend: registry.Backend, history) -> int:
             return interrupted_after_training(args, [*written, name], planned[index + 1 :])
         except OSError as error:  # a full disk: what is on disk, in one line
             print(f"{args.parser.prog}: error: {error}" + (f"; written before it: {', '.join(written)}" if written else ""), file=sys.stderr)
-            return 1
+            return TROUBLE
         written.append(name)
         say(line)
     return 0

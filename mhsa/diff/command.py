@@ -18,6 +18,7 @@ from mhsa import registry
 from mhsa.diff.align import align_files, summary
 from mhsa.diff.render_html import render_html
 from mhsa.diff.render_text import render_plain
+from mhsa.exit_status import TROUBLE
 from mhsa.flags import int_at_least
 from shared import checks
 from shared.files import write_atomically
@@ -97,7 +98,7 @@ def read_lines(path: Path) -> list[str]:
 def run(args) -> int:
     if args.left == args.right:
         print(f"mhsa diff: --left and --right are both {args.left}; expected two different backends", file=sys.stderr)
-        return 2
+        return TROUBLE
     root = repo_root()
     labels = (args.left, args.right)
     left_name, right_name = (f"{registry.get(label).package}/{args.name}.py" for label in labels)
@@ -108,18 +109,18 @@ def run(args) -> int:
         holders = shared_files().get(args.name, [])
         hint = f" ({args.name}.py is in {', '.join(holders)}: choose two with --left and --right)" if len(holders) >= 2 else ""
         print(f"mhsa diff: {' and '.join(missing)} not found under {root}; nothing to compare{hint}", file=sys.stderr)
-        return 1
+        return TROUBLE
     if args.html is not None:
         try:  # never write the page over one of the files it shows
             checks.check_outputs(dict(zip(names, paths)), {"--html": Path(args.html)})
         except ValueError as error:
             print(f"mhsa diff: {error}", file=sys.stderr)
-            return 2
+            return TROUBLE
     try:
         left_lines, right_lines = (read_lines(path) for path in paths)
     except (OSError, UnicodeDecodeError) as error:
         print(f"mhsa diff: cannot read {error}", file=sys.stderr)
-        return 1
+        return TROUBLE
 
     if args.html is not None:
         return write_page(Path(args.html), left_lines, right_lines, names, labels, title=_title(args))
@@ -147,13 +148,13 @@ def run(args) -> int:
 def write_page(target: Path, left_lines: list[str], right_lines: list[str], names: tuple[str, str], labels: tuple[str, str], title: str) -> int:
     if not target.parent.is_dir():
         print(f"mhsa diff: cannot write {target}: folder {target.parent} does not exist", file=sys.stderr)
-        return 1
+        return TROUBLE
     page = render_html(left_lines, right_lines, *names, title=title, labels=labels)
     try:
         write_atomically(target, page.encode("utf-8"))
     except OSError as error:
         print(f"mhsa diff: cannot write {target}: {error.strerror or error}", file=sys.stderr)
-        return 1
+        return TROUBLE
     print(f"wrote {target}: {summary(align_files(left_lines, right_lines), labels)}")
     return 0
 

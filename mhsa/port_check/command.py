@@ -13,6 +13,7 @@ import sys
 
 import numpy as np
 
+from mhsa.exit_status import DIFFERENT, OK, TROUBLE
 from mhsa.port_check.core.records import PortCheckError
 from mhsa.port_check.core.structure import Inputs, as_inputs
 from mhsa.port_check.factories import call_factory
@@ -180,7 +181,7 @@ def run(args) -> int:
             write_map(args.write_map, report.proposed_map if report.stopped else name_map or {})
     if args.write_map:
         print(f"name map written to {args.write_map}")
-    return 2 if report.stopped else 0 if report.passed else 1
+    return TROUBLE if report.stopped else OK if report.passed else DIFFERENT
 
 
 def _factories(args):
@@ -197,4 +198,4 @@ def _factories(args):
 
 def _error(message: str) -> int:
     print(f"mhsa port-check: error: {message}", file=sys.stderr)
-    return 2
+    return TROUBLE

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from mhsa.exit_status import TROUBLE
 from mhsa.flags import int_flag
 from mhsa.port_check.core.records import PortCheckError
 from mhsa.port_check.factories import call_factory
@@ -65,7 +66,7 @@ def run_train(args, name_map: dict[str, str] | None = None) -> int:
         report = check_training(reference, port, args.train, dtype=args.dtype, name_map=name_map, probes=not args.no_probes)
     except PortCheckError as error:  # the user's module or factory raised: one line, as the forward check says it
         print(f"mhsa port-check: error: {error}", file=sys.stderr)
-        return 2
+        return TROUBLE
     except ValueError as error:
         args.parser.error(str(error))
     print(format_train_report(report))

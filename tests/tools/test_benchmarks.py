@@ -56,7 +56,7 @@ def test_quick_benchmarks_print_every_table(capsys):
 
 def test_a_missing_benchmarks_folder_is_a_clear_error(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(bench, "benchmarks_folder", lambda: tmp_path / "benchmarks")
-    assert main(["bench", "attention"]) == 1
+    assert main(["bench", "attention"]) == 2
     err = capsys.readouterr().err
     assert "attention.py not found" in err and "not installed with the package" in err
 

@@ -36,7 +36,7 @@ def test_bind_refuses_a_companion_bound_to_other_weights_unless_forced_and_says_
     shutil.copy(tmp_path / "r1.adam.safetensors", companion_path(path))  # the 1st run's moments beside the 2nd run's weights
     before = companion_path(path).read_bytes()
     refused = bind(str(path))
-    assert refused.returncode == 1 and companion_path(path).read_bytes() == before
+    assert refused.returncode == 2 and companion_path(path).read_bytes() == before
     r1, r2 = weights.read(tmp_path / "r1.safetensors").digest, weights.read(path).digest
     assert refused.stderr == (
         f"mhsa bind: error: {str(companion_path(path))!r} is already bound to other weights (sha256 {r1[:12]}..., the file beside it: "

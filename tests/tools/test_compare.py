@@ -65,7 +65,7 @@ def test_it_takes_two_or_more_files_and_joins_the_parts_of_a_run_in_step_order(t
     assert mhsa(["compare", str(tmp_path / "a.json"), *given]) == 0
     out = capsys.readouterr().out
     assert "compared 5 common steps (0..4)" in out and "max |A - B|  0.000e+00" in out
-    assert mhsa(["compare", str(tmp_path / "a.json"), given[0], given[1]]) == 1  # a part missing: steps 2..3
+    assert mhsa(["compare", str(tmp_path / "a.json"), given[0], given[1]]) == 2  # a part missing: steps 2..3
     assert capsys.readouterr().err == "mhsa compare: error: cannot join: one part ends at step 1, the next starts at step 4\n"
 
 
@@ -88,7 +88,7 @@ def test_a_file_that_is_not_a_history_is_refused_in_one_line(capsys, tmp_path):
     History("numpy", SMALL, TrainConfig(), [1.0], [1.0], 0.1).save(good)
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({**json.loads(good.read_text()), "losses": ["1.0"]}))
-    assert mhsa(["compare", str(good), str(bad)]) == 1
+    assert mhsa(["compare", str(good), str(bad)]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err == f"mhsa compare: error: history file {str(bad)!r}: losses must be a flat list of numbers\n", err
 
@@ -97,7 +97,7 @@ def test_a_plot_over_an_input_is_refused(capsys, tmp_path):
     history = tmp_path / "h.png"
     History("numpy", SMALL, TrainConfig(), [1.0], [1.0], 0.1).save(history)
     before = history.read_bytes()
-    assert mhsa(["compare", str(history), str(history), "--plot", str(history)]) == 1
+    assert mhsa(["compare", str(history), str(history), "--plot", str(history)]) == 2
     assert "is the input A.json" in capsys.readouterr().err
     assert history.read_bytes() == before
 

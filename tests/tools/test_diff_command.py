@@ -88,7 +88,7 @@ def test_unknown_name_is_a_usage_error(capsys):
 
 def test_missing_file_is_a_clear_error_that_names_the_backends_that_have_it(repo, capsys):
     (repo / "jax_impl" / "attention.py").unlink()
-    assert cli.main(["diff", "attention"]) == 1
+    assert cli.main(["diff", "attention"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "jax_impl/attention.py not found" in err
     assert "(attention.py is in numpy, torch: choose two with --left and --right)" in err
@@ -149,10 +149,10 @@ def test_the_real_files_render(name, sides, capsys):
 def test_html_that_cannot_be_written_is_a_clear_error(repo, tmp_path, capsys):
     folder = tmp_path / "pages"
     folder.mkdir()
-    assert cli.main(["diff", "--html", str(folder)]) == 1  # a folder, not a file
+    assert cli.main(["diff", "--html", str(folder)]) == 2  # a folder, not a file
     assert "cannot write" in capsys.readouterr().err
     assert list(folder.iterdir()) == [] and not list(tmp_path.glob(".*.tmp"))
-    assert cli.main(["diff", "--html", str(tmp_path / "missing" / "page.html")]) == 1
+    assert cli.main(["diff", "--html", str(tmp_path / "missing" / "page.html")]) == 2
     assert "does not exist" in capsys.readouterr().err
 
 
@@ -196,7 +196,7 @@ def test_the_same_backend_twice_is_refused(repo, capsys):
 
 def test_a_file_missing_in_one_backend_is_named(repo, capsys):
     (repo / "numpy_ref" / "attention.py").unlink()
-    assert cli.main(["diff", "attention", "--left", "numpy"]) == 1
+    assert cli.main(["diff", "attention", "--left", "numpy"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1  # one line
     assert "numpy_ref/attention.py not found" in err and "jax_impl" not in err

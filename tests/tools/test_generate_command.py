@@ -1,6 +1,6 @@
 """`mhsa generate` (mhsa/generate.py): it prints the tokens and the last token's attention, with
 and without the KV cache; a tiny --temperature is greedy; a flag the model contradicts is refused
-with its usage (exit 2); weights that overflow the logits are refused in one line (exit 1) and
+with its usage (exit 2); weights that overflow the logits are refused in one line (exit 2) and
 NaN attention weights get the heatmap's NaN mark. Generation itself, in every backend:
 tests/implementations/test_generate.py."""
 
@@ -85,7 +85,7 @@ def test_a_flag_the_model_contradicts_is_refused_with_the_commands_usage(capsys,
 @pytest.mark.filterwarnings("error")  # a warning printed before the refusal would make it more than one line
 def test_generate_refuses_weights_that_overflow_the_logits_in_one_line(capsys, tmp_path):
     path = saved(tmp_path, overflowing())
-    assert main(["generate", "--load", str(path), "--prompt", "1,2", "--max-new-tokens", "2"]) == 1
+    assert main(["generate", "--load", str(path), "--prompt", "1,2", "--max-new-tokens", "2"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err == (
         "mhsa generate: error: the logits of row(s) [0] hold NaN or infinite values (the weights overflow): no token can be chosen\n"

@@ -64,6 +64,6 @@ def test_a_list_of_ids_is_parsed_strictly_and_a_bad_item_is_named_in_one_line(ca
 def test_a_plot_over_its_own_input_is_refused(capsys, tmp_path):
     source = saved(tmp_path, "model.png")
     before = source.read_bytes()
-    assert main(["heads", "--load", str(source), "--plot", str(source)]) == 1
+    assert main(["heads", "--load", str(source), "--plot", str(source)]) == 2
     assert "is the input --load" in capsys.readouterr().err
     assert source.read_bytes() == before

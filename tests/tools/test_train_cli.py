@@ -1,7 +1,7 @@
 """The train command (mhsa/train_cli.py: `mhsa train --backend NAME` and `python -m PACKAGE.train`):
 it trains, saves, loads and resumes across backends; every flag or file it cannot use is refused
 before the banner with its usage and one line (exit 2), an output that would overwrite an input
-is refused before any work, a run that diverges stops in one line (exit 1), and no failure
+is refused before any work, a run that diverges stops in one line (exit 2), and no failure
 prints a traceback. What it prints when all is well: test_train_output.py; Ctrl-C:
 test_interrupt.py."""
 
@@ -144,7 +144,7 @@ def test_a_full_disk_during_the_commands_save_says_what_is_on_disk(tmp_path, mon
         TRAINERS[0], *RESUMED_RUN, *MODEL, "--quiet", "--epochs", "1", "--save", str(path), "--plot", str(tmp_path / "p.png"), cwd=tmp_path
     )
     monkeypatch.undo()
-    assert done.returncode == 1 and failing.calls == ["write", "fsync", "replace", "write"]
+    assert done.returncode == 2 and failing.calls == ["write", "fsync", "replace", "write"]
     assert done.stderr == (
         f"python -m {package(TRAINERS[0])}.train: error: [Errno 28] cannot write {str(path)!r}: No space left on device; "
         f"nothing was replaced: a checkpoint saved there before is whole; written before it: {tmp_path / 'p.png'}\n"
@@ -438,7 +438,7 @@ def test_a_run_whose_loss_overflows_stops_in_one_line(capsys, tmp_path, backend_
     # lr 1e30 overflows float32 at the first update (lr 1e6 does not: Adam moves each weight by
     # about lr per step and the copy task still learns when saturated)
     status, out, err = run_main(capsys, backend_name, *SMALL_RUN, "--lr", "1e30", "--save", str(tmp_path / "w.safetensors"))
-    assert status == 1
+    assert status == 2
     assert err.splitlines() == [
         f"python -m {package(backend_name)}.train: error: loss became non-finite at step 1 (epoch 1): nan; training stopped (try a smaller --lr)"
     ]
@@ -455,7 +455,7 @@ def test_as_a_command_the_errors_are_one_line_without_traceback(tmp_path):
         text=True,
         timeout=120,
     )
-    assert diverged.returncode == 1
+    assert diverged.returncode == 2
     assert diverged.stderr.splitlines() == [
         f"python -m {package(TRAINERS[0])}.train: error: loss became non-finite at step 1 (epoch 1): nan; training stopped (try a smaller --lr)"
     ]
