@@ -10,6 +10,7 @@ from mhsa import registry
 from mhsa.parity import data_parallel
 from mhsa.parity.report import build_report, format_report
 from mhsa.parity.runs import padding_mask
+from mhsa.parity.table import MIN_WIDTH, WIDTH, wrap
 from mhsa.threads import add_threads_argument, apply_threads
 from shared.config import DTYPES, ModelConfig, TrainConfig
 
@@ -30,7 +31,7 @@ def full_precision(stack: contextlib.ExitStack) -> list[str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from mhsa.flags import add_model_arguments, int_flag
+    from mhsa.flags import add_model_arguments, int_at_least, int_flag
 
     add_threads_argument(parser, default="1 in every library: the report's models are tiny, and its digits then hold in any shell")
     parser.add_argument("--dtype", choices=DTYPES, default="float32", help="float32 (default) or float64 in every backend")
@@ -54,6 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--samples", type=int_flag("--samples"), default=6, help="finite-difference coordinates per parameter, in [1, 1000] (default 6)"
+    )
+    parser.add_argument(
+        "--width",
+        type=int_at_least(MIN_WIDTH, f"a width of at least {MIN_WIDTH}"),
+        default=WIDTH,
+        help=f"the longest line the report prints, at least {MIN_WIDTH} (default {WIDTH}): tables take short headers and wrap long names, notes wrap",
     )
     model = add_model_arguments(parser, "model config (defaults: the lesson's)")
     model.add_argument("--no-bias", action="store_true", help="linear layers without bias")
@@ -107,9 +114,9 @@ def run(args) -> int:
             decode=not args.no_decode,
             dp=args.dp,
         )
-    print(format_report(report))
+    print(format_report(report, args.width))
     for note in notes + ([cache_note] if cache_note else []):
-        print(f"note: {note}")
+        print("\n".join(wrap(f"note: {note}", args.width, indent=" " * 6)))
     return 0 if report.passed else 1
 
 

@@ -9,7 +9,7 @@ from mhsa.parity.decode import decode_section
 from mhsa.parity.lanes import Lanes
 from mhsa.parity.rows import FD, Report, Row, pair_key, pairs, reference
 from mhsa.parity.stages import stage_and_gradient_section
-from mhsa.parity.table import reference_header, table, verdict
+from mhsa.parity.table import WIDTH, reference_header, short_header, table, verdict, wrap
 from mhsa.parity.trajectory import trajectory_section
 from shared.config import ModelConfig
 from shared.tolerances import K
@@ -74,9 +74,12 @@ def header(key: str) -> str:
     return f"{reference()} f64 vs FD" if key == FD else key.replace("-", " vs ")
 
 
-def format_report(report: Report) -> str:
+def format_report(report: Report, width: int | None = WIDTH) -> str:
     """The report as markdown: a table per section (stages, gradients, trajectories, decode,
-    data-parallel), each with the columns its rows use, then the notes and the verdict."""
+    data-parallel), each with the columns its rows use, then the notes and the verdict. Every
+    line fits in `width` characters (None: no limit): a table too wide with its full headers
+    takes the short ones (a note spells each out), a long name wraps within its column, and the
+    title, notes and verdict wrap."""
     first = report.first_failure
     order = columns(report)
 
@@ -89,20 +92,32 @@ def format_report(report: Report) -> str:
             sections[-1].append(row)
         else:
             sections.append([row])
-    lines = [report.title]
+    lines = wrap(report.title, width)
+    shortened: dict[str, str] = {}
     for rows in sections:
         keys = [key for key in order if any(key in row.diffs for row in rows)]
-        lines += [""] + table(keys, rows, header_of, first)
+        lines.append("")
+        full = table(keys, rows, header_of, first)  # the full headers only where no name has to wrap beside them
+        if width is None or max(map(len, full)) <= width:
+            lines += full
+            continue
+        lines += table(keys, rows, header_of, first, width, short=True)
+        names = [header_of(key) for key in keys] + ([reference_header()] if any(row.reference_error is not None for row in rows) else [])
+        shortened.update({short_header(name): name for name in names if short_header(name) != name})
     lines.append("")
     notes = sorted({row.note for row in report.rows if row.note} | set(tolerance_notes(report.rows)))
-    lines += [f"note: {note}" for note in notes]
+    if shortened:
+        notes.insert(0, "columns shortened to fit: " + ", ".join(f"{short} is {name}" for short, name in shortened.items()))
+    for note in notes:
+        lines += wrap(f"note: {note}", width, indent=" " * 6)
     if first is None:
         lines.append(f"PASS: all {len(report.rows)} comparisons within their tolerances")
     else:
         failures = sum(not row.passed for row in report.rows)
-        lines.append(
+        lines += wrap(
             f"FAIL: first difference at {first.section} '{first.name}': {verdict(first, header_of)} "
-            f"({failures} of {len(report.rows)} comparisons fail)"
+            f"({failures} of {len(report.rows)} comparisons fail)",
+            width,
         )
     return "\n".join(lines)
 
