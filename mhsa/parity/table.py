@@ -49,7 +49,7 @@ def table(
     room = longest if width is None else max(NAME_FLOOR, min(longest, width - fixed))
     marker_fits = width is None or fixed + room + 2 + len(MARKER) <= width
     full = {id(row): _row_name(row) + ("" if row is not first or marker_fits else f" {MARKER}") for row in rows}
-    if not marker_fits:  # the marker joins the name: the column widens for it where the width allows
+    if width is not None and not marker_fits:  # the marker joins the name: the column widens for it where the width allows
         room = max(NAME_FLOOR, min(max(map(len, full.values())), width - fixed))
     names = {key: _wrap(name, room) if len(name) > room else [name] for key, name in full.items()}
     room = max(len(line) for wrapped in names.values() for line in wrapped)
