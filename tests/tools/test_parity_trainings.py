@@ -50,7 +50,7 @@ def test_the_projects_trainers_agree_at_every_step_in_the_trainings_row(a, b, dt
     assert (row.diffs[pair_key(a, b)], row.tol, row.step, row.at) == (worst.abs_diff, worst.tol, worst.step - 1, worst.label)
     assert 0 < worst.abs_diff <= worst.tol
     assert row.name == f"trainings at each of {STEPS} steps"
-    text = format_report(Report("trainings", [row]))
+    text = format_report(Report("trainings", [row]), width=None)  # one line per row and note: the wrapping is test_parity_width.py's
     assert f"(at step {row.step}: {row.at})" in text and "as `mhsa port-check --train` compares them" in text
     if dtype == "float64":  # fixed, docs/DESIGN.md's float64 trajectory tolerance, and the table's note for it
         assert row.tol == tolerance("trajectory", "float64") and "holds docs/DESIGN.md's fixed tolerance" in text
