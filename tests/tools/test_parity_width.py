@@ -1,9 +1,12 @@
-"""`mhsa parity` fits its width: 120 columns by default, tables and notes alike, wider or
-narrower with --width, and a width below the narrowest it fits is refused."""
+"""`mhsa parity` fits its width: 120 columns by default, tables and notes alike, wider
+with --width, and a width below the narrowest it fits is refused. Each test trains the default
+model for an epoch: the slow tier (test_parity.py holds the default report to 120 in make test)."""
 
 import pytest
 
 from mhsa.cli import main as mhsa
+
+pytestmark = pytest.mark.slow
 
 # the default model with every table that has long names (gradients, trajectories, decode), kept short
 MIN_WIDTH = 120  # the default, and the narrowest the tables fit
