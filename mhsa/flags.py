@@ -102,10 +102,9 @@ def positive_float(text: str) -> float:
 
 
 def refuse(parser: argparse.ArgumentParser, error: Exception | str) -> int:
-    """A flag the command can check only once it has read its input (a head the model lacks, a
-    prompt longer than the context): argparse's usage and `PROG: error: MESSAGE` on stderr, as
-    parser.error prints them, returned as exit status 2 instead of raised."""
-    parser.print_usage(sys.stderr)
+    """A value the command can check only once it has read its input (a head the model lacks, a
+    prompt longer than the context): the flag was well formed, so no usage, only the one line
+    `PROG: error: MESSAGE` on stderr, returned as exit status 2 (docs/exit-status.md)."""
     print(f"{parser.prog}: error: {error}", file=sys.stderr)
     return TROUBLE
 

@@ -49,7 +49,7 @@ a proposed name map); 130 interrupted."""
 
 def load_factory(spec: str, what: str):
     """'package.module:function' -> (model, Inputs or None): what the function returns. A bad
-    spec or a module that cannot be imported is a ValueError (a usage error); a factory that
+    spec or a module that cannot be imported is a ValueError (one line, exit 2); a factory that
     raises or returns something else than a model or (model, inputs) a PortCheckError."""
     result = call_factory(spec, what)
     if _readable(result):
@@ -151,10 +151,8 @@ def run(args) -> int:
             return run_train(args, name_map)
         from_file = read_input_file(args.inputs) if args.inputs else None
         factories = _factories(args)
-    except (ValueError, TypeError, OSError) as error:
-        if isinstance(error, PortCheckError):
-            return _error(str(error))
-        args.parser.error(str(error))
+    except (ValueError, TypeError, OSError) as error:  # a file or factory it cannot use: one line, no usage
+        return _error(str(error))
     try:
         source_inputs, target_inputs = factories[0][1], factories[1][1]
         inputs, target_inputs = read_inputs(args, source_inputs, target_inputs, from_file)

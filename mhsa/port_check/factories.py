@@ -14,7 +14,7 @@ from mhsa.port_check.forward.check import one_line
 
 def call_factory(spec: str, what: str):
     """What the factory `spec` returns. A bad spec, a module that cannot be found or a name that
-    is not a function is a ValueError (a usage error); the user's module or factory raising is a
+    is not a function is a ValueError (one line, exit 2); the user's module or factory raising is a
     PortCheckError naming `what` (TORCH_FACTORY or FLAX_FACTORY)."""
     module_name, _, function = spec.partition(":")
     if not module_name or not function:

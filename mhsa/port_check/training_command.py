@@ -4,7 +4,8 @@ With --train each factory returns a mapping (mhsa.port_check.training.check): "m
 "optimizer", "loss", "inputs", and optionally "model_inputs", "scheduler" and "clip" (torch).
 The batches come from the factories, so --inputs and --input-shape do not apply; the weights are
 always copied from the reference, so --no-transfer does not either. Exit 0 when every step and
-setting agrees, 1 when the trainings part or a setting differs, 2 on a usage error.
+setting agrees, 1 when the trainings part or a setting differs, 2 on a flag error (with the usage)
+or a factory it cannot load or use (one line).
 
 Importing this module starts no framework: the command's parser can take add_train_arguments
 without loading torch or JAX.
@@ -17,7 +18,6 @@ import sys
 
 from mhsa.exit_status import TROUBLE
 from mhsa.flags import int_flag
-from mhsa.port_check.core.records import PortCheckError
 from mhsa.port_check.factories import call_factory
 
 # flags of the forward check that a training check refuses: attribute -> {value given: flag}
@@ -51,7 +51,8 @@ def _given(flag, value) -> str | None:
 def run_train(args, name_map: dict[str, str] | None = None) -> int:
     """The command with --train N (args as the forward check's parser and add_train_arguments
     give them; name_map: the --map file, already read by the command): the report on stdout;
-    0 when everything agrees, 1 when not; a usage error exits 2 through args.parser."""
+    0 when everything agrees, 1 when not, 2 when a factory cannot be used (one line); a flag
+    error exits 2 through args.parser, with the usage."""
     # here, not at the top: `mhsa port-check --help` and the forward check do not start torch and JAX for it
     from mhsa.port_check.report.training import format_train_report
     from mhsa.port_check.training.check import check_setup, check_training
@@ -64,10 +65,8 @@ def run_train(args, name_map: dict[str, str] | None = None) -> int:
         reference = check_setup(call_factory(args.torch_factory, "TORCH_FACTORY"), "reference")
         port = check_setup(call_factory(args.flax_factory, "FLAX_FACTORY"), "port")
         report = check_training(reference, port, args.train, dtype=args.dtype, name_map=name_map, probes=not args.no_probes)
-    except PortCheckError as error:  # the user's module or factory raised: one line, as the forward check says it
+    except ValueError as error:  # a factory it cannot load or use, or one that raised: one line, as the forward check says it
         print(f"mhsa port-check: error: {error}", file=sys.stderr)
         return TROUBLE
-    except ValueError as error:
-        args.parser.error(str(error))
     print(format_train_report(report))
     return 0 if report.passed else 1

@@ -1,5 +1,6 @@
 """`mhsa port-check TORCH_FACTORY FLAX_FACTORY --train N`: exit 0 when every step agrees, 1 when
-the trainings part or a setting differs, 2 with one line on a usage error."""
+the trainings part or a setting differs, 2 on a flag error (the usage, then one line) or a factory
+it cannot use (one line)."""
 
 import argparse
 import json
@@ -47,23 +48,35 @@ def test_names_that_do_not_correspond_reach_the_port_through_the_map(tmp_path, c
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (
-            ["examples.torch_block:block", f"{MODELS}:flax_adamw", "--train", "2"],
-            "the reference factory returned tuple; with --train it must return a mapping",
-        ),
         ([f"{MODELS}:torch_adamw", f"{MODELS}:flax_adamw", "--train", "2", "--input-shape", "3,7"], "--input-shape: not with --train"),
         ([f"{MODELS}:torch_adamw", f"{MODELS}:flax_adamw", "--train", "2", "--no-transfer", "--grads"], "--no-transfer, --grads: not with --train"),
-        ([f"{MODELS}:torch_adamw", f"{MODELS}:nothing", "--train", "2"], f"cannot load factory '{MODELS}:nothing'"),
         ([f"{MODELS}:torch_adamw", f"{MODELS}:flax_adamw", "--train", "2", "--write-map", "m.json"], "--write-map: not with --train"),
         ([f"{MODELS}:torch_adamw", f"{MODELS}:flax_adamw", "--train", "0"], "argument --train: expected an integer in [1, 100000], got 0"),
     ],
 )
-def test_a_usage_error_exits_2_with_one_line(argv, message, capsys):
+def test_a_usage_error_exits_2_with_the_usage_and_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as exited:
         port_check(argv)
     assert exited.value.code == 2
     err = capsys.readouterr().err
-    assert message in err and err.strip().splitlines()[-1].startswith("mhsa port-check: error: ")
+    assert err.startswith("usage: mhsa port-check ") and message in err.splitlines()[-1], err
+    assert err.splitlines()[-1].startswith("mhsa port-check: error: ")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["examples.torch_block:block", f"{MODELS}:flax_adamw", "--train", "2"],
+            "the reference factory returned tuple; with --train it must return a mapping",
+        ),
+        ([f"{MODELS}:torch_adamw", f"{MODELS}:nothing", "--train", "2"], f"cannot load factory '{MODELS}:nothing'"),
+    ],
+)
+def test_a_factory_the_check_cannot_use_exits_2_with_one_line_and_no_usage(argv, message, capsys):
+    assert port_check(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mhsa port-check: error: ") and message in err and err.count("\n") == 1, err
 
 
 def test_a_factory_that_raises_exits_2_with_one_line_naming_it(capsys):
