@@ -8,7 +8,6 @@ import io
 import zipfile
 
 import numpy as np
-import pytest
 
 from mhsa.cli import main as mhsa
 from tests.tools.port_check import models

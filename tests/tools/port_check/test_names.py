@@ -10,7 +10,6 @@ with the advice to write a map."""
 import json
 import os
 
-import pytest
 import torch
 
 from mhsa.cli import main as mhsa
