@@ -1,9 +1,15 @@
 """Every command's exit status for each kind of ending that applies to it (docs/exit-status.md,
 named in mhsa/exit_status.py): a flag its parser refuses (2, its usage, then one line), a file it
-cannot use (2, the one line alone), a check that found a difference (1). A parity check's planted
-fault: tests/tools/test_parity.py; Ctrl-C and SIGTERM (130, 143): tests/tools/test_interrupt.py."""
+cannot use (2, the one line alone), a check that found a difference (1), a Ctrl-C or SIGTERM while
+it runs (130, 143, one line). A parity check's planted fault: tests/tools/test_parity.py; the
+signals as a terminal and `timeout` send them to a command's whole process group, and what each
+trainer keeps: tests/tools/test_interrupt.py."""
 
+import importlib
 import json
+import os
+import signal
+import time
 
 import pytest
 
@@ -109,3 +115,32 @@ def test_compare_that_finds_a_difference_exits_1(capsys, tmp_path):
 def test_port_check_that_finds_a_difference_exits_1(capsys):
     status, out, err = status_of(capsys, ["port-check", "examples.torch_block:block", "examples.flax_block:naive_block"])
     assert status == DIFFERENT and "FAIL" in out, (status, err)
+
+
+@pytest.fixture
+def shell_handlers():
+    """The Ctrl-C and SIGTERM handlers of a process started from a shell, whatever the test runner
+    set; the runner's back after the test."""
+    previous = {
+        number: signal.signal(number, handler) for number, handler in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL))
+    }
+    yield
+    for number, handler in previous.items():
+        signal.signal(number, handler)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_a_signal_while_a_command_runs_is_one_line_and_128_plus_its_number(capsys, monkeypatch, shell_handlers, command, signum):
+    def signalled_while_running(args):
+        os.kill(os.getpid(), signum)
+        time.sleep(10)  # the signal's KeyboardInterrupt ends this long before
+        raise AssertionError(f"{signal.Signals(signum).name} did not interrupt mhsa {command}")
+
+    monkeypatch.setattr(importlib.import_module(COMMANDS[command][0]), "run", signalled_while_running)
+    try:
+        status, out, err = status_of(capsys, [command, *VALID[command]])
+    except KeyboardInterrupt:
+        pytest.fail(f"mhsa {command} let {signal.Signals(signum).name} through as a KeyboardInterrupt")
+    said = "interrupted" if signum == signal.SIGINT else "interrupted by SIGTERM"
+    assert (status, out, err) == (128 + signum, "", f"{said}\n")
