@@ -348,7 +348,8 @@ def signalled_group(argv, signum, wait_for):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     "name, dp, signum",
-    [(name, 2, signal.SIGINT) for name in names("dp")] + [(names("dp")[0], 2, signal.SIGTERM), (names("train")[0], 1, signal.SIGTERM)],
+    [(name, 2, signal.SIGINT) for name in names("dp")]
+    + [(names("dp")[0], 2, signal.SIGTERM), (names("train")[0], 1, signal.SIGINT), (names("train")[0], 1, signal.SIGTERM)],
     ids=lambda value: getattr(value, "name", str(value)),
 )
 def test_a_signal_to_the_whole_group_keeps_the_last_complete_epoch_in_one_line_and_leaves_no_process(tmp_path, name, dp, signum):
