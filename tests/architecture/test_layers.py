@@ -25,7 +25,7 @@ from tests.paths import ROOT
 
 IMPLEMENTATIONS = sorted(backend.package for backend in registry.REGISTRY.values())
 PACKAGES = ["shared", *IMPLEMENTATIONS, "mhsa"]
-FRAMEWORKS = ("torch", "jax", "jaxlib", "flax", "optax")
+FRAMEWORKS = ("torch", "jax", "jaxlib", "flax", "optax", "equinox")
 # what the contract may not import: it is formats and checks, not commands or pictures
 PRESENTATION = ("argparse", "matplotlib", "rich", "tqdm", "pygments")
 # the tools that import a framework themselves, and why; every other tool reaches one through a backend.
@@ -36,6 +36,10 @@ FRAMEWORK_USERS = {
     "mhsa/port_check/readers/flax/": (
         ("jax", "jaxlib", "flax", "optax"),
         "reads and trains any user's Flax NNX module or Linen pair, which is no backend of the registry",
+    ),
+    "mhsa/port_check/readers/equinox/": (
+        ("jax", "jaxlib", "equinox"),
+        "reads any user's eqx.Module (Equinox, an optional extra), which is no backend of the registry",
     ),
     "mhsa/port_check/readers/jaxpr.py": (("jax",), "reads a traced JAX program, for every reader of a JAX library"),
     "mhsa/compile_cache.py": (("jax",), "turns on JAX's own persistent compilation cache for the commands that run JAX"),

@@ -1,7 +1,8 @@
 """The port check's readers, one folder per framework: each reads any user's model of its framework
 (its parameters in the exchange convention, its submodules' outputs in call order, its gradients)
 and is the only part of the port check that imports that framework. `torch/` reads a
-`torch.nn.Module`, `flax/` a Flax NNX module or Linen pair; each also has the trainer of `--train`.
+`torch.nn.Module`, `flax/` a Flax NNX module or Linen pair, each also with the trainer of `--train`;
+`equinox/` an `eqx.Module` (Equinox, an optional extra).
 `jaxpr.py` reads a traced JAX program (what it reads, each output's layout) for any JAX library's
 reader."""
 
@@ -10,9 +11,13 @@ from typing import cast
 
 from mhsa.port_check.readers.protocol import Reader
 
-# the two sides the port check reads, each through its own reader module (a user's model is not a
-# backend of the registry: it is any torch.nn.Module, any Flax NNX module or Linen pair)
-READERS = {"torch": "mhsa.port_check.readers.torch.reader", "jax": "mhsa.port_check.readers.flax.reader"}
+# the sides the port check reads, each through its own reader module (a user's model is not a
+# backend of the registry: it is any torch.nn.Module, Flax NNX module or Linen pair, eqx.Module)
+READERS = {
+    "torch": "mhsa.port_check.readers.torch.reader",
+    "jax": "mhsa.port_check.readers.flax.reader",
+    "equinox": "mhsa.port_check.readers.equinox.reader",  # equinox itself imported only for an Equinox model
+}
 
 
 def reader_of(model) -> tuple[str, Reader]:
@@ -24,5 +29,5 @@ def reader_of(model) -> tuple[str, Reader]:
             return name, cast(Reader, reader)
     raise TypeError(
         f"model of type {type(model).__name__} is not one the port check can read "
-        f"(a torch.nn.Module, an nnx.Module, or a Linen (module, variables) pair)"
+        f"(a torch.nn.Module, an nnx.Module, a Linen (module, variables) pair, or an eqx.Module)"
     )

@@ -122,7 +122,8 @@ class Reader(Protocol):
 
 
 if TYPE_CHECKING:  # mypy checks every reader against the protocol; nothing is imported at run time
+    from mhsa.port_check.readers.equinox import reader as _equinox_reader
     from mhsa.port_check.readers.flax import reader as _flax_reader
     from mhsa.port_check.readers.torch import reader as _torch_reader
 
-    _READERS: tuple[Reader, ...] = (_torch_reader, _flax_reader)
+    _READERS: tuple[Reader, ...] = (_torch_reader, _flax_reader, _equinox_reader)
