@@ -10,6 +10,7 @@ import sys
 
 from mhsa.port_check.core.records import PortCheckError
 from mhsa.port_check.forward.check import one_line
+from mhsa.port_check.readers import install_hint
 
 
 def call_factory(spec: str, what: str):
@@ -24,7 +25,7 @@ def call_factory(spec: str, what: str):
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise ValueError(f"cannot load factory {spec!r}: {error}") from None
+        raise ValueError(f"cannot load factory {spec!r}: {error}{install_hint(error.name)}") from None
     except Exception as error:  # the user's module fails while it is imported
         raise PortCheckError(f"importing {module_name!r} for {what} failed: {one_line(error)}") from error
     factory = getattr(module, function, None)

@@ -18,6 +18,15 @@ READERS = {
     "jax": "mhsa.port_check.readers.flax.reader",
     "equinox": "mhsa.port_check.readers.equinox.reader",  # equinox itself imported only for an Equinox model
 }
+# the readers' libraries that are optional extras, and how to install each
+EXTRAS = {"equinox": 'pip install -e ".[equinox]"'}
+
+
+def install_hint(module: str | None) -> str:
+    """'; equinox is an optional extra: pip install -e ".[equinox]"' for a missing module that is a
+    reader's optional extra (or one inside it); "" for any other."""
+    top = (module or "").split(".")[0]
+    return f"; {top} is an optional extra: {EXTRAS[top]}" if top in EXTRAS else ""
 
 
 def reader_of(model) -> tuple[str, Reader]:

@@ -1,0 +1,198 @@
+"""The port check reads an Equinox port as it reads a Flax one (readers/equinox/): parameters under
+torch's names and layouts, a model called per example under jax.vmap unless it says it takes the
+batch, every submodule call captured in call order (a layer called twice, or assigned twice, kept
+apart), gradients, float64, derived tolerances, the lint and the probes naming planted bugs; no
+class changed by a run, even one that raises; without equinox, one line that says how to install it."""
+
+import sys
+
+import jax
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("equinox")
+import equinox as eqx  # noqa: E402
+
+from examples import equinox_block, torch_block  # noqa: E402
+from mhsa.cli import main as mhsa  # noqa: E402
+from mhsa.port_check import PortCheckError, check_port  # noqa: E402
+from mhsa.port_check.core.findings import LintDifference  # noqa: E402
+from mhsa.port_check.core.structure import as_inputs  # noqa: E402
+from mhsa.port_check.readers import reader_of  # noqa: E402
+from mhsa.port_check.readers.equinox import reader, record  # noqa: E402
+from tests.tools.port_check import equinox_models as em  # noqa: E402
+from tests.tools.port_check import models  # noqa: E402
+
+M = "tests.tools.port_check.equinox_models"
+
+
+def test_an_equinox_model_is_read_by_the_equinox_reader():
+    side, found = reader_of(em.EqxMLP())
+    assert side == "equinox" and found is reader
+
+
+def test_parameters_carry_the_torch_reference_names_and_shapes():
+    torch.manual_seed(0)
+    expected = {name: tuple(value.shape) for name, value in models.TorchMLP().state_dict().items()}
+    assert {name: value.shape for name, value in reader.parameters(em.EqxMLP()).items()} == expected
+
+
+def test_a_conv_bias_is_torch_shaped_out_and_back_and_its_settings_are_torch_conventions():
+    conv = eqx.nn.Conv2d(2, 5, (3, 1), stride=(2, 1), padding=1, key=jax.random.key(0))
+    params = reader.parameters(conv)
+    assert {name: value.shape for name, value in params.items()} == {"weight": (5, 2, 3, 1), "bias": (5,)}  # OIHW, as torch's
+    loaded = reader.load_parameters(conv, {"bias": np.arange(5.0, dtype=np.float32)})
+    assert loaded.bias.shape == (5, 1, 1) and np.array_equal(np.asarray(loaded.bias).ravel(), np.arange(5.0))
+    settings = reader.describe(conv, as_inputs(()))[""].settings
+    assert settings == {"bias": True, "stride": (2, 1), "padding": ((1, 1), (1, 1)), "dilation": (1, 1), "groups": 1, "kernel_size": (3, 1)}
+
+
+def test_describe_reads_linear_bias_layernorm_eps_and_the_gelu_lambda_in_torch_words():
+    described = reader.describe(em.EqxMLP(eps=1e-6, approximate=True, bias=False), as_inputs(()))
+    assert {path: (info.kind, info.settings) for path, info in described.items()} == {
+        "": ("EqxMLP", {}),
+        "norm": ("LayerNorm", {"eps": 1e-6, "bias": True}),
+        "fc1": ("Linear", {"bias": False}),
+        "act": ("GELU", {"approximate": "tanh"}),
+        "fc2": ("Linear", {"bias": True}),
+    }
+
+
+def test_an_array_assigned_twice_is_one_parameter_tied_under_its_second_name():
+    model = em.Twice()
+    assert sorted(reader.parameters(model)) == ["fc.bias", "fc.weight"]
+    assert reader.tied(model) == {"again.weight": "fc.weight", "again.bias": "fc.bias"}
+    loaded = reader.load_parameters(model, {"fc.bias": np.ones(em.D, np.float32)})
+    assert np.array_equal(loaded.fc.bias, np.ones(em.D)) and np.array_equal(loaded.again.bias, np.ones(em.D))  # both places
+
+
+def test_a_layer_called_twice_and_assigned_twice_gives_one_row_per_call_under_its_first_path():
+    model, x = em.Twice(), em.inputs()
+    outputs = reader.capture(model, as_inputs(x))
+    assert [(output.call, output.path, output.shape) for output in outputs] == [(0, "fc", (3, 5, 24)), (1, "fc", (3, 5, 24)), (2, "", (3, 5, 24))]
+    weight, bias = np.asarray(model.fc.weight), np.asarray(model.fc.bias)
+    first = x @ weight.T + bias
+    np.testing.assert_allclose(outputs[0].value, first, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(outputs[1].value, np.maximum(first, 0) @ weight.T + bias, rtol=1e-5, atol=1e-5)
+
+
+def test_a_model_is_called_per_example_unless_it_says_it_takes_the_batch():
+    x = em.inputs()
+    summed = reader.capture(em.SumOverFirstAxis(), as_inputs(x))  # per example: x.sum(axis=0) sums the T positions
+    assert [(output.path, output.shape) for output in summed] == [("proj", (3, 24)), ("", (3, 24))]
+    model = em.SumOverFirstAxis()
+    np.testing.assert_allclose(summed[-1].value, x.sum(axis=1) @ np.asarray(model.proj.weight).T + np.asarray(model.proj.bias), rtol=1e-5, atol=1e-5)
+    assert not reader.batched(em.EqxMLP()) and reader.batched(em.BatchedMLP())
+    per_example = reader.capture(em.EqxMLP(), as_inputs(x))
+    whole = reader.capture(em.BatchedMLP(), as_inputs(x))  # the same weights, called once on (B, T, D)
+    assert [(output.path, output.shape) for output in whole] == [(output.path, output.shape) for output in per_example]
+    for a, b in zip(per_example, whole):
+        np.testing.assert_allclose(a.value, b.value, rtol=1e-6, atol=1e-6)
+
+
+def _class_attributes(model) -> dict:
+    classes = {cls for _, module in record.walk(model) for cls in type(module).__mro__} | set(type(model).__mro__) | {record.Recorder}
+    return {cls: dict(vars(cls)) for cls in classes}
+
+
+def test_no_class_and_not_the_model_is_changed_by_a_run_even_one_that_raises():
+    model = em.Raising()
+    before, leaves = _class_attributes(model), jax.tree_util.tree_leaves(model)
+    with pytest.raises(PortCheckError, match="RuntimeError: the port's code fails here"):
+        check_port(em.torch_mlp()[0], model, em.inputs())
+    assert _class_attributes(model) == before
+    assert all(a is b for a, b in zip(jax.tree_util.tree_leaves(model), leaves))
+    assert not any(isinstance(module, record.Recorder) for _, module in record.walk(model))
+
+
+def test_without_equinox_an_equinox_model_is_refused_in_one_line_that_says_how_to_install_it(monkeypatch):
+    model = em.PREBUILT
+    monkeypatch.setitem(sys.modules, "equinox", None)  # import equinox now fails, as where it is not installed
+    with pytest.raises(PortCheckError) as refused:
+        reader_of(model)
+    assert str(refused.value) == 'the model is an Equinox module (EqxMLP) and equinox is not installed: pip install -e ".[equinox]"'
+
+
+def test_without_equinox_the_command_says_how_to_install_it_and_exits_2(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "equinox", None)
+    monkeypatch.delitem(sys.modules, "examples.equinox_block", raising=False)  # a user's port that imports equinox
+    assert mhsa(["port-check", f"{M}:torch_mlp", f"{M}:prebuilt"]) == 2  # a model built while it was there
+    assert mhsa(["port-check", "examples.torch_block:block", "examples.equinox_block:block"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [
+        'mhsa port-check: error: the model is an Equinox module (EqxMLP) and equinox is not installed: pip install -e ".[equinox]"',
+        "mhsa port-check: error: cannot load factory 'examples.equinox_block:block': import of equinox halted; None in sys.modules; "
+        'equinox is an optional extra: pip install -e ".[equinox]"',
+    ]
+
+
+# --- whole checks: under a second for the MLP, a few for the attention block (XLA compiles both sides) ---
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("pair", ["mlp", pytest.param("block", marks=pytest.mark.slow)])
+def test_a_faithful_port_passes_with_gradients(pair, dtype):
+    source, target = (em.torch_mlp()[0], em.EqxMLP()) if pair == "mlp" else (torch_block.block()[0], equinox_block.block()[0])
+    report = check_port(source, target, em.inputs(), grads=True, dtype=dtype)
+    assert report.passed and not report.lint, [(row.name, row.abs_diff, row.tol) for row in report.rows]
+    outputs = [row.target_module for row in report.rows if row.section == "output"]
+    grads = {row.name for row in report.rows if row.section == "gradient"}
+    expected = (
+        ["norm", "fc1", "act", "fc2", ""]
+        if pair == "mlp"
+        else ["ln1", "attn.qkv_proj", "attn.out_proj", "attn", "ln2", "mlp.fc1", "mlp.act", "mlp.fc2", "mlp.drop", "mlp", ""]
+    )
+    assert outputs == expected
+    assert grads == set(reader.parameters(target))
+    if dtype == "float32":  # tolerances derived from the reference's own float32 error
+        assert all(row.reference_error is not None and 0 < row.reference_error < row.tol for row in report.rows)
+
+
+def test_a_layer_called_twice_passes_against_its_torch_twin_with_the_gradient_of_both_uses():
+    report = check_port(em.torch_twice()[0], em.Twice(), em.inputs(), grads=True)
+    assert report.passed and {row.name for row in report.rows if row.section == "gradient"} == {"fc.weight", "fc.bias"}
+
+
+def test_layernorm_eps_and_the_tanh_gelu_are_linted_and_the_eps_probe_closes_the_first_gap():
+    report = check_port(em.torch_mlp()[0], em.EqxMLP(eps=1e-6, approximate=True), em.inputs())
+    assert report.lint == [
+        LintDifference("norm", "LayerNorm", "eps", 1e-5, 1e-6),
+        LintDifference("act", "GELU", "approximate", "none", "tanh"),
+    ]
+    assert report.first_failure.name == "norm"
+    closes = [(probe.switch.kind, probe.switch.path, probe.outcome) for probe in report.probes]
+    assert ("eps", "norm", "closes") in closes
+
+
+def test_the_tanh_gelu_alone_fails_first_at_the_gelu_row():
+    report = check_port(em.torch_mlp()[0], em.EqxMLP(approximate=True), em.inputs())
+    assert report.lint == [LintDifference("act", "GELU", "approximate", "none", "tanh")]
+    assert report.first_failure.name == "act" and report.first_failure.kind == "GELU"
+
+
+def test_a_missing_bias_is_linted_and_its_reference_parameter_left_over():
+    report = check_port(em.torch_mlp()[0], em.EqxMLP(bias=False), em.inputs())
+    assert report.lint == [LintDifference("fc1", "Linear", "bias", True, False)]
+    assert report.transfer.unconsumed_source == ["fc1.bias"]
+    assert report.first_failure.name == "fc1"
+
+
+@pytest.mark.slow
+def test_a_weight_converted_transposed_is_named_and_the_transpose_probe_closes_it():
+    torch.manual_seed(0)
+    source = models.TorchSquare()
+    port = em.converted(source, em.EqxMLP(hidden=em.D), transpose="fc1")
+    report = check_port(source, port, em.inputs(), transfer=False)
+    assert [(differing.name, differing.how) for differing in report.transfer.differing] == [("fc1.weight", "holds its transpose")]
+    assert report.first_failure.name == "fc1"
+    assert [(probe.switch.kind, probe.switch.path, probe.outcome) for probe in report.probes] == [("transpose", "fc1", "closes")]
+
+
+@pytest.mark.slow
+def test_heads_split_the_wrong_way_fail_first_after_the_projection_inside_the_attention():
+    report = check_port(torch_block.block()[0], em.swapped_heads_block(), em.inputs())
+    assert not report.lint
+    rows = {row.name: row for row in report.rows}
+    assert rows["attn.qkv_proj"].passed and report.first_failure.name == "attn.out_proj"
+    assert [(hint.kind, hint.before, hint.row, hint.path) for hint in report.hints] == [("enters", "attn.qkv_proj", "attn.out_proj", "attn")]
