@@ -174,9 +174,11 @@ def test_the_commands_run_the_avx2_kernels_whatever_the_callers_shell_chose(tmp_
     from tests.machinery import caller
 
     monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=0")
-    monkeypatch.setattr(caller, "ENVIRONMENT", {"OPENBLAS_CORETYPE": "SkylakeX", "ATEN_CPU_CAPABILITY": "avx512"})
-    echo = "echo $XLA_FLAGS $OPENBLAS_CORETYPE $ATEN_CPU_CAPABILITY"
-    path = write(tmp_path, f"```console\n$ {echo}\n--xla_cpu_enable_platform_dependent_math=false Haswell avx2\n```\n")
+    shell = {"OPENBLAS_CORETYPE": "SkylakeX", "ATEN_CPU_CAPABILITY": "avx512", "MKL_CBWR": "AVX512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}
+    monkeypatch.setattr(caller, "ENVIRONMENT", shell)
+    echo = "echo $XLA_FLAGS $OPENBLAS_CORETYPE $ATEN_CPU_CAPABILITY $MKL_CBWR $ONEDNN_MAX_CPU_ISA"
+    shown = "--xla_cpu_enable_platform_dependent_math=false --xla_cpu_max_isa=AVX2 Haswell avx2 AVX2 AVX2"
+    path = write(tmp_path, f"```console\n$ {echo}\n{shown}\n```\n")
     outcome = transcripts.run(transcripts.parse(path))[0]
     assert outcome.ok, outcome.output
 

@@ -153,15 +153,18 @@ def masked(text: str) -> list[str]:
 # themselves fix their thread counts
 THREAD_VARIABLES = ("OMP_", "OPENBLAS_", "GOTO_", "MKL_", "KMP_", "BLIS_", "NVPL_")
 
-# the kernels every command runs with, whatever the CPU and the caller's shell: a CPU with AVX-512
-# picks wider kernels of ATen and OpenBLAS that sum in another order, and XLA's platform-dependent
-# math, which move a float32 loss's last digit; with these, the losses of an AVX-512 CPU are an
-# AVX2 one's. MKL's and XLA's matrix kernels still choose by the CPU: a parity table's error
-# column can move by a rounding between CPU kinds
+# the kernels every command runs with, whatever the CPU and the caller's shell: each library picks
+# its kernels by the CPU (AVX-512 ones sum in another order than AVX2 ones), and that moves a
+# float32 loss's last digit and a parity table's error column by a rounding. Pinned to AVX2's, on
+# every x86 CPU that has it: ATen's vectorized ops, OpenBLAS (NumPy), MKL's matrix kernels (torch's
+# matmuls; MKL's conditional numerical reproducibility, whose AVX2 branch gives the same results on
+# every CPU that runs it), oneDNN's, and XLA's code generation and its platform-dependent math
 KERNELS = {
     "ATEN_CPU_CAPABILITY": "avx2",
     "OPENBLAS_CORETYPE": "Haswell",
-    "XLA_FLAGS": "--xla_cpu_enable_platform_dependent_math=false",
+    "MKL_CBWR": "AVX2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "XLA_FLAGS": "--xla_cpu_enable_platform_dependent_math=false --xla_cpu_max_isa=AVX2",
 }
 
 
