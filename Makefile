@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@echo "[1/2] creating $(VENV) with $(PYTHON)"
 	@$(PYTHON) -m venv $(if $(filter-out $(STAMP),$(wildcard $(VENV)/.installed*)),--clear )$(VENV)
 	@echo "[2/2] installing the pinned versions of constraints.txt (torch, jax, flax, optax, ...): a minute or two"
-	@$(PY) -m pip install --no-compile --disable-pip-version-check $(INDEX) $(PIP_ARGS) -c constraints.txt -e ".[test,lint]" > $(PIP_LOG) 2>&1 \
+	@$(PY) -m pip install --no-compile --disable-pip-version-check $(INDEX) $(PIP_ARGS) -c constraints.txt -e ".[test,lint,equinox]" > $(PIP_LOG) 2>&1 \
 		|| { cat $(PIP_LOG); echo "pip install failed: the log above is also in $(PIP_LOG)"; exit 1; }
 	@$(PY) -m compileall -q -j 0 $(VENV)/lib > $(VENV)/compileall.log 2>&1 || true
 	@rm -f $(VENV)/.installed*
