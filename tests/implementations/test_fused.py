@@ -11,6 +11,7 @@ import pytest
 from shared.tolerances import assert_close, tolerance
 from shared.weights import init_weights
 from tests.backends import ADAPTERS, SMALL, B, T, names, new_block
+from tests.tiers import first_fast
 
 FUSED = dataclasses.replace(SMALL, attn_impl="fused")
 DTYPES = ["float32", "float64"]
@@ -42,7 +43,7 @@ def embeddings(dtype, seed=0):
 
 
 @pytest.mark.parametrize("mask_name", MASKS)
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", first_fast(DTYPES))
 def test_fused_block_equals_explicit_block(fused_backend, dtype, mask_name):
     arrays = init_weights(SMALL, 1, dtype)
     mask = MASKS[mask_name]
@@ -65,7 +66,7 @@ def test_an_empty_row_gets_zero_context_so_the_output_is_the_out_proj_bias(fused
 
 
 @pytest.mark.parametrize("mask_name", ["none", "random-per-head"])
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", first_fast(DTYPES))
 def test_fused_model_logits_equal_numpy_ref(fused_backend, dtype, mask_name):
     arrays = init_weights(SMALL, 3, dtype)
     mask = MASKS[mask_name]
@@ -75,7 +76,7 @@ def test_fused_model_logits_equal_numpy_ref(fused_backend, dtype, mask_name):
 
 
 @pytest.mark.parametrize("mask_name", ["none", "random-per-head"])
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", first_fast(DTYPES))
 def test_fused_gradients_equal_explicit_gradients(fused_backend, dtype, mask_name):
     arrays = init_weights(SMALL, 4, dtype)
     tokens = tokens_for(5)

@@ -14,6 +14,7 @@ from shared.config import DTYPES, ModelConfig, TrainConfig
 from shared.tolerances import assert_close, tolerance
 from shared.weights import init_weights
 from tests.backends import SMALL, B, names
+from tests.tiers import first_fast
 
 GENERATORS = names("generate")
 PROMPT = 3  # tokens read in one call before the single-token steps
@@ -32,7 +33,7 @@ def exactly(message):
     return "^" + re.escape(message) + "$"
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", first_fast(DTYPES))
 @pytest.mark.parametrize("name", GENERATORS)
 def test_cached_logits_equal_a_full_forward_at_every_step(name, dtype):
     run = decode_run(name, init_weights(SMALL, 1, dtype), SMALL, sequence(), PROMPT)

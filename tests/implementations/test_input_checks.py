@@ -15,6 +15,7 @@ from mhsa import registry
 from shared.weights import init_weights
 from tests.backends import SMALL, B, T, called_directly, names, native, new_block
 from tests.samples import tokens, with_id
+from tests.tiers import first_fast
 from tests.weight_files import BAD_ARRAYS, exactly
 
 D, H, V, L = SMALL.d_model, SMALL.n_heads, SMALL.vocab_size, SMALL.max_len  # 24, 4, 11, 7
@@ -274,7 +275,7 @@ def test_each_input_check_runs_once_per_call(backend, counted):
         assert counted == {**dict.fromkeys(counted, 0), **expected}, f"{backend.name} {what}"
 
 
-@pytest.mark.parametrize("name", names("train"))
+@pytest.mark.parametrize("name", first_fast(names("train")))
 def test_a_trainer_checks_each_batch_once_and_its_steps_check_nothing(name, counted):
     from shared.config import TrainConfig
 

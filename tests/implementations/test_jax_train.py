@@ -39,6 +39,7 @@ def committed():
     return history, plain
 
 
+@pytest.mark.slow  # a training run (the committed fixture)
 def test_the_run_lives_on_the_device_it_was_given(committed):
     history, _ = committed
     cpu = jax.devices("cpu")[0]
@@ -46,6 +47,7 @@ def test_the_run_lives_on_the_device_it_was_given(committed):
         assert leaf.devices() == {cpu} and leaf.committed, leaf
 
 
+@pytest.mark.slow  # a training run (the committed fixture)
 def test_a_committed_model_feeds_every_model_function_as_a_plain_one(committed):
     history, plain = committed
     rng = np.random.default_rng(0)

@@ -14,6 +14,7 @@ from shared import adam_state, weights
 from shared.config import TrainConfig
 from shared.tolerances import assert_close, tolerance
 from tests.backends import SMALL, names
+from tests.tiers import first_fast
 
 OTHERS = [name for name in names("train") if name != "numpy"]
 NUMPY = registry.get("numpy")
@@ -60,7 +61,7 @@ def stop_after_one_epoch(name, train_config):
     return arrays, registry.get(name).train.optimizer_to_exchange(history.optimizer, history.model, one)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", first_fast(["float32", "float64"]))
 @pytest.mark.parametrize("first, then", [(first, then) for other in OTHERS for first, then in (("numpy", other), (other, "numpy"))])
 def test_a_run_moves_between_backends_and_continues_exactly(first, then, dtype, tmp_path):
     train_config = small_run(dtype)

@@ -10,6 +10,7 @@ shape on a 2-core CPU) is checked on random masks, weights and inputs within a f
 """
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
@@ -129,6 +130,7 @@ def test_model_properties_over_random_shapes(case):
     check_model(EAGER, case)
 
 
+@pytest.mark.slow  # every drawn case compiled (jax.jit, torch.compile)
 @examples(20)
 @given(cases(JIT_SHAPES), st.data())
 def test_compiled_backends_agree_on_random_masks_weights_and_inputs(case, data):

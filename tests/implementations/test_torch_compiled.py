@@ -123,6 +123,7 @@ def test_each_run_compiles_its_own_step_so_no_recompile_limit_builds_up_across_r
             train(SMALL_MODEL, uneven, compile=True)
 
 
+@pytest.mark.slow  # torch.compile traces the model
 def test_compile_names_a_failed_compilation(monkeypatch):
     def failing(graph, example_inputs):
         raise RuntimeError("planted: no C++ compiler")

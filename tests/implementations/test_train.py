@@ -13,6 +13,7 @@ from shared.tolerances import assert_close, tolerance
 from shared.training import NonFiniteLossError
 from shared.weights import init_weights
 from tests.backends import SMALL, names, native
+from tests.tiers import first_fast
 from tests.weight_files import exactly
 
 TRAINERS = names("train")
@@ -22,7 +23,7 @@ def trainer(name):
     return registry.get(name).train
 
 
-@pytest.mark.parametrize("name", TRAINERS)
+@pytest.mark.parametrize("name", first_fast(TRAINERS))
 def test_the_default_run_learns_the_copy_task(default_run, name):
     history = default_run(name, "float32")
     assert history.backend == name and len(history.losses) == 3 * 64 and len(history.epoch_losses) == 3
@@ -31,7 +32,7 @@ def test_the_default_run_learns_the_copy_task(default_run, name):
     assert all(value.dtype == np.float32 for value in registry.get(name).model.to_exchange(history.model).values())
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", first_fast(["float32", "float64"]))
 @pytest.mark.parametrize("other", TRAINERS[1:])
 def test_default_trajectory_matches_the_first_trainers_at_every_step(default_run, other, dtype):
     first = TRAINERS[0]
@@ -44,14 +45,14 @@ def test_default_trajectory_matches_the_first_trainers_at_every_step(default_run
             assert_close(f"final {name} {first} vs {other}", value, final[name], 1e-9)
 
 
-@pytest.mark.parametrize("backend", TRAINERS)
+@pytest.mark.parametrize("backend", first_fast(TRAINERS))
 def test_a_smaller_last_batch_is_trained_too(backend):
     steps = []
     history = trainer(backend).train(SMALL, TrainConfig(epochs=2, n_sequences=70, batch_size=32), on_step=lambda step, loss: steps.append(step))
     assert steps == list(range(6)) and len(history.losses) == 6  # 32 + 32 + 6 per epoch
 
 
-@pytest.mark.parametrize("backend", names("layers"))  # the framework layers' own initializers
+@pytest.mark.parametrize("backend", first_fast(names("layers")))  # the framework layers' own initializers
 def test_native_init_trains_and_differs_from_shared(backend):
     config = TrainConfig(epochs=1, n_sequences=64)
     native = trainer(backend).train(SMALL, config, init="native")

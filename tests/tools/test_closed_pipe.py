@@ -93,6 +93,7 @@ def command_lines(tmp_path):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow  # every command run whole
 def test_every_command_that_prints_finishes_its_work_when_its_reader_has_left(tmp_path, capsys):
     lines = command_lines(tmp_path)
     assert set(lines) == set(COMMANDS), "a command was added: give it a command line here"

@@ -22,6 +22,7 @@ from shared.config import ModelConfig, TrainConfig
 from shared.tolerances import K, assert_close, derived, reference_error, scale, stage_kind, stepwise, tolerance
 from tests.backends import SMALL
 from tests.paths import ROOT
+from tests.tiers import first_fast
 
 DEFAULT = ModelConfig()
 
@@ -45,8 +46,8 @@ def runs() -> dict:
     return {}
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("config", [SMALL, DEFAULT], ids=["odd-sizes", "default"])
+@pytest.mark.parametrize("dtype", first_fast(["float32", "float64"]))
+@pytest.mark.parametrize("config", first_fast([SMALL, DEFAULT]), ids=["odd-sizes", "default"])
 @pytest.mark.parametrize("masked", [False, True], ids=["causal", "padding"])
 def test_every_stage_and_gradient_agrees(dtype, config, masked):
     report = build_report(config, dtype, seed=1, mask=padding_mask(config) if masked else None, epochs=0, samples=3, decode=False)
@@ -89,6 +90,7 @@ def test_float32_rows_are_held_to_k_times_the_references_own_error_and_float64_r
     assert "| numpy own error |" in text and "numpy f64 vs FD" in text and f"tolerance: {K:g} x numpy own error (numpy in float32 against" in text
 
 
+@pytest.mark.slow  # three epochs of the default model in every trainer
 def test_float64_default_run_trajectories_and_final_weights_agree(runs):
     report = build_report(DEFAULT, "float64", seed=0, epochs=3, samples=2, decode=False, runs=runs)
     trajectory = [row for row in report.rows if row.section == "trajectory"]
@@ -188,6 +190,7 @@ def test_a_softmax_with_eps_in_its_denominator_passes_the_fixed_tolerances_and_f
     assert "FAIL: first difference at stage 'weights': jax vs numpy 9.54e-07 > " in format_report(report)
 
 
+@pytest.mark.slow  # the whole command: every section, trainings included
 def test_mhsa_parity_prints_the_table_and_exits_by_the_result(capsys, monkeypatch):
     from mhsa import compile_cache
 
@@ -281,7 +284,7 @@ def test_jax_cache_keeps_every_compiled_program_where_asked(tmp_path):
     assert set(kept) - set(entries) and sum(path.stat().st_size for path in kept) <= 12000, sorted(path.name for path in kept)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", first_fast(["float32", "float64"]))
 def test_torch_then_jax_hand_off_matches_the_all_torch_run(dtype, tmp_path, runs):
     import jax_impl.train
     import torch_impl.model
@@ -410,6 +413,7 @@ def test_a_failing_job_stops_the_report_with_its_error(monkeypatch):
         build_report(SMALL, "float64", seed=2, epochs=0, samples=1, decode=False, adapters=adapters)
 
 
+@pytest.mark.slow  # three epochs of the default model in every trainer
 def test_float32_trajectory_steps_are_held_to_the_references_own_error_by_that_step(runs):
     report = build_report(DEFAULT, "float32", seed=0, epochs=3, samples=1, decode=False, runs=runs)
     assert report.passed, format_report(report)
@@ -429,6 +433,7 @@ def test_float32_trajectory_steps_are_held_to_the_references_own_error_by_that_s
         assert np.all(gap <= tols), (name, int(np.argmax(gap / tols)))
 
 
+@pytest.mark.slow  # a data-parallel training in each dp backend
 def test_the_data_parallel_section_trains_each_dp_backend_with_its_parallel_engine(monkeypatch):
     calls = []
     for name in registry.names("dp"):

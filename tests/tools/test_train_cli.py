@@ -28,6 +28,7 @@ from tests.commands import refused, run_cli
 from tests.contract.test_checkpoint import is_pair, save
 from tests.failing_disk import FailingOs
 from tests.paths import ROOT
+from tests.tiers import first_fast
 from tests.weight_files import BAD_ARRAYS, Payload, changed, good_bytes, write_exchange
 
 TRAINERS = names("train")
@@ -72,7 +73,7 @@ def test_a_small_run_defaults_to_one_thread_a_large_one_to_the_libraries_own_and
     assert applied == [2]  # a given --threads alone, applied before the command starts (mhsa.cli.run_guarded)
 
 
-@pytest.mark.parametrize("backend", TRAINERS)
+@pytest.mark.parametrize("backend", first_fast(TRAINERS))
 def test_save_then_load_continues_from_the_saved_weights(backend, tmp_path):
     flags = ["--epochs", "1", "--n-sequences", "128", "--seq-len", "6", "--vocab-size", "9"]
     first = run_cli(backend, *flags, "--save", "w.safetensors", "--history", "a.json", "--heatmap-head", "3", cwd=tmp_path)
@@ -109,7 +110,7 @@ RESUMED_RUN = ["--n-sequences", "48", "--batch-size", "16"]  # not --quiet: the 
 MODEL = ["--seq-len", "5", "--vocab-size", "11", "--d-model", "24"]
 
 
-@pytest.mark.parametrize("backend", TRAINERS)
+@pytest.mark.parametrize("backend", first_fast(TRAINERS))
 def test_resume_keeps_the_saved_lr_unless_a_flag_overrides_it_and_says_so(tmp_path, backend):
     done = run_cli(backend, *RESUMED_RUN, *MODEL, "--epochs", "1", "--lr", "0.02", "--save", "run.safetensors", cwd=tmp_path)
     assert done.returncode == 0, done.stderr

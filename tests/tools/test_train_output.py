@@ -36,6 +36,7 @@ def default_runs(tmp_path_factory):
     return runs
 
 
+@pytest.mark.slow  # a default training in every backend
 def test_the_output_and_the_history_schema_are_the_same_for_every_backend(default_runs):
     lines = {}
     for backend, (result, _, folder) in default_runs.items():

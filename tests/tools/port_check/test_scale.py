@@ -254,6 +254,7 @@ def scale_benchmark(monkeypatch):
     return module
 
 
+@pytest.mark.slow  # the benchmark: child processes, the check run whole
 def test_the_scale_benchmark_measures_a_childs_own_peak_and_runs_its_floor_and_check_on_the_tiny_pair(monkeypatch, capsys):
     from mhsa.cli import main
 

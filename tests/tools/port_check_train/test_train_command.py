@@ -21,6 +21,7 @@ def port_check(argv: list[str]) -> int:
     return command.run(parser.parse_args(argv))
 
 
+@pytest.mark.slow  # the command, twice: trainings in float32 and float64
 def test_a_matched_pair_exits_0_and_a_planted_default_exits_1_naming_it(capsys):
     assert port_check([f"{MODELS}:torch_adamw", f"{MODELS}:flax_adamw", "--train", "3"]) == 0
     out = capsys.readouterr().out

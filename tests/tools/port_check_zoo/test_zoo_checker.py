@@ -12,6 +12,7 @@ from examples.zoo import catalog, llama_train, survey
 from mhsa.port_check import check_port, format_report
 from mhsa.port_check.report.training import format_train_report
 from mhsa.port_check.training.check import check_training
+from tests.tiers import first_fast
 
 # what a faithful pair's report says besides PASS, {(pair, "converted" or "fresh"): lines}: the
 # encoder-decoder's converter leaves a variable nothing reads, its one embedding module is used by
@@ -41,12 +42,6 @@ def _checked(name: str, kind: str, dtype: str, grads: bool) -> None:
     assert ("split at another module boundary" in lines[-1]) is (name in SPLIT), lines[-1]
 
 
-def first_fast(cases):
-    """The first case in make test, the property checked once there; every other one in the slow
-    tier (make test-slow): each pair builds and compiles its own models."""
-    return [pytest.param(*case, marks=[] if n == 0 else [pytest.mark.slow]) for n, case in enumerate(cases)]
-
-
 @pytest.mark.parametrize(("name", "dtype"), first_fast([(name, "float32") for name in catalog.FAITHFUL]))
 def test_port_check_passes_every_faithful_pair_with_its_converted_weights_and_gradients(name, dtype):
     _checked(name, "converted", dtype, grads=True)
@@ -59,7 +54,9 @@ def test_port_check_passes_every_fresh_port_once_it_has_the_references_weights(n
 
 @pytest.mark.parametrize(
     ("name", "kind", "dtype"),
-    [("seq2seq", "converted", "float32"), ("seq2seq", "fresh", "float64"), ("convnet", "converted", "float32"), ("convnet", "fresh", "float64")],
+    first_fast(
+        [("seq2seq", "converted", "float32"), ("seq2seq", "fresh", "float64"), ("convnet", "converted", "float32"), ("convnet", "fresh", "float64")]
+    ),
 )
 def test_port_check_passes_the_pairs_of_real_architectures_defects_without_gradients_too(name, kind, dtype):
     # a shared embedding, a final LayerNorm at init, C = H = W, a scaled embedding, a weight-normed

@@ -12,13 +12,14 @@ from flax import nnx
 from examples.zoo import catalog, gpt2_convert, gpt2_flax, gpt2_torch
 from examples.zoo.configs import gpt2_small
 from shared.tolerances import assert_close, tolerance
+from tests.tiers import first_fast
 from tests.tools.port_check_zoo import sides
 
 # submodule outputs with a counterpart in the port: a pair that compared none would pass on nothing
 COMPARED = {"llama": 30, "llama_keywords": 30, "gpt2": 24, "gpt2_linen": 24, "vit": 25, "seq2seq": 34, "convnet": 5}
 
 
-@pytest.mark.parametrize("name", catalog.FAITHFUL)
+@pytest.mark.parametrize("name", first_fast(list(catalog.FAITHFUL)))
 def test_every_faithful_pair_agrees_at_every_output_module_and_gradient(name):
     pair, dtype = catalog.FAITHFUL[name], "float64"
     (reference, x), (port, y), convert = catalog.build(pair.reference), catalog.build(pair.port, dtype=dtype), catalog.resolve(pair.convert)
