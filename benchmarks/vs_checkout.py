@@ -1,5 +1,6 @@
 """This tree against another checkout of the project, interleaved: each trainer's steady-state
-speed, the default run's start-up, `mhsa parity` and the test suite, each measured in both
+speed, the default run's start-up, `mhsa parity`, the port check at GPT-2 small's size and the
+test suite, each measured in both
 checkouts in turn, round after round, so that a machine shared with other work slows both alike.
 Each checkout needs its own .venv (`make install` there); every measurement is a process of its
 own, run with that checkout's venv and working directory.
@@ -13,6 +14,8 @@ What each row measures (the median over the rounds; the ratio is this tree's ove
                    first epoch holds compilation), the median epoch of the run
   start-up BACKEND `python -m BACKEND.train --quiet`: the default run, process start to exit
   parity           `mhsa parity`, process start to exit, JAX's compilation cache warm
+  port-check       `mhsa port-check` on the zoo's GPT-2-small pair (124M parameters, 1024
+                   tokens), process start to exit, without and with --grads (PORT_CHECK)
   tests            `python -m pytest -q -n 2 --dist loadscope` (what `make test` runs)
 """
 
@@ -33,7 +36,8 @@ from mhsa.flags import int_flag  # noqa: E402  (after bench_common puts the repo
 
 HERE = Path(__file__).resolve().parents[1]
 BACKENDS = ("torch_impl", "jax_impl", "numpy_ref")
-KINDS = ("train", "startup", "parity", "tests")
+KINDS = ("train", "startup", "parity", "port-check", "tests")
+PORT_CHECK = ["port-check", "examples.zoo.gpt2_torch:small", "examples.zoo.gpt2_flax:small", "--no-probes"]
 EPOCHS = 6
 
 # run in the checkout with its venv: the median epoch of epochs 2..EPOCHS of each backend's train()
@@ -77,6 +81,10 @@ def measure_once(root: Path, kinds: list[str]) -> dict[str, float]:
             found[f"start-up {name}"] = _run(root, [python, "-m", f"{name}.train", "--quiet"])[0]
     if "parity" in kinds:
         found["parity"] = _run(root, [str(root / ".venv" / "bin" / "mhsa"), "parity"])[0]
+    if "port-check" in kinds:
+        mhsa = str(root / ".venv" / "bin" / "mhsa")
+        found["port-check GPT-2 small"] = _run(root, [mhsa, *PORT_CHECK])[0]
+        found["port-check GPT-2 small --grads"] = _run(root, [mhsa, *PORT_CHECK, "--grads"])[0]
     if "tests" in kinds:
         found["tests"] = _run(root, [python, "-m", "pytest", "-q", "-n", "2", "--dist", "loadscope", "-p", "no:cacheprovider"])[0]
     return found
