@@ -88,6 +88,25 @@ class TorchTwice(torch.nn.Module):
         return self.again(torch.relu(self.fc(x)))
 
 
+class Jitted(EqxMLP):
+    """EqxMLP run under an eqx.filter_jit of its own."""
+
+    def __call__(self, x):
+        return eqx.filter_jit(super().__call__)(x)
+
+
+class Scanned(eqx.Module):
+    """One Linear applied twice inside a lax.scan of the model's own, (T, D) -> (T, D)."""
+
+    fc: eqx.nn.Linear
+
+    def __init__(self):
+        self.fc = eqx.nn.Linear(D, D, key=jax.random.key(0))
+
+    def __call__(self, x):
+        return jax.lax.scan(lambda carry, _: (jax.vmap(self.fc)(carry), None), x, None, length=2)[0]
+
+
 class Raising(EqxMLP):
     """EqxMLP whose call fails after its first layers ran (recorders in place)."""
 

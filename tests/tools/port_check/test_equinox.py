@@ -4,6 +4,7 @@ batch, every submodule call captured in call order (a layer called twice, or ass
 apart), gradients, float64, derived tolerances, the lint and the probes naming planted bugs; no
 class changed by a run, even one that raises; without equinox, one line that says how to install it."""
 
+import subprocess
 import sys
 
 import jax
@@ -21,6 +22,7 @@ from mhsa.port_check.core.findings import LintDifference  # noqa: E402
 from mhsa.port_check.core.structure import as_inputs  # noqa: E402
 from mhsa.port_check.readers import reader_of  # noqa: E402
 from mhsa.port_check.readers.equinox import reader, record  # noqa: E402
+from tests.paths import ROOT  # noqa: E402
 from tests.tools.port_check import equinox_models as em  # noqa: E402
 from tests.tools.port_check import models  # noqa: E402
 
@@ -91,6 +93,16 @@ def test_a_model_is_called_per_example_unless_it_says_it_takes_the_batch():
         np.testing.assert_allclose(a.value, b.value, rtol=1e-6, atol=1e-6)
 
 
+def test_calls_inside_a_jit_of_the_model_are_rows_and_inside_a_scan_only_the_caller_is():
+    x = em.inputs()
+    jitted = reader.capture(em.Jitted(), as_inputs(x))
+    plain = reader.capture(em.EqxMLP(), as_inputs(x))
+    assert [(output.path, output.shape) for output in jitted] == [(output.path, output.shape) for output in plain]
+    for a, b in zip(jitted, plain):
+        np.testing.assert_allclose(a.value, b.value, rtol=1e-6, atol=1e-6)
+    assert [(output.path, output.shape) for output in reader.capture(em.Scanned(), as_inputs(x))] == [("", (3, 5, 24))]
+
+
 def _class_attributes(model) -> dict:
     classes = {cls for _, module in record.walk(model) for cls in type(module).__mro__} | set(type(model).__mro__) | {record.Recorder}
     return {cls: dict(vars(cls)) for cls in classes}
@@ -124,6 +136,18 @@ def test_without_equinox_the_command_says_how_to_install_it_and_exits_2(monkeypa
         'mhsa port-check: error: the model is an Equinox module (EqxMLP) and equinox is not installed: pip install -e ".[equinox]"',
         "mhsa port-check: error: cannot load factory 'examples.equinox_block:block': import of equinox halted; None in sys.modules; "
         'equinox is an optional extra: pip install -e ".[equinox]"',
+    ]
+
+
+@pytest.mark.slow
+def test_in_a_python_without_equinox_the_command_says_how_to_install_it(tmp_path):
+    hide = "import sys; sys.modules['equinox'] = None; from mhsa.cli import main; sys.exit(main(sys.argv[1:]))"
+    argv = [sys.executable, "-c", hide, "port-check", "examples.torch_block:block", "examples.equinox_block:block"]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    assert done.stderr.splitlines() == [
+        "mhsa port-check: error: cannot load factory 'examples.equinox_block:block': import of equinox halted; None in sys.modules; "
+        'equinox is an optional extra: pip install -e ".[equinox]"'
     ]
 
 
