@@ -67,7 +67,7 @@ def names(report, bug: catalog.Bug) -> bool:
     """Whether the report names the bug where the table says: its first failing row, in the bug's
     section and at the bug's module; for a lint-only bug, a lint finding about that module."""
     if bug.section == "lint":
-        return any(finding.startswith(f"{bug.parts_at}: ") for finding in report.lint)
+        return any(finding.path == bug.parts_at for finding in report.lint)
     first = report.first_failure
     return first is not None and first.section == bug.section and row_module(first.name) == bug.parts_at
 

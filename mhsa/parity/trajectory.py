@@ -27,6 +27,7 @@ from mhsa.parity.lanes import Lanes
 from mhsa.parity.rows import Row, pair_key, pairs, reference, stepwise_row
 from mhsa.parity.runs import lane, reference_twins, trained
 from mhsa.port_check.core.training_records import TrainReport, TrainRow
+from mhsa.port_check.report.findings import line
 from shared import training, weights
 from shared.config import ModelConfig, TrainConfig
 from shared.tolerances import adam_step_rounding, max_abs_diff, stepwise, tolerance
@@ -140,7 +141,7 @@ def training_row(a: str, b: str, report: TrainReport, steps: int) -> Row:
         step=shown.step - 1,
         at=shown.label,
         derived_elsewhere=report.dtype != "float64",
-        problems=tuple(report.config_lint + report.lint + uncompared),
+        problems=tuple([line(finding, report.sides) for finding in [*report.config_lint, *report.lint]] + uncompared),
     )
     if report.first_failure is not None:
         row.name += f", the trainings part at step {row.step}: {shown.label}"

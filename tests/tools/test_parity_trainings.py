@@ -12,6 +12,7 @@ from mhsa.parity.report import build_report, format_report
 from mhsa.parity.rows import Report, pair_key, pairs
 from mhsa.parity.table import verdict
 from mhsa.parity.trajectory import checked_pairs, compare_trainings, training_row
+from mhsa.port_check.core.findings import OptimizerDifference
 from shared import weights
 from shared.config import TrainConfig
 from shared.tolerances import tolerance
@@ -104,10 +105,10 @@ def test_a_planted_loss_in_jax_parts_the_trainings_at_the_first_loss(monkeypatch
 def test_a_setting_the_lint_finds_different_fails_the_row_whose_steps_agree():
     report, row = trainings("torch", "jax", "float64", steps=1)
     assert row.passed
-    report.lint.append("planted: b1 0.9 (torch) against 0.8 (jax)")
+    report.lint.append(OptimizerDifference("b1", 0.9, 0.8))  # planted
     row = training_row("torch", "jax", report, STEPS)
     assert not row.passed and row.failing_pair() is None
-    assert verdict(row, lambda key: key) == "planted: b1 0.9 (torch) against 0.8 (jax)"
+    assert verdict(row, lambda key: key) == "b1: torch betas[0]=0.9, optax b1=0.8"
     assert "| FAIL" in format_report(Report("trainings", [row]))
 
 

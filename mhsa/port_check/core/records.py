@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from mhsa.port_check.core.findings import Hint, LintDifference, Note, Precision, Probe, Untied
+
 NORMS = ("LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm")
 # what the lint says about a setting beyond the two values
 WHY = {
@@ -120,14 +122,14 @@ class PortReport:
     title: str
     sides: tuple[str, str]  # backend names: reference, port
     transfer: Transfer
-    lint: list[str] = field(default_factory=list)
+    lint: list[LintDifference | Untied] = field(default_factory=list)
     rows: list[Row] = field(default_factory=list)
     unmatched_source: list[str] = field(default_factory=list)
     unmatched_target: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)  # what was skipped or changed, and why
-    precision: list[str] = field(default_factory=list)  # modules computing below the dtype asked for
-    hints: list[str] = field(default_factory=list)
-    probes: list[str] = field(default_factory=list)
+    notes: list[Note] = field(default_factory=list)  # what was skipped or changed, and why
+    precision: list[Precision] = field(default_factory=list)  # modules computing below the dtype asked for
+    hints: list[Hint] = field(default_factory=list)
+    probes: list[Probe] = field(default_factory=list)
     stopped: str = ""  # why nothing was compared (names that do not correspond); "" when compared
     proposed_map: dict[str, str] = field(default_factory=dict)  # a name map by structure, when names differ
     map_lines: list[str] = field(default_factory=list)  # the module pairs behind it, one line each

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mhsa.port_check.core.findings import LintDifference, OneSided, OptimizerDifference, OptimizerNote, OptimizerSetting
 from mhsa.port_check.core.records import PortReport, Transfer
 
 # torch's name for each optimizer moment -> optax's (the rows say both)
@@ -80,13 +81,13 @@ class TrainReport:
     steps: int
     transfer: Transfer
     tolerance_note: str
-    config_lint: list[str] = field(default_factory=list)  # module settings, as in the forward check
-    lint: list[str] = field(default_factory=list)  # optimizer settings that differ
-    lint_notes: list[str] = field(default_factory=list)  # what the optimizer lint read and could not read
-    settings: list[str] = field(default_factory=list)  # the optimizer settings of both sides, one line each
+    config_lint: list[LintDifference] = field(default_factory=list)  # module settings, as in the forward check
+    lint: list[OptimizerDifference] = field(default_factory=list)  # optimizer settings that differ
+    lint_notes: list[OptimizerNote] = field(default_factory=list)  # what the optimizer lint read and could not read
+    settings: list[OptimizerSetting] = field(default_factory=list)  # the optimizer settings of both sides
     summaries: list[StepSummary] = field(default_factory=list)  # one per step
     rows: list[TrainRow] = field(default_factory=list)  # every row of step 1 and of the first failing step
-    only_one_side: list[str] = field(default_factory=list)  # moments or parameters the other side lacks
+    only_one_side: list[OneSided] = field(default_factory=list)  # moments the other side lacks
     forward: PortReport | None = None  # at the first failing step: the forward and gradient rows
 
     @property

@@ -7,14 +7,14 @@ from __future__ import annotations
 import os
 import sysconfig
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from mhsa.port_check.core import cotangents, layouts
-from mhsa.port_check.core.padding import explain_same
-from mhsa.port_check.core.records import NORMS, WHY, PortCheckError, PortReport, Row, Transfer, map_name
+from mhsa.port_check.core.findings import Hint, LintDifference, Note, Untied
+from mhsa.port_check.core.records import NORMS, PortCheckError, PortReport, Row, Transfer, map_name
 from mhsa.port_check.core.structure import RANKS, Inputs, Output, as_inputs, describe_inputs, dtype_name, is_float_dtype, map_inputs, numpy_inputs
 from mhsa.port_check.forward import derived, precision, weights
 from mhsa.port_check.forward import name_map as names
@@ -62,50 +62,35 @@ def _decide(report: Transfer, source_params, target_params, copy: bool | None, f
     return False
 
 
-def lint(source_desc: dict[str, ModuleInfo], target_desc: dict[str, ModuleInfo], sides: tuple[str, str], name_map=None) -> list[str]:
-    """One line per paired module whose type or settings differ, before any number is computed."""
+def lint(source_desc: dict[str, ModuleInfo], target_desc: dict[str, ModuleInfo], name_map=None) -> list[LintDifference]:
+    """Each paired module whose type or settings differ, before any number is computed."""
     findings = []
     for path, info in source_desc.items():
         other = target_desc.get(map_name(path, name_map))
         if other is None:
             continue
         kind, theirs = info.kind, other.settings
-        where = path or "(the model)"
         if kind != other.kind and _neutral(kind) and _neutral(other.kind):
-            findings.append(f"{where}: {kind} in {sides[0]}, {other.kind} in {sides[1]}")
+            findings.append(LintDifference(path, kind, "type", kind, other.kind))
             continue
         for key, value in info.settings.items():
-            if key not in theirs or value is None or theirs[key] is None or value == theirs[key]:
-                continue
-            why = _why(kind, key, info.settings, theirs)
-            if key in ("bias", "active"):
-                side = sides[0] if value else sides[1]
-                findings.append(f"{where}: {kind} {key} in {side} only" + (f" ({why})" if why else ""))
-            else:
-                findings.append(f"{where}: {kind} {key} {value!r} in {sides[0]}, {theirs[key]!r} in {sides[1]}" + (f" ({why})" if why else ""))
+            if key in theirs and value is not None and theirs[key] is not None and value != theirs[key]:
+                findings.append(LintDifference(path, kind, key, value, theirs[key], _same(kind, key, info.settings, theirs)))
     return findings
 
 
-def _why(kind: str, key: str, info: dict, other: dict) -> str:
-    """What the lint says about a setting beyond its two values: WHY's line, or for a 'SAME'
-    padding that depends on the input's size, what it pads on which size (core/padding.py)."""
+def _same(kind: str, key: str, info: dict, other: dict) -> tuple | None:
+    """A 'SAME' padding's (kernel_size, stride, dilation), whose padding depends on the input's size (core/padding.py)."""
     same = next((side for side in (info, other) if side.get(key) == "SAME"), None)
     if kind == "Conv" and key == "padding" and same is not None and all(k in same for k in ("kernel_size", "stride", "dilation")):
-        return explain_same(same["kernel_size"], same["stride"], same["dilation"])
-    return WHY.get((kind, key), "")
+        return same["kernel_size"], same["stride"], same["dilation"]
+    return None
 
 
-def _untied(tied: dict[str, str], target_params, sides, name_map) -> list[str]:
-    """One line per tied reference parameter whose port counterparts are two parameters."""
-    findings = []
-    for name, shared in tied.items():
-        mapped, other = map_name(name, name_map), map_name(shared, name_map)
-        if mapped != other and mapped in target_params and other in target_params:
-            findings.append(
-                f"{name}: tied to {shared} in {sides[0]}, a parameter of its own in {sides[1]} "
-                "(untied: equal once copied, they part as soon as either is trained; --grads shows it)"
-            )
-    return findings
+def _untied(tied: dict[str, str], target_params, name_map) -> list[Untied]:
+    """Each tied reference parameter whose port counterparts are two parameters."""
+    pairs = ((name, shared, map_name(name, name_map), map_name(shared, name_map)) for name, shared in tied.items())
+    return [Untied(name, shared) for name, shared, mapped, other in pairs if mapped != other and mapped in target_params and other in target_params]
 
 
 def _neutral(kind: str) -> bool:
@@ -149,7 +134,7 @@ def _cast_inputs(inputs: Inputs, dtype: str | None) -> Inputs:
     return map_inputs(inputs, cast)
 
 
-def _low_precision_inputs(inputs: Inputs, asked: str) -> list[str]:
+def _low_precision_inputs(inputs: Inputs) -> list[str]:
     """The input dtypes below float32 (bfloat16, float16): cast up, exactly; said in a note."""
     found: list[str] = []
     map_inputs(inputs, lambda x: found.append(dtype_name(x.dtype)) if is_float_dtype(x.dtype) and RANKS.get(dtype_name(x.dtype), 3) < 2 else None)
@@ -179,17 +164,17 @@ def pair_models(source, target, inputs, *, target_inputs=None, name_map=None, dt
     raw_inputs = as_inputs(inputs)
     inputs = numpy_inputs(raw_inputs)
     target_inputs = inputs if target_inputs is None else numpy_inputs(as_inputs(target_inputs))
-    notes = []
+    notes: list[Note] = []
     if dtype is not None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
-        low = _low_precision_inputs(raw_inputs, dtype)
+        low = _low_precision_inputs(raw_inputs)
         if low:
-            notes.append(f"inputs: {', '.join(low)} arrays cast to {dtype} (exactly: every such value is a {dtype} value)")
+            notes.append(Note("inputs cast", tuple(low), dtype))
         source, changed = _running(f"casting the reference ({source_name}) to {dtype}", source_reader.cast, source, dtype)
         target, changed_target = _running(f"casting the port ({target_name}) to {dtype}", target_reader.cast, target, dtype)
         if changed or changed_target:
-            notes.append(f"compute dtype set to {dtype} as asked: " + ", ".join(changed + changed_target))
+            notes.append(Note("dtype set", tuple(changed + changed_target), dtype))
         inputs, target_inputs = _cast_inputs(inputs, dtype), _cast_inputs(target_inputs, dtype)
     running_source = f"running the reference ({source_name}) on the inputs ({describe_inputs(inputs)})"
     running_target = f"running the port ({target_name}) on the inputs ({describe_inputs(target_inputs)})"
@@ -199,8 +184,8 @@ def pair_models(source, target, inputs, *, target_inputs=None, name_map=None, dt
             target_traced = target_reader.trace(target, target_inputs)
         except Exception as error:  # the user's model failing on the inputs: said in one line
             raise _port_fails(error, running_target, Side(source, source_reader, inputs, {}), target, target_reader, name_map, sides) from error
-    source_params = _read(source_reader.parameters(source), source_traced, f"the reference ({source_name})", notes)
-    target_params = _read(target_reader.parameters(target), target_traced, f"the port ({target_name})", notes)
+    source_params = _read(source_reader.parameters(source), source_traced, "reference", notes)
+    target_params = _read(target_reader.parameters(target), target_traced, "port", notes)
     asked = dtype or _dtype_of(source_params)
     _require_parameters(f"the reference ({source_name})", source_params, source)
     _require_parameters(f"the port ({target_name})", target_params, target)
@@ -211,7 +196,7 @@ def pair_models(source, target, inputs, *, target_inputs=None, name_map=None, dt
     aliases = [name for name in pairing.unconsumed_source if name in tied and any(pair.reference == tied[name] for pair in pairing.filled)]
     if aliases:  # a tied weight is one parameter: paired once, under its first name
         pairing.unconsumed_source = [name for name in pairing.unconsumed_source if name not in aliases]
-        notes.append(f"tied in {source_name}: " + ", ".join(f"{name} is {tied[name]}" for name in aliases) + " (one parameter, paired once)")
+        notes.append(Note("tied", tuple((name, tied[name]) for name in aliases)))
     title = f"mhsa port-check · {_type_name(source)} ({source_name}) vs {_type_name(target)} ({target_name}) · {asked}"
     report = PortReport(title, sides, pairing, notes=notes)
     if pairing.ambiguous:  # a rename with several choices: the user says which
@@ -249,11 +234,10 @@ def check_port(source, target, inputs, *, target_inputs=None, name_map=None, tra
     report, pairing, tied, asked = paired.report, paired.report.transfer, paired.tied, paired.asked
     source, source_reader, inputs, source_desc, source_traced, source_params = paired.source
     target, target_reader, target_inputs, target_desc, target_traced, target_params = paired.target
-    sides = report.sides
     del paired
     frozen = source_reader.frozen(source)
     copy = _decide(pairing, source_params, target_params, transfer, frozen)
-    report.lint = lint(source_desc, target_desc, sides, name_map) + _untied(tied, target_params, sides, name_map)
+    report.lint = [*lint(source_desc, target_desc, name_map), *_untied(tied, target_params, name_map)]
     del target_params  # views of the port's weights: a fresh port's initial values go once overwritten (if no one else holds them)
     if copy:
         target = target_reader.load_parameters(target, weights.arrays_to_copy(pairing, source_params))
@@ -291,14 +275,14 @@ def _port_fails(error: Exception, what: str, source: Side, target, target_reader
     return PortCheckError(f"{what} failed: {one_line(error)}" + (f"; {advice}" if advice else ""))
 
 
-def _read(params: dict, traced, side: str, notes: list[str]) -> dict:
+def _read(params: dict, traced, side: str, notes: list[Note]) -> dict:
     """The parameters the forward pass reads (all of them when the reader cannot tell); the rest
     named in one note: a converter's leftovers are not parameters of the model."""
     if traced.read is None:
         return params
     unread = [name for name in params if name not in traced.read]
     if unread:
-        notes.append(f"{len(unread)} variable(s) of {side} are never read by its forward pass, and not checked: {_some(unread)}")
+        notes.append(Note("unread", tuple(unread), side=side))
     return {name: value for name, value in params.items() if name in traced.read}
 
 
@@ -336,7 +320,7 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
             also=_shape_advice(pairing),
         )
     if direction is not None and direction.left_out:
-        report.notes.append("the gradients' direction leaves out the port's output " + ", ".join(direction.left_out))
+        report.notes.append(Note("left out", tuple(direction.left_out)))
     if asked == "float64" and _falls_to_float32(source_outputs, target_outputs, source.desc, target.desc):
         source.derived = _float32_errors(report, source, source_outputs, source_grads, cotangents.reference if grads else None)
     tolerances = source.derived or derived.Derived()
@@ -352,17 +336,17 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
         RANKS[asked],
     ]
     if report.precision:
-        report.precision[0] += f"; {precision.consequence(min(floors), asked)}"
+        report.precision[0] = replace(report.precision[0], judged_at=precision.dtype_of(min(floors)) or "")
     rounding = precision.rounding(source_outputs, asked, sides[0]) + precision.rounding(target_outputs, asked, sides[1])
     if rounding:
         lowest = min(precision.leaf_floor(output) for output in source_outputs + target_outputs)
-        rounding[0] += f"; the rows computed through it are compared at {precision.dtype_of(lowest) or 'no'} tolerance"
+        rounding[0] = replace(rounding[0], judged_at=precision.dtype_of(lowest) or "")
         report.precision += rounding
         floors.append(lowest)
     if grads:
         frozen = source.reader.frozen(source.model)
         if frozen & set(source_grads):  # a parameter the reference does not train has no gradient to compare
-            report.notes.append(f"gradients not compared, as {sides[0]} does not train them (frozen): {_some(sorted(frozen & set(source_grads)))}")
+            report.notes.append(Note("frozen", tuple(sorted(frozen & set(source_grads)))))
             source_grads = {name: grad for name, grad in source_grads.items() if name not in frozen}
         pairs = {pair.reference: (pair.port, pair.transposed) for pair in pairing.filled}
         zero = tolerances.zero if source.derived is not None else derived.zero_gradients(source_grads)
@@ -373,14 +357,14 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
     del target_outputs, target_grads, source_grads  # compared: a large model's outputs are not held any longer
     paths = call_paths(source_outputs)
     del source_outputs
-    report.hints = hints(report.rows, paths, source.desc, sides, asked, pairing.differing)
+    report.hints = hints(report.rows, paths, source.desc, asked, pairing.differing)
     first = report.first_failure
     if probes and first is not None and first.section == "output":
         report.probes, probed = run_probes(report.rows, paths, source, target, sides, asked, name_map)
         if probed is not None:  # the gap is explained: read the hints again off what remains
-            report.hints = hints(probed, paths, source.desc, sides, asked, pairing.differing)
+            report.hints = hints(probed, paths, source.desc, asked, pairing.differing)
             if report.hints:
-                report.hints.insert(0, "read with the switches of the probes that close a gap (below) in place:")
+                report.hints.insert(0, Hint("probed"))
 
 
 def _explainer(source_outputs: list[Output], target_outputs: list[Output]):
@@ -413,14 +397,9 @@ def _model_output(outputs: list[Output]) -> list[Output]:
 
 def _skipped_note(report: PortReport, skipped: list[tuple[str, str]]) -> None:
     """One note for the leaves that are no floating-point arrays, one for those None on one side."""
-    absent = [(name, why) for name, why in skipped if why.startswith("None in ")]
-    other = [(name, kind) for name, kind in skipped if not kind.startswith("None in ")]
-    if other:
-        shown = ", ".join(f"'{name}' ({kind})" for name, kind in other[:4]) + (f" and {len(other) - 4} more" if len(other) > 4 else "")
-        report.notes.append(f"not compared, as they are not floating-point arrays: {shown}")
-    if absent:
-        shown = ", ".join(f"'{name}' ({why})" for name, why in absent[:4]) + (f" and {len(absent) - 4} more" if len(absent) > 4 else "")
-        report.notes.append(f"not compared, as one side returns None there: {shown}")
+    absent = tuple((name, why) for name, why in skipped if why.startswith("None in "))
+    other = tuple((name, kind) for name, kind in skipped if not kind.startswith("None in "))
+    report.notes += [Note(kind, pairs) for kind, pairs in (("not floats", other), ("none", absent)) if pairs]
 
 
 def _derive(report: PortReport, source: Side, outputs, grads, direction) -> derived.Derived | None:
@@ -429,24 +408,19 @@ def _derive(report: PortReport, source: Side, outputs, grads, direction) -> deri
     try:
         found = derived.from_float64_run(source.reader, source.model, source.inputs, outputs, grads, direction)
     except Exception as error:  # a model that cannot compute in float64: said, and checked all the same
-        report.notes.append(f"the reference cannot run in float64 ({one_line(error)}): its float32 rows hold the fixed tolerances of docs/DESIGN.md")
+        report.notes.append(Note("no float64", error=one_line(error)))
         return None
     if found.fixed:
-        report.notes.append(f"the reference computes {_some(found.fixed)} in float32 even in float64: those rows hold the fixed tolerance")
+        report.notes.append(Note("fixed", tuple(found.fixed)))
     if found.apart:
-        report.notes.append(
-            f"the reference's float64 run differs from its float32 run by more than rounding (over {derived.NOT_A_TWIN:g} of the largest "
-            f"value) at {_some(found.apart)}: {_why_apart(source, outputs, found.apart)}; those rows hold the fixed tolerance"
-        )
+        active = tuple(path for path, info in source.desc.items() if info.kind == "Dropout" and info.settings.get("active"))
+        report.notes.append(Note("apart", tuple(found.apart), why="dropout" if active else _why_apart(source, outputs), also=active))
     return found
 
 
-def _why_apart(side: Side, outputs: list[Output], apart: list[str]) -> str:
-    """Why a model's float64 run is no rounding twin of its float32 one, as far as can be told: a
-    dropout left active, two float32 runs that differ (a random layer), or neither."""
-    active = [path for path, info in side.desc.items() if info.kind == "Dropout" and info.settings.get("active")]
-    if active:
-        return f"its dropout {_some(active)} is active (train mode), so each run draws other numbers"
+def _why_apart(side: Side, outputs: list[Output]) -> str:
+    """Why a deterministic-looking model's float64 run is no rounding twin of its float32 one, as
+    far as can be told: "random" (two float32 runs differ: a random layer) or "deterministic"."""
     try:
         again = side.reader.capture(side.model, side.inputs)
     except Exception:  # the first run succeeded; a second that fails says nothing about randomness
@@ -460,11 +434,8 @@ def _why_apart(side: Side, outputs: list[Output], apart: list[str]) -> str:
             for output in again
         )
         if moved:
-            return "two float32 runs of it on the same inputs differ too, so it draws random numbers (a layer in train mode)"
-    return (
-        "two float32 runs of it agree, so it is deterministic: a branch on a value (a comparison, an argmax, a top-k), "
-        "a cancellation that float32 rounding dominates, or code that computes otherwise in float64"
-    )
+            return "random"
+    return "deterministic"
 
 
 def _falls_to_float32(source_outputs, target_outputs, source_desc, target_desc) -> bool:
@@ -482,7 +453,7 @@ def _float32_errors(report: PortReport, source: Side, outputs, grads, direction)
     try:
         return derived.from_float32_run(source.reader, source.model, source.inputs, outputs, grads, direction)
     except Exception as error:  # the fixed float32 tolerances then hold, as where no twin exists
-        report.notes.append(f"the reference cannot run in float32 ({one_line(error)}): its rows judged at float32 hold the fixed tolerance")
+        report.notes.append(Note("no float32", error=one_line(error)))
         return None
 
 
@@ -495,17 +466,11 @@ def _port_errors(report: PortReport, target: Side, outputs, grads, direction, as
         found = twin(target.reader, target.model, target.inputs, outputs, grads, direction)
     except Exception as error:  # a port that cannot compute in the other dtype: its rows keep the reference's error alone
         other = "float64" if asked == "float32" else "float32"
-        report.notes.append(f"the port cannot run in {other} ({one_line(error)}): its rows hold the reference's error alone")
+        report.notes.append(Note("port alone", dtype=other, error=one_line(error)))
         return
     target.derived = found
     report.port_twin = "float64" if asked == "float32" else "float32"
     report.port_sets = rejudge(report.rows, {**found.outputs, **found.grads})
-
-
-def _some(names: list[str], shown: int = 4) -> str:
-    """ "'a', 'b' and 3 more": the first few of a list of row names, each once."""
-    names = list(dict.fromkeys(names))
-    return ", ".join(f"'{name}'" for name in names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 def _shape_advice(pairing: Transfer) -> str:

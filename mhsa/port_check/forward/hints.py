@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from mhsa.port_check.core.records import WHY, Row
+from mhsa.port_check.core.findings import Hint, Probe, Switch
+from mhsa.port_check.core.records import Row
 from mhsa.port_check.forward.rows import output_rows, rejudge
 from mhsa.port_check.readers.protocol import ModuleInfo
 
@@ -44,7 +45,7 @@ class Side:
     traced: Any = None  # what the reader's trace() gave before the run (structure.Traced)
 
 
-def hints(rows: list[Row], call_paths: list[str], source_desc: dict[str, ModuleInfo], sides: tuple[str, str], asked: str, differing=()) -> list[str]:
+def hints(rows: list[Row], call_paths: list[str], source_desc: dict[str, ModuleInfo], asked: str, differing=()) -> list[Hint]:
     """Where to look: the port's parameters that differ in the failing module, the code between
     the first failing output and the last agreeing one, the reference modules without a
     counterpart that ran in between, and the same for the largest growth of the difference after
@@ -55,23 +56,13 @@ def hints(rows: list[Row], call_paths: list[str], source_desc: dict[str, ModuleI
         return []
     at = outputs.index(first)
     last_good = next((row for row in reversed(outputs[:at]) if row.passed), None)
-    found = [
-        f"'{name}' {how}, and the difference enters at '{first.module or '(the model)'}', which holds it (weights above)"
-        for name, _, how in differing
-        if _inside(name.rpartition(".")[0], first.module)
-    ]
+    found = [Hint("holds", first.module, path=name, how=how) for name, _, how in differing if _inside(name.rpartition(".")[0], first.module)]
     if last_good is not None:
         parent = ".".join(os.path.commonprefix([last_good.module.split("."), first.module.split(".")]))
-        found.append(
-            f"the difference enters between '{last_good.name}' (last agreeing output) and '{first.name}'"
-            + (f": look at the code of '{parent}' that runs between those calls" if parent else "")
-        )
-    found += _unmatched_between(rows, call_paths, source_desc, sides, last_good, first)
+        found.append(Hint("enters", first.name, last_good.name, parent))
+    found += _unmatched_between(rows, call_paths, source_desc, last_good, first)
     if asked == "float64" and first.status == "" and 1e-9 <= first.rel_diff <= 2e-6:
-        found.append(
-            f"the difference at '{first.name}' is the size of float32 rounding ({first.rel_diff:.1e} relative, float64 asked for): "
-            "one side may compute in float32 there without saying so (a cast in its code, a float32 constant or buffer)"
-        )
+        found.append(Hint("rounding", first.name, ratio=first.rel_diff))
     calls = _largest_per_call(outputs[at:])  # the leaves of one call are not steps of the computation
     jumps = [
         (row.abs_diff / before.abs_diff, before, row)
@@ -81,8 +72,8 @@ def hints(rows: list[Row], call_paths: list[str], source_desc: dict[str, ModuleI
     if jumps:
         ratio, before, row = max(jumps, key=lambda jump: jump[0])
         if ratio >= 10:
-            found.append(f"the difference grows {ratio:.0f}x from '{before.name}' to '{row.name}': a second cause may sit between them")
-            found += _unmatched_between(rows, call_paths, source_desc, sides, before, row)
+            found.append(Hint("grows", row.name, before.name, ratio=ratio))
+            found += _unmatched_between(rows, call_paths, source_desc, before, row)
     return found
 
 
@@ -106,27 +97,20 @@ def _unmatched(rows, call_paths, source_desc, before, row) -> list[str]:
     return [call_paths[p] for p in range(start, row.position) if call_paths[p] in source_desc and p not in matched]
 
 
-def _unmatched_between(rows, call_paths, source_desc, sides, before, row) -> list[str]:
-    found = []
-    for path in dict.fromkeys(_unmatched(rows, call_paths, source_desc, before, row)):
-        info = source_desc[path]
-        settings = ", ".join(f"{key}={value!r}" for key, value in info.settings.items())
-        why = next((text for (kind, _), text in WHY.items() if kind == info.kind), "")
-        found.append(
-            f"'{path}' ({info.kind}{': ' + settings if settings else ''}) ran in {sides[0]} "
-            f"just before '{row.name}' and has no counterpart in {sides[1]}" + (f"; {why}" if why else "")
-        )
-    return found
+def _unmatched_between(rows, call_paths, source_desc, before, row) -> list[Hint]:
+    paths = dict.fromkeys(_unmatched(rows, call_paths, source_desc, before, row))
+    found = [(path, source_desc[path]) for path in paths]
+    return [Hint("unmatched", row.name, path=path, module_kind=info.kind, settings=tuple(info.settings.items())) for path, info in found]
 
 
-def run_probes(rows, call_paths, source: Side, target: Side, sides, asked, name_map, steps: int = 4) -> tuple[list[str], list[Row] | None]:
-    """(probe lines, the rows once every closing probe is applied, or None when none closes).
+def run_probes(rows, call_paths, source: Side, target: Side, sides, asked, name_map, steps: int = 4) -> tuple[list[Probe], list[Row] | None]:
+    """(probes, the rows once every closing probe is applied, or None when none closes).
 
     Each probe switches one likely cause at or before the first failing output and re-runs. A
     probe that closes the gap there is kept (the other probes of that row are retired) and the
     search goes on from the next failure with that switch in place, up to `steps` causes: a first
     port with three classic bugs gets all three named, each by its own evidence."""
-    lines: list[str] = []
+    lines: list[Probe] = []
     explained = None
     for step in range(steps):
         first = next((row for row in rows if row.failed), None)
@@ -134,9 +118,9 @@ def run_probes(rows, call_paths, source: Side, target: Side, sides, asked, name_
             break
         outputs = [row for row in rows if row.section == "output" and row.position < first.position]
         last_good = next((row for row in reversed(outputs) if row.passed), None)
-        candidates = list(_switches(first, last_good, rows, call_paths, source, target, sides))
+        candidates = list(_switches(first, last_good, rows, call_paths, source, target))
         if step == 0:
-            candidates.insert(0, ("matmul precision 'highest' (TF32 off) in both", "precision", None))
+            candidates.insert(0, (Switch("precision"), "precision", None))
         results = [_probe(first, what, kind, make, source, target, sides, asked, name_map) for what, kind, make in candidates]
         closing = next((result for result in results if result[1] is not None), None)
         if closing is None:
@@ -148,8 +132,8 @@ def run_probes(rows, call_paths, source: Side, target: Side, sides, asked, name_
     return lines, explained
 
 
-def _probe(first: Row, what, kind, make, source: Side, target: Side, sides, asked, name_map):
-    """(line or None when the switch does not apply, the probe's rows if it closes the gap at
+def _probe(first: Row, what: Switch, kind, make, source: Side, target: Side, sides, asked, name_map):
+    """(Probe or None when the switch does not apply, the probe's rows if it closes the gap at
     `first` else None, source, target as switched)."""
     try:
         switched = make() if make is not None else None
@@ -162,17 +146,15 @@ def _probe(first: Row, what, kind, make, source: Side, target: Side, sides, aske
         with _precision(kind, source, target):
             runs = source.reader.capture(source.model, source.inputs), target.reader.capture(target.model, target.inputs)
     except Exception as error:  # a switched model that cannot run answers nothing
-        return f"probe: {what}: could not run ({type(error).__name__})", None, source, target
+        return Probe(what, "error", error=type(error).__name__), None, source, target
     probed, *_ = output_rows(*runs, source.desc, target.desc, asked, sides, name_map, source.derived and source.derived.outputs)
     if target.derived is not None:
         rejudge(probed, target.derived.outputs)
     row = next((r for r in probed if r.name == first.name), None)
     if row is None or not row.passed:
-        diff = "no output" if row is None else f"{row.abs_diff:.2e}"
-        return f"probe: {what}: does not close the gap ('{first.name}' still {diff})", None, source, target
+        return Probe(what, "open", first.name, first.abs_diff, None if row is None else row.abs_diff), None, source, target
     rest = next((r for r in probed if r.failed), None)
-    after = "every output then agrees" if rest is None else f"the first failure moves to '{rest.name}'"
-    return f"probe: {what}: closes the gap at '{first.name}' ({first.abs_diff:.2e} -> {row.abs_diff:.2e}); {after}", probed, source, target
+    return Probe(what, "closes", first.name, first.abs_diff, row.abs_diff, None if rest is None else rest.name), probed, source, target
 
 
 @contextlib.contextmanager
@@ -191,42 +173,27 @@ def _setting(desc: dict[str, ModuleInfo], path: str, key: str) -> Any:
     return None if info is None else info.settings.get(key)
 
 
-def _switches(first, last_good, rows, call_paths, source: Side, target: Side, sides):
-    """(what, "source" or "target", make) for each likely cause at or before `first`; make()
+def _switches(first, last_good, rows, call_paths, source: Side, target: Side):
+    """(Switch, "source" or "target", make) for each likely cause at or before `first`; make()
     builds the switched copy (None where the switch does not apply: a kernel that is not square),
     one at a time, so that a large model is not copied once per candidate up front."""
     if first.section != "output":
         return
     if first.kind == "Linear":  # a square kernel: a transposed one has the right shape and wrong values
-        yield (
-            f"the kernel of '{first.target_module}' transposed in {sides[1]}",
-            "target",
-            lambda: target.reader.switched(target.model, "transpose", first.target_module),
-        )
+        yield Switch("transpose", first.target_module), "target", lambda: target.reader.switched(target.model, "transpose", first.target_module)
     eps, other = _setting(source.desc, first.module, "eps"), _setting(target.desc, first.target_module, "eps")
     if eps is not None and other is not None and eps != other:  # a norm of the library's or written by hand
-        yield (
-            f"the eps of '{first.target_module}' set to {sides[0]}'s {eps!r} (was {other!r})",
-            "target",
-            lambda: target.reader.switched(target.model, "eps", first.target_module, eps),
-        )
+        yield Switch("eps", first.target_module, eps, other), "target", lambda: target.reader.switched(target.model, "eps", first.target_module, eps)
     padding, other = _setting(source.desc, first.module, "padding"), _setting(target.desc, first.target_module, "padding")
     if first.kind == "Conv" and isinstance(padding, tuple) and other is not None and padding != other:  # 'SAME' at stride 2, say
-        yield (
-            f"the padding of '{first.target_module}' set to {sides[0]}'s {padding!r} (was {other!r})",
-            "target",
-            lambda: target.reader.switched(target.model, "padding", first.target_module, padding),
-        )
+        switch = Switch("padding", first.target_module, padding, other)
+        yield switch, "target", lambda: target.reader.switched(target.model, "padding", first.target_module, padding)
     fixes = {mapped: value for name, (mapped, value) in (target.differing or {}).items() if _inside(name.rpartition(".")[0], first.module)}
     if fixes:  # the port's own parameters that differ, in the failing module: all of them at once
-        names = ", ".join(f"'{name}'" for name in fixes)
-        yield f"{names} given the reference's values in {sides[1]}", "target", lambda: target.reader.switched(target.model, "load", "", fixes)
+        yield Switch("load", names=tuple(fixes)), "target", lambda: target.reader.switched(target.model, "load", "", fixes)
     for path in dict.fromkeys(_unmatched(rows, call_paths, source.desc, last_good, first)):
         info = source.desc[path]
         if info.kind == "GELU":
             approximate = "tanh" if info.settings.get("approximate") == "none" else "none"
-            yield (
-                f"'{path}' (GELU, no counterpart in {sides[1]}) switched to approximate={approximate!r} in {sides[0]}",
-                "source",
-                lambda path=path, approximate=approximate: source.reader.switched(source.model, "approximate", path, approximate),
-            )
+            switch = Switch("approximate", path, approximate)
+            yield switch, "source", lambda path=path, approximate=approximate: source.reader.switched(source.model, "approximate", path, approximate)

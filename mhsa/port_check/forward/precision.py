@@ -18,6 +18,7 @@ point at a float32-sized difference in a float64 run instead.
 
 from __future__ import annotations
 
+from mhsa.port_check.core.findings import Precision
 from mhsa.port_check.core.structure import RANKS, Output
 from mhsa.port_check.readers.protocol import ModuleInfo
 
@@ -59,8 +60,8 @@ def leaf_floor(output: Output) -> int:
     return 3 if output.floor is None else output.floor
 
 
-def rounding(outputs: list[Output], asked: str, side: str) -> list[str]:
-    """One line per module of one side where a lower precision than `asked` enters the dataflow
+def rounding(outputs: list[Output], asked: str, side: str) -> list[Precision]:
+    """One finding per module of one side where a lower precision than `asked` enters the dataflow
     while the module's output dtype says `asked` (a cast in its code that converts back): the
     first outputs computed through it, each named once, not those computed from an earlier one
     nor a parent returning its child's."""
@@ -72,12 +73,12 @@ def rounding(outputs: list[Output], asked: str, side: str) -> list[str]:
         if RANKS.get(output.dtype, 3) >= RANKS[asked] and not inner and not any(upstream >> other & 1 for other in low if other != call):
             entries.append(output)
     names = list(dict.fromkeys(output.path for output in entries))
-    lines = [
-        f"in {side}, the code rounds through {_lowest(entries, path)} before or inside {_where(path)} (the first output computed through it), "
-        f"below the {asked} asked for: a cast that converts back"
-        for path in names
-    ]
-    return lines[:SHOWN] + ([f"and {len(lines) - SHOWN} more module(s) of {side}"] if len(lines) > SHOWN else [])
+    return _shown([Precision("rounds", side, asked, path, _lowest(entries, path)) for path in names], side, asked)
+
+
+def _shown(found: list[Precision], side: str, asked: str) -> list[Precision]:
+    """The first SHOWN findings of one side, the rest counted."""
+    return found[:SHOWN] + ([Precision("more", side, asked, count=len(found) - SHOWN)] if len(found) > SHOWN else [])
 
 
 def _lowest(entries: list[Output], path: str) -> str:
@@ -89,37 +90,18 @@ def dtype_of(rank: int) -> str | None:
     return NAMES.get(min(rank, 3))
 
 
-def findings(outputs: list[Output], asked: str, desc: dict, side: str) -> list[str]:
-    """One line per module of one side that computes below `asked`, in call order: every module
+def findings(outputs: list[Output], asked: str, desc: dict, side: str) -> list[Precision]:
+    """One finding per module of one side that computes below `asked`, in call order: every module
     with an attribute that says so, and the first module whose output is below it without one."""
     attributes = lowered(desc, asked)
-    named: dict[str, str] = {}  # path -> line, in the order their first calls return
+    named: dict[str, Precision] = {}  # path -> finding, in the order their first calls return
     cast_seen = False
     for output in outputs:
         holder = next((module for module in attributes if _inside(output.path, module) and module not in named), None)
         if holder is not None:
-            shown = ", ".join(f"{name}={value}" for name, value in attributes[holder].items())
-            named[holder] = f"{_where(holder)} in {side} holds {shown}, below the {asked} asked for"
+            named[holder] = Precision("holds", side, asked, holder, attributes=tuple(attributes[holder].items()))
         below = output.value is not None and RANKS.get(output.dtype, 3) < RANKS[asked]
         if below and not cast_seen and not any(_inside(output.path, module) for module in attributes):
             cast_seen = True
-            named[output.path] = (
-                f"{_where(output.path)} computes in {output.dtype} in {side}, below the {asked} asked for "
-                "(none of its attributes says so: a cast in its code, or in code it calls)"
-            )
-    lines = list(named.values())
-    return lines[:SHOWN] + ([f"and {len(lines) - SHOWN} more module(s) of {side}"] if len(lines) > SHOWN else [])
-
-
-def _where(path: str) -> str:
-    return f"'{path}'" if path else "the model itself"
-
-
-def consequence(rank: int, asked: str) -> str:
-    """What a floor below the asked dtype does to the rows."""
-    if dtype_of(rank) is not None:
-        return f"from its first call on, the rows are compared at {dtype_of(rank)}'s tolerance, not {asked}'s"
-    return (
-        "from its first call on, the rows are not judged: rounding at that precision (about 4e-3 relative for bfloat16) "
-        "is larger than the differences this check looks for; set that dtype to float32 (or leave it unset) to check them"
-    )
+            named[output.path] = Precision("computes", side, asked, output.path, output.dtype)
+    return _shown(list(named.values()), side, asked)

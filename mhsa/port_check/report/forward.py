@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from mhsa.port_check.core.records import PortReport, Row, Transfer
+from mhsa.port_check.report.findings import line
 from shared.tolerances import K
 
 SHOWN = 12  # parameters listed per kind of misfit; the rest are counted
@@ -18,10 +19,11 @@ def format_report(report: PortReport) -> str:
     if report.stopped:
         return "\n".join(lines + _weights(report.transfer, listed=False) + _stopped(report))
     lines.append("configuration lint: " + ("no differences" if not report.lint else f"{len(report.lint)} difference(s)"))
-    lines += [f"  {finding}" for finding in report.lint]
+    sides = report.sides
+    lines += [f"  {line(finding, sides)}" for finding in report.lint]
     lines += _weights(report.transfer)
-    lines += [f"precision: {line}" for line in report.precision]
-    lines += [f"note: {line}" for line in report.notes]
+    lines += [f"precision: {line(finding, sides)}" for finding in report.precision]
+    lines += [f"note: {line(note, sides)}" for note in report.notes]
     lines.append("")
     if report.rows:
         lines += _table(report)
@@ -31,8 +33,8 @@ def format_report(report: PortReport) -> str:
         lines.append(f"no counterpart in {b} (compared only through the next matched output): " + ", ".join(report.unmatched_source))
     if report.unmatched_target:
         lines.append(f"no counterpart in {a}: " + ", ".join(report.unmatched_target))
-    lines += [f"hint: {hint}" for hint in report.hints]
-    lines += report.probes
+    lines += [f"hint: {line(hint, sides)}" for hint in report.hints]
+    lines += [line(probe, sides) for probe in report.probes]
     lines.append("note: max rel = max |difference| / max |reference output|; a row passes on max abs <= tolerance")
     lines += _tolerance_notes(report)
     lines.append(_verdict(report))

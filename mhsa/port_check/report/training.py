@@ -5,6 +5,7 @@ row per step (kept short: the steps around the first failure), the first failing
 from __future__ import annotations
 
 from mhsa.port_check.core.training_records import TrainReport, TrainRow
+from mhsa.port_check.report.findings import line
 
 AROUND = 2  # steps shown before and after the first failing one
 DETAIL = 12  # rows of the failing step shown beyond its gradients
@@ -13,14 +14,14 @@ DETAIL = 12  # rows of the failing step shown beyond its gradients
 def format_train_report(report: TrainReport) -> str:
     a, b = report.sides
     lines = [report.title, ""]
-    lines += _listed("configuration lint", report.config_lint)
-    lines += _listed("optimizer lint", report.lint)
-    lines += [f"  note: {note}" for note in report.lint_notes]
-    lines += ["optimizer settings:"] + [f"  {line}" for line in report.settings]
+    lines += _listed("configuration lint", [line(finding, report.sides) for finding in report.config_lint])
+    lines += _listed("optimizer lint", [line(finding) for finding in report.lint])
+    lines += [f"  note: {line(note)}" for note in report.lint_notes]
+    lines += ["optimizer settings:"] + [f"  {line(setting)}" for setting in report.settings]
     t = report.transfer
     lines.append(f"weights: {len(t.filled)} parameters copied {a} -> {b} before step 1")
     lines += [f"  not copied ({why}): {name}" for why, names in _not_copied(report).items() for name in names]
-    lines += [f"  {line}" for line in report.only_one_side]
+    lines += [f"  {line(moment)}" for moment in report.only_one_side]
     lines.append(report.tolerance_note)
     lines.append("")
     if report.rows:

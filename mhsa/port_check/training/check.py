@@ -26,6 +26,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from mhsa.port_check.core.findings import OneSided
 from mhsa.port_check.core.records import PortReport, map_name
 from mhsa.port_check.core.structure import as_inputs
 from mhsa.port_check.core.training_records import MOMENTS, StepRecord, StepSummary, TrainReport, TrainRow
@@ -121,9 +122,7 @@ def check_training(reference, port, steps: int, *, dtype: str = "float32", name_
         steps=steps,
         transfer=transfer,
         tolerance_note=_tolerance_note(dtype),
-        config_lint=lint(
-            ref_reader.describe(ref32.model, as_inputs(first_ref)), port_reader.describe(port_model, as_inputs(first_port)), sides, name_map
-        ),
+        config_lint=lint(ref_reader.describe(ref32.model, as_inputs(first_ref)), port_reader.describe(port_model, as_inputs(first_port)), name_map),
     )
     report.lint, report.lint_notes, report.settings = train_lint.optimizer_lint(reference, port, port_model, steps, name_map, probes)
     before, failed_before = train_torch.snapshot(ref32.model), None
@@ -199,11 +198,10 @@ def _row(step, kind, name, moment, pair, pair64, dtype) -> TrainRow:
     return TrainRow(step, kind, name, moment, diff, error, max(tol, port_tol), port_error)
 
 
-def _one_sided(ref: StepRecord, port: StepRecord, sides) -> list[str]:
+def _one_sided(ref: StepRecord, port: StepRecord, sides) -> list[OneSided]:
     """The kinds of moment one side keeps and the other does not."""
     ours, theirs = {moment for moment, _ in ref.moments}, {moment for moment, _ in port.moments}
-    lines = [f"{moment} (optax {MOMENTS[moment]}): kept in {sides[0]} only, not compared" for moment in sorted(ours - theirs)]
-    return lines + [f"{moment} (optax {MOMENTS[moment]}): kept in {sides[1]} only, not compared" for moment in sorted(theirs - ours)]
+    return [OneSided(moment, sides[0]) for moment in sorted(ours - theirs)] + [OneSided(moment, sides[1]) for moment in sorted(theirs - ours)]
 
 
 def forward_rows(ref32, port_template, weights, setups, step, dtype, name_map) -> PortReport:

@@ -22,8 +22,9 @@ trainings are then compared by trajectory only, and the lint says so.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import replace
 
+from mhsa.port_check.core.findings import Inferred, OptimizerDifference, OptimizerNote, OptimizerSetting
 from mhsa.port_check.core.records import map_name
 from mhsa.port_check.readers.flax import training as train_flax
 from mhsa.port_check.readers.torch import training as train_torch
@@ -32,25 +33,6 @@ G, LARGE = 0.5, 1000.0
 VARYING = (1.0, -0.5, 2.0, 0.25, -1.0, 1.5)
 RTOL = 1e-4  # optax computes Adam's bias correction in float32: its updates are 7e-6 off torch's
 OPTAX_ADAMW_DECAY, TORCH_ADAMW_DECAY = 1e-4, 1e-2  # the two libraries' defaults
-
-
-@dataclass
-class Inferred:
-    """One side's optimizer for one parameter, as its updates show it."""
-
-    family: str  # "adam" (exp_avg, exp_avg_sq), "momentum" (momentum_buffer) or "plain" (no moments)
-    lr: list[float] = field(default_factory=list)  # the learning rate of each step of the constant probe
-    b1: float = 0.0
-    b2: float = 0.0
-    eps: float = 0.0
-    eps_root: float = 0.0
-    l2: float = 0.0  # weight decay added to the gradient (plain SGD: its one weight decay)
-    decoupled: float = 0.0  # weight decay applied to the weights, times the learning rate
-    momentum: float = 0.0
-    dampening: float = 0.0
-    nesterov: bool = False
-    amsgrad: bool = False
-    clip: float | None = None  # the max global norm the gradients are clipped to
 
 
 def scenarios(steps: int, tiny: float) -> list[tuple[float, list[float]]]:
@@ -185,67 +167,51 @@ def _differ(a: float, b: float, rtol: float = RTOL, atol: float = 0.0) -> bool:
     return not abs(a - b) <= atol + rtol * max(abs(a), abs(b))
 
 
-FAMILIES = {
-    "adam": "keeps two moments (exp_avg, exp_avg_sq: optax.ScaleByAdamState)",
-    "momentum": "keeps a momentum buffer (optax.TraceState)",
-    "plain": "keeps no moment the lint knows (plain SGD, or a state of another kind)",
-}
+def _g(x: float | None, digits: int) -> float | None:
+    """x rounded to the significant digits the finding shows: findings read alike are equal."""
+    return None if x is None else float(f"{x:.{digits}g}")
 
 
-def differences(t: Inferred, o: Inferred, cls: str) -> list[str]:
+def _found(setting: str, t: float | None, o: float | None, digits: int, **more) -> OptimizerDifference:
+    return OptimizerDifference(setting, _g(t, digits), _g(o, digits), **more)
+
+
+def differences(t: Inferred, o: Inferred, cls: str) -> list[OptimizerDifference]:
     """Each setting in which optax's optimizer `o` differs from torch's `t` (class `cls`)."""
     if t.family != o.family:
-        return [f"update rule: torch {cls} {FAMILIES[t.family]}; the optax transformation {FAMILIES[o.family]}"]
+        return [OptimizerDifference("family", t.family, o.family, cls)]
     found = []
     rates = _rate_difference(t, o)
     if t.family == "adam":
         # without the second moment's correction, eps meets sqrt(v) where torch's meets sqrt(v / (1 - b2)):
         # the probes read it 1 / sqrt(1 - b2) times larger at step 1, where they read eps
-        uncorrected = rates is not None and rates.startswith(
-            ("bias correction: optax corrects neither", "bias correction: optax does not correct the second")
-        )
+        uncorrected = rates is not None and rates.setting == "adam factor" and rates.torch in ("neither", "second")
         found += _adam_differences(t, o, math.sqrt(1 - o.b2) if uncorrected else 1.0)
     if t.family == "momentum":
         if _differ(t.momentum, o.momentum):
-            found.append(f"momentum: torch momentum={t.momentum:.6g}, optax {o.momentum:.6g} (optax.sgd's momentum, optax.trace's decay)")
+            found.append(_found("momentum", t.momentum, o.momentum, 6))
         if _differ(t.dampening, o.dampening, atol=1e-6):
-            found.append(
-                f"dampening: torch dampening={t.dampening:.6g} scales every gradient after the first by {1 - t.dampening:.6g} "
-                "in the momentum buffer; "
-                + ("optax's trace has no dampening (trace = g + momentum * trace)" if abs(o.dampening) < 1e-6 else f"optax {o.dampening:.6g}")
-            )
+            found.append(_found("dampening", t.dampening, 0.0 if abs(o.dampening) < 1e-6 else o.dampening, 6, extra=_g(1 - t.dampening, 6)))
         if t.nesterov != o.nesterov:
-            found.append(f"nesterov: torch nesterov={t.nesterov}, optax nesterov={o.nesterov}")
+            found.append(OptimizerDifference("nesterov", t.nesterov, o.nesterov))
     found += _decay_differences(t, o, cls)
     if (t.clip is None) != (o.clip is None) or (t.clip is not None and o.clip is not None and _differ(t.clip, o.clip, 1e-3)):
-        torch_side = (
-            f"torch clips the gradients' global norm to {t.clip:.4g} (the factory's clip)"
-            if t.clip
-            else "torch does not clip (no clip in the factory)"
-        )
-        optax_side = f"optax clips it to {o.clip:.4g} (optax.clip_by_global_norm in the chain)" if o.clip else "optax does not clip"
-        found.append(f"gradient clipping: {torch_side}; {optax_side}")
+        found.append(_found("clip", t.clip or None, o.clip or None, 4))
     return found + ([rates] if rates else [])
 
 
-def _adam_differences(t: Inferred, o: Inferred, eps_scale: float) -> list[str]:
-    found = []
-    if _differ(t.b1, o.b1):
-        found.append(f"b1: torch betas[0]={t.b1:.6g}, optax b1={o.b1:.6g}")
-    if _differ(t.b2, o.b2):
-        found.append(f"b2: torch betas[1]={t.b2:.6g}, optax b2={o.b2:.6g}")
+def _adam_differences(t: Inferred, o: Inferred, eps_scale: float) -> list[OptimizerDifference]:
+    found = [_found(name, getattr(t, name), getattr(o, name), 6) for name in ("b1", "b2") if _differ(getattr(t, name), getattr(o, name))]
     if o.eps_root and not t.eps_root:
-        outside = f"and eps={o.eps:.3g} outside" if o.eps else "and eps=0 outside"
-        found.append(f"eps: torch adds eps={t.eps:.3g} outside the square root; optax adds eps_root={o.eps_root:.3g} inside it, {outside}")
+        found.append(_found("eps_root", t.eps, o.eps_root, 3, extra=_g(o.eps, 3)))
     elif _differ(t.eps, o.eps * eps_scale, 1e-2, atol=1e-3 * max(t.eps, o.eps * eps_scale, 1e-12)):
-        found.append(f"eps: torch eps={t.eps:.3g}, optax eps={o.eps:.3g} (both outside the square root)")
+        found.append(_found("eps", t.eps, o.eps, 3))
     if t.amsgrad != o.amsgrad:
-        side = "torch (amsgrad=True)" if t.amsgrad else "optax (optax.amsgrad)"
-        found.append(f"amsgrad: the maximum of the second moment is kept in {side} only")
+        found.append(OptimizerDifference("amsgrad", t.amsgrad, o.amsgrad))
     return found
 
 
-def _decay_differences(t: Inferred, o: Inferred, cls: str) -> list[str]:
+def _decay_differences(t: Inferred, o: Inferred, cls: str) -> list[OptimizerDifference]:
     """Weight decay, in the user's terms: the classic defaults and L2 against decoupled. A decay
     under 1e-6 counts as none: in float32 the decoupled part is read beside an L2 direction of
     about 1, to some 1e-7."""
@@ -253,132 +219,88 @@ def _decay_differences(t: Inferred, o: Inferred, cls: str) -> list[str]:
     t_l2, o_l2 = abs(t.l2) > atol, abs(o.l2) > atol
     t_dec, o_dec = abs(t.decoupled) > atol, abs(o.decoupled) > atol
     if t_l2 and o_dec and not o_l2 and not t_dec:
-        return [
-            f"weight decay: torch {cls}(weight_decay={t.l2:.3g}) adds {t.l2:.3g} * p to the gradient (L2: it goes through the moments); "
-            f"optax decays the weights directly (decoupled, weight_decay={o.decoupled:.3g}, as optax.adamw does): "
-            "optax.chain(optax.add_decayed_weights(w), optax.adam(...)) is torch's rule, torch.optim.AdamW is optax's"
-        ]
+        return [_found("l2 against decoupled", t.l2, o.decoupled, 3, cls=cls)]
     if t_dec and o_l2 and not o_dec and not t_l2:
-        return [
-            f"weight decay: torch {cls} decays the weights directly (decoupled, weight_decay={t.decoupled:.3g}); "
-            f"optax adds {o.l2:.3g} * p to the gradient before its moments (L2: optax.add_decayed_weights before the moments, not after)"
-        ]
+        return [_found("decoupled against l2", t.decoupled, o.l2, 3, cls=cls)]
     found = []
     if (t_dec or o_dec) and _differ(t.decoupled, o.decoupled, 1e-3, atol):
         if abs(o.decoupled - OPTAX_ADAMW_DECAY) < 1e-3 * OPTAX_ADAMW_DECAY and t_dec:
-            found.append(
-                f"weight decay: optax.adamw's default weight_decay is {OPTAX_ADAMW_DECAY:g}, torch AdamW's {TORCH_ADAMW_DECAY:g}; "
-                f"torch decays by {t.decoupled:.3g} here: give optax.adamw weight_decay={t.decoupled:.3g}"
-            )
+            found.append(OptimizerDifference("adamw default", _g(t.decoupled, 3), OPTAX_ADAMW_DECAY, extra=TORCH_ADAMW_DECAY))
         else:
-            found.append(f"decoupled weight decay: torch {t.decoupled:.3g}, optax {o.decoupled:.3g}")
+            found.append(_found("decoupled", t.decoupled, o.decoupled, 3))
     if (t_l2 or o_l2) and _differ(t.l2, o.l2, 1e-3, atol):
-        found.append(f"weight decay added to the gradient (L2): torch {t.l2:.3g}, optax {o.l2:.3g}")
+        found.append(_found("l2", t.l2, o.l2, 3))
     return found
 
 
-def _rate_difference(t: Inferred, o: Inferred) -> str | None:
+def _rate_difference(t: Inferred, o: Inferred) -> OptimizerDifference | None:
     """The learning rates step by step, explained where a classic explains them."""
     a, b = t.lr, o.lr[: len(t.lr)]
     if not any(_differ(x, y) for x, y in zip(a, b)):
         return None
     if a[0] < 0 < b[0]:
-        return "maximize: torch maximizes (maximize=True), optax minimizes: negate the loss or optax's learning rate"
-    steps = " ".join(f"{x:.4g}" for x in a[:4])
-    listed = f" (torch from step 1: {steps} ...; optax: {' '.join(f'{y:.4g}' for y in b[:4])} ...)"
+        return OptimizerDifference("maximize")
+    rates = tuple(tuple(_g(x, 4) for x in side[:4]) for side in (a, b))
     if len(a) > 2 and not any(_differ(y, x) for y, x in zip(b, a[1:])):
-        return "learning-rate schedule one step ahead in optax: its step t has torch's step t+1 rate" + listed + _SHIFT
+        return OptimizerDifference("ahead", rates=rates)
     if len(a) > 2 and not any(_differ(y, x) for y, x in zip(b[1:], a)):
-        return "learning-rate schedule one step behind in optax: its step t+1 has torch's step t rate" + listed + _SHIFT
+        return OptimizerDifference("behind", rates=rates)
     ratios = [_ratio(y, x) for x, y in zip(a, b)]
     if t.family == "adam":
         for what, factor in _adam_factors(o).items():
             if not any(_differ(r, f, 1e-3) for r, f in zip(ratios, factor)):
-                return what + listed
+                return OptimizerDifference("adam factor", what, rates=rates)
     if not any(_differ(r, ratios[0]) for r in ratios):
-        return f"learning rate: optax's is {ratios[0]:.6g} x torch's at every step" + listed
+        return OptimizerDifference("factor", optax=_g(ratios[0], 6), rates=rates)
     first = next(i for i, (x, y) in enumerate(zip(a, b)) if _differ(x, y))
-    return f"learning rate differs from step {first + 1}: torch {a[first]:.4g}, optax {b[first]:.4g}" + listed
-
-
-_SHIFT = (
-    ": optax evaluates a schedule at the count of earlier updates (0 at the first step), a torch "
-    "scheduler gives step 1 its initial rate and moves after each optimizer.step()"
-)
+    return _found("rate", a[first], b[first], 4, extra=first + 1, rates=rates)
 
 
 def _adam_factors(o: Inferred) -> dict[str, list[float]]:
-    """What optax's apparent learning rate is, as a multiple of torch's, when optax's Adam differs in one rule."""
+    """What optax's apparent learning rate is, as a multiple of torch's, when optax's Adam differs
+    in one rule (report/findings.py's ADAM_FACTORS)."""
     b1, b2, n = o.b1, o.b2, len(o.lr)
     steps = range(1, n + 1)
     return {
-        "bias correction: optax corrects neither moment (torch divides m by 1 - b1^t and v by 1 - b2^t)": [
-            (1 - b1**t) / math.sqrt(1 - b2**t) for t in steps
-        ],
-        "bias correction: optax does not correct the first moment (torch divides m by 1 - b1^t)": [1 - b1**t for t in steps],
-        "bias correction: optax does not correct the second moment (torch divides v by 1 - b2^t)": [1 / math.sqrt(1 - b2**t) for t in steps],
-        "nesterov: optax's Adam uses Nesterov momentum (optax.nadam, adam(nesterov=True)); torch's Adam does not": [
-            b1 * (1 - b1**t) / (1 - b1 ** (t + 1)) + (1 - b1) / (1 - b1**t) for t in steps
-        ],
+        "neither": [(1 - b1**t) / math.sqrt(1 - b2**t) for t in steps],
+        "first": [1 - b1**t for t in steps],
+        "second": [1 / math.sqrt(1 - b2**t) for t in steps],
+        "nesterov": [b1 * (1 - b1**t) / (1 - b1 ** (t + 1)) + (1 - b1) / (1 - b1**t) for t in steps],
     }
 
 
-def optimizer_lint(reference: dict, port: dict, port_model, steps: int, name_map=None, probes: bool = True) -> tuple[list[str], list[str], list[str]]:
-    """(differences, notes, settings lines) for the two factories' optimizers."""
+def optimizer_lint(
+    reference: dict, port: dict, port_model, steps: int, name_map=None, probes: bool = True
+) -> tuple[list[OptimizerDifference], list[OptimizerNote], list[OptimizerSetting]]:
+    """(differences, notes, settings) for the two factories' optimizers."""
     cls, read_as, groups = train_torch.settings(reference["optimizer"])
-    settings = [f"torch {cls}" + (f" (param group {i})" if len(groups) > 1 else "") + ": " + _settings_text(group) for i, group in enumerate(groups)]
+    settings = [OptimizerSetting("torch", tuple(group.items()), cls, i if len(groups) > 1 else None) for i, group in enumerate(groups)]
     if reference.get("clip") is not None:
-        settings.append(f"torch gradient clipping: global norm {reference['clip']:g} (clip)")
+        settings.append(OptimizerSetting("clip", reference["clip"]))
     if reference.get("scheduler") is not None:
-        settings.append(f"torch scheduler: {type(reference['scheduler']).__name__}, stepped after optimizer.step()")
+        settings.append(OptimizerSetting("scheduler", type(reference["scheduler"]).__name__))
     if read_as is None:
-        return [], [f"torch {cls} is not one the lint reads (SGD, Adam, AdamW): the optimizers are compared by trajectory only"], settings
+        return [], [OptimizerNote("unread", cls)], settings
     if not probes:
-        return [], ["optimizer probes skipped: the optimizers are compared by trajectory only"], settings
+        return [], [OptimizerNote("skipped")], settings
     tiny = float(groups[0].get("eps") or 1e-8)
     plan = scenarios(steps, tiny)
     torch_runs, torch_size = train_torch.probe(reference, plan)
     optax_runs, optax_size = train_flax.probe(port, port_model, plan)
     if any(group.get("maximize") for group in groups):
-        return (
-            _maximize(optax_runs, optax_size, tiny),
-            ["torch maximizes: the lint reads no further settings, the trajectories compare them"],
-            settings,
-        )
-    found: dict[str, list[str]] = {}
+        return _maximize(optax_runs, optax_size, tiny), [OptimizerNote("maximize")], settings
+    found: dict[str, tuple[OptimizerDifference, list[str]]] = {}  # by the record's repr: NaN never equals itself
     names = [name for name in torch_runs[0][0]["param"] if map_name(name, name_map) in optax_runs[0][0]["param"]]
     for name in names:
         theirs = infer(optax_runs, map_name(name, name_map), optax_size, tiny)
-        for text in differences(infer(torch_runs, name, torch_size, tiny), theirs, cls):
-            found.setdefault(text, []).append(name)
+        for difference in differences(infer(torch_runs, name, torch_size, tiny), theirs, cls):
+            found.setdefault(repr(difference), (difference, []))[1].append(name)
         if name == names[0]:
-            settings.append(f"optax (probed, as {name} sees it): {_inferred_text(theirs)}")
-    return [text + ("" if len(where) == len(names) else f" (on {', '.join(where)})") for text, where in found.items()], [], settings
+            settings.append(OptimizerSetting("optax", theirs, name))
+    return [difference if len(on) == len(names) else replace(difference, on=tuple(on)) for difference, on in found.values()], [], settings
 
 
-def _maximize(optax_runs, size, tiny) -> list[str]:
+def _maximize(optax_runs, size, tiny) -> list[OptimizerDifference]:
     """A torch optimizer with maximize=True climbs: the same as optax only with a negative learning rate."""
     name = next(iter(optax_runs[0][0]["param"]))
-    if infer(optax_runs, name, size, tiny).lr[0] < 0:
-        return []
-    return ["maximize: torch maximizes (maximize=True), optax minimizes: negate the loss, or optax's learning rate"]
-
-
-def _settings_text(group: dict) -> str:
-    return " ".join(f"{key}={value!r}" for key, value in group.items())
-
-
-def _inferred_text(o: Inferred) -> str:
-    rates = sorted(set(f"{r:.4g}" for r in o.lr))
-    parts = [{"adam": "Adam", "momentum": "SGD with momentum", "plain": "SGD"}[o.family]]
-    parts.append(f"lr={o.lr[0]:.4g}" if len(rates) == 1 else f"lr from {o.lr[0]:.4g} to {o.lr[-1]:.4g} over {len(o.lr)} steps")
-    if o.family == "adam":
-        parts += [f"b1={o.b1:.4g}", f"b2={o.b2:.4g}", f"eps={o.eps:.3g}", f"eps_root={o.eps_root:.3g}", f"amsgrad={o.amsgrad}"]
-    if o.family == "momentum":
-        parts += [
-            f"momentum={o.momentum:.4g}",
-            "dampening=0" if abs(o.dampening) < 1e-6 else f"dampening={o.dampening:.4g}",
-            f"nesterov={o.nesterov}",
-        ]
-    parts += [f"decoupled weight decay={o.decoupled:.3g}", f"L2 weight decay={o.l2:.3g}"]
-    return " ".join(parts) + (f" clip={o.clip:.4g}" if o.clip else "")
+    return [] if infer(optax_runs, name, size, tiny).lr[0] < 0 else [OptimizerDifference("maximize only")]

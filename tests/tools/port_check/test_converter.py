@@ -13,6 +13,7 @@ from flax import nnx
 from examples import flax_block, torch_block
 from mhsa.cli import main as mhsa
 from mhsa.port_check import check_port, format_report
+from mhsa.port_check.core.findings import Switch
 from tests.tools.port_check import models
 
 
@@ -36,9 +37,8 @@ def test_a_converter_that_scales_a_weight_is_named_with_the_scale_and_a_probe_co
     report = check_port(source, port, torch_block.example_inputs())
     assert [how for _, _, how in report.transfer.differing] == ["scaled by 0.5 (1/sqrt(4))"]
     assert report.first_failure.name == "mlp.fc1"
-    assert report.probes == [
-        "probe: 'mlp.fc1.weight' given the reference's values in jax: closes the gap at 'mlp.fc1' "
-        f"({report.first_failure.abs_diff:.2e} -> {report.probes[0].split('-> ')[1].split(')')[0]}); every output then agrees"
+    assert [(probe.switch, probe.outcome, probe.row, probe.moves_to) for probe in report.probes] == [
+        (Switch("load", names=("mlp.fc1.weight",)), "closes", "mlp.fc1", None)
     ]
 
 

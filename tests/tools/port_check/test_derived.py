@@ -13,7 +13,9 @@ import torch
 from flax import nnx
 
 from mhsa.port_check import check_port, format_report
+from mhsa.port_check.core.findings import Note
 from mhsa.port_check.readers.torch import reader as torch_reader
+from mhsa.port_check.report.findings import line
 from shared.tolerances import K, derived, reference_error, scale, tolerance
 
 D = 16
@@ -125,7 +127,7 @@ class NoFloat64(TorchNorm):
 def test_rows_without_a_float64_twin_keep_the_fixed_tolerance_and_say_so():
     report = check_port(NoFloat64(), FlaxNorm(1e-5), inputs())
     assert report.passed and all(row.reference_error is None for row in report.rows), format_report(report)
-    assert any(note.startswith("the reference cannot run in float64 (RuntimeError") for note in report.notes), report.notes
+    assert any(note.kind == "no float64" and note.error.startswith("RuntimeError") for note in report.notes), report.notes
     assert "a 'fixed' row holds docs/DESIGN.md's fixed tolerance" in format_report(report)
 
 
@@ -134,7 +136,7 @@ def test_a_row_the_reference_computes_in_float32_even_in_float64_keeps_the_fixed
     ln = next(row for row in report.rows if row.name == "ln")
     assert report.passed and ln.reference_error is None and ln.tol == tolerance("stage", "float32"), format_report(report)
     # and so are the rows computed from it: their float64 run went through ln's float32 step
-    assert "the reference computes 'ln', 'down', '(model output)' in float32 even in float64: those rows hold the fixed tolerance" in report.notes
+    assert Note("fixed", ("ln", "down", "(model output)")) in report.notes
 
 
 def test_a_float32_check_of_a_flax_reference_leaves_jaxs_float64_switch_as_it_was():
@@ -157,8 +159,9 @@ def test_a_reference_whose_float64_run_is_no_twin_does_not_loosen_its_tolerances
     report = check_port(Noisy(), FlaxNorm(1e-5), inputs(), probes=False)
     down = next(row for row in report.rows if row.name == "down")
     assert not report.passed and down.reference_error is None and down.tol == tolerance("stage", "float32"), format_report(report)
-    note = next(note for note in report.notes if note.startswith("the reference's float64 run differs from its float32 run"))
-    assert "at 'down'" in note and ": two float32 runs of it on the same inputs differ too, so it draws random numbers" in note, note
+    note = next(note for note in report.notes if note.kind == "apart")
+    assert "down" in note.names and note.why == "random", note
+    assert ": two float32 runs of it on the same inputs differ too, so it draws random numbers" in line(note, report.sides)  # its sentence
 
 
 class Tied(torch.nn.Module):

@@ -24,8 +24,10 @@ from mhsa.port_check import (
     map_name,
     transfer_weights,
 )
+from mhsa.port_check.core.findings import LintDifference, Switch
 from mhsa.port_check.readers.flax import reader as jax_port
 from mhsa.port_check.readers.protocol import ModuleInfo
+from mhsa.port_check.report.findings import line
 
 OUTPUTS = ["ln1", "attn.qkv_proj", "attn.out_proj", "attn", "ln2", "mlp.fc1", "mlp.fc2", "mlp.drop", "mlp", "(model output)"]
 
@@ -60,11 +62,9 @@ def test_flax_layernorm_left_at_its_default_eps_is_named_by_the_lint_and_parts_i
     source, target, x = nnx_pair()
     target.ln2 = nnx.LayerNorm(D, rngs=nnx.Rngs(0))  # epsilon 1e-6, torch's 1e-5
     report = check_port(source, target, x, dtype="float64")
-    assert any(finding.startswith("ln2: LayerNorm eps 1e-05 in torch, 1e-06 in jax") for finding in report.lint), report.lint
+    assert LintDifference("ln2", "LayerNorm", "eps", 1e-5, 1e-6) in report.lint, report.lint
     assert first(report) == "ln2"
-    assert any(
-        "eps of 'ln2' set to torch's 1e-05" in probe and "closes the gap" in probe and "every output then agrees" in probe for probe in report.probes
-    ), report.probes
+    assert any(probe.switch == Switch("eps", "ln2", 1e-5, 1e-6) and probe.outcome == "closes" and probe.moves_to is None for probe in report.probes)
     # a difference the numbers of this batch hide is named by the lint, as a warning: no output shows it
     target.ln2 = nnx.LayerNorm(D, epsilon=1.0001e-5, rngs=nnx.Rngs(0))
     hidden = check_port(source, target, x, dtype="float32")
@@ -84,9 +84,12 @@ def test_gelu_tanh_instead_of_erf_parts_at_the_layer_after_it_and_names_the_gelu
     assert first(report) == "mlp.fc2"
     assert [row.name for row in report.rows if row.passed][-1] == "mlp.fc1"
     # the torch GELU switched to tanh closes the gap: that probe is the evidence, the hints retire
-    assert report.probes == [
+    assert [(probe.switch, probe.outcome, probe.row, probe.moves_to) for probe in report.probes] == [
+        (Switch("approximate", "mlp.act", "tanh"), "closes", "mlp.fc2", None)
+    ]
+    assert [line(probe, report.sides) for probe in report.probes] == [  # the sentence a probe prints
         "probe: 'mlp.act' (GELU, no counterpart in jax) switched to approximate='tanh' in torch: closes the gap at 'mlp.fc2' "
-        f"({report.first_failure.abs_diff:.2e} -> {report.probes[0].split('-> ')[1].split(')')[0]}); every output then agrees"
+        f"({report.first_failure.abs_diff:.2e} -> {report.probes[0].after:.2e}); every output then agrees"
     ]
     assert report.hints == []
 
@@ -105,14 +108,16 @@ def test_a_square_kernel_copied_without_transposing_is_named_by_the_weights_and_
     assert not report.transfer.copied
     assert [(name, why) for name, _, why in report.transfer.differing] == [("attn.out_proj.weight", "holds its transpose")]
     assert first(report) == "attn.out_proj"
-    assert any("kernel of 'attn.out_proj' transposed" in probe and "every output then agrees" in probe for probe in report.probes), report.probes
+    closing = [probe for probe in report.probes if probe.outcome == "closes" and probe.moves_to is None]
+    assert [probe.switch for probe in closing] == [Switch("transpose", "attn.out_proj")], report.probes
 
 
 def test_dropout_left_active_is_named_by_the_lint_and_at_the_dropout():
     source, target, x = nnx_pair()
     target.mlp.drop = nnx.Dropout(0.1, deterministic=False, rngs=nnx.Rngs(1))
     report = check_port(source, target, x)
-    assert "mlp.drop: Dropout active in jax only (train mode in torch / deterministic=False in Flax)" in report.lint
+    assert LintDifference("mlp.drop", "Dropout", "active", False, True) in report.lint
+    assert "mlp.drop: Dropout active in jax only (train mode in torch / deterministic=False in Flax)" in [line(f, report.sides) for f in report.lint]
     assert first(report) == "mlp.drop"
 
 
@@ -145,7 +150,7 @@ def test_a_head_split_in_the_wrong_order_or_a_softmax_over_the_wrong_axis_parts_
         return
     assert first(report) == "attn.out_proj"
     assert [row.name for row in report.rows if row.passed][-1] == "attn.qkv_proj"
-    assert any("look at the code of 'attn'" in hint for hint in report.hints), report.hints
+    assert any(hint.kind == "enters" and hint.path == "attn" for hint in report.hints), report.hints
     assert not report.lint
 
 
@@ -153,7 +158,7 @@ def test_a_missing_bias_is_named_by_the_lint_the_transfer_report_and_at_its_laye
     source, target, x = nnx_pair()
     target.mlp.fc1 = nnx.Linear(D, 4 * D, use_bias=False, rngs=nnx.Rngs(0))
     report = check_port(source, target, x)
-    assert "mlp.fc1: Linear bias in torch only" in report.lint
+    assert LintDifference("mlp.fc1", "Linear", "bias", True, False) in report.lint
     assert report.transfer.unconsumed_source == ["mlp.fc1.bias"]
     assert first(report) == "mlp.fc1"
 
@@ -169,7 +174,7 @@ class LinenDefaultEps(flax_block.LinenBlock):
 def test_linen_ports_are_linted_and_compared_too():
     module, x = LinenDefaultEps(), torch_block.example_inputs()
     report = check_port(torch_block.block()[0], (module, module.init(jax.random.key(0), x)), x, dtype="float64")
-    assert any(finding.startswith("ln2: LayerNorm eps 1e-05 in torch, 1e-06 in jax") for finding in report.lint)
+    assert LintDifference("ln2", "LayerNorm", "eps", 1e-5, 1e-6) in report.lint
     assert first(report) == "ln2"
 
 
@@ -237,8 +242,12 @@ def test_batchnorm_momentum_and_conv_settings_are_compared_in_one_convention():
     source = {"bn": ModuleInfo("BatchNorm", {"eps": 1e-5, "momentum": 0.1}), "conv": ModuleInfo("Conv", {"stride": (2,)})}
     torch_bn = ModuleInfo("BatchNorm", jax_port._settings(nnx.BatchNorm(4, rngs=nnx.Rngs(0))))
     assert torch_bn.settings["momentum"] == pytest.approx(0.01)  # Flax's default 0.99 in torch's convention
-    findings = lint(source, {"bn": torch_bn, "conv": ModuleInfo("Conv", {"stride": (1,)})}, ("torch", "jax"))
+    findings = lint(source, {"bn": torch_bn, "conv": ModuleInfo("Conv", {"stride": (1,)})})
     assert findings == [
+        LintDifference("bn", "BatchNorm", "momentum", 0.1, torch_bn.settings["momentum"]),
+        LintDifference("conv", "Conv", "stride", (2,), (1,)),
+    ]
+    assert [line(finding, ("torch", "jax")) for finding in findings] == [  # the sentences the lint prints
         "bn: BatchNorm momentum 0.1 in torch, 0.01 in jax (in torch's convention (weight of the new batch): torch 0.1 = Flax momentum 0.9)",
         "conv: Conv stride (2,) in torch, (1,) in jax",
     ]
@@ -353,14 +362,14 @@ def test_a_module_called_twice_is_compared_per_call(bug):
 
 def test_a_first_port_with_flax_defaults_gets_both_of_its_bugs_named():
     report = check_port(torch_block.block()[0], flax_block.naive_block()[0], torch_block.example_inputs())
-    assert [finding.split(":")[0] for finding in report.lint] == ["ln1", "ln2"] and first(report) == "ln1"
+    assert [finding.path for finding in report.lint] == ["ln1", "ln2"] and first(report) == "ln1"
     # each cause closed by its own probe, in the order they act; the GELU hides behind the eps
-    assert [probe.split(": closes")[0] for probe in report.probes] == [
-        "probe: the eps of 'ln1' set to torch's 1e-05 (was 1e-06)",
-        "probe: the eps of 'ln2' set to torch's 1e-05 (was 1e-06)",
-        "probe: 'mlp.act' (GELU, no counterpart in jax) switched to approximate='tanh' in torch",
+    assert [(probe.switch, probe.outcome) for probe in report.probes] == [
+        (Switch("eps", "ln1", 1e-5, 1e-6), "closes"),
+        (Switch("eps", "ln2", 1e-5, 1e-6), "closes"),
+        (Switch("approximate", "mlp.act", "tanh"), "closes"),
     ]
-    assert report.probes[-1].endswith("every output then agrees") and report.hints == []
+    assert report.probes[-1].moves_to is None and report.hints == []
 
 
 def test_a_model_that_reads_values_in_python_is_captured_eagerly():

@@ -11,6 +11,8 @@ from flax import nnx
 
 from examples import flax_block, torch_block
 from mhsa.port_check import check_port, format_report
+from mhsa.port_check.core.findings import Hint, Switch
+from mhsa.port_check.report.findings import line
 from tests.tools.port_check import models
 
 
@@ -18,8 +20,8 @@ def test_an_eps_bug_is_probed_at_the_norm_only_and_its_probe_retires_every_other
     torch.manual_seed(0)
     report = check_port(models.TorchSquare(), models.NNXMLP(hidden=models.D, eps=1e-6), models.activations(), dtype="float64")
     assert report.first_failure.name == "norm", format_report(report)
-    assert not any("transposed" in probe for probe in report.probes), report.probes  # fc1 runs after the norm
-    assert len(report.probes) == 1 and report.probes[0].startswith("probe: the eps of 'norm' set to torch's 1e-05 (was 1e-06): closes the gap")
+    assert not any(probe.switch.kind == "transpose" for probe in report.probes), report.probes  # fc1 runs after the norm
+    assert [(probe.switch, probe.outcome) for probe in report.probes] == [(Switch("eps", "norm", 1e-5, 1e-6), "closes")]
     assert report.hints == [], report.hints  # no GELU hint: the eps explains the whole difference
 
 
@@ -31,7 +33,7 @@ def test_probes_touch_nothing_after_the_first_failing_row():
     assert report.first_failure.name == "norm", format_report(report)
     failing_later = [row.name for row in report.rows if not row.passed and row.kind == "Linear"]
     assert "fc1" in failing_later  # square, failing, and after the norm: not probed
-    assert report.probes and not any("fc1" in probe for probe in report.probes), report.probes
+    assert report.probes and not any(probe.switch.path == "fc1" for probe in report.probes), report.probes
 
 
 def test_a_closing_probe_retires_the_hint_about_its_row():
@@ -40,7 +42,7 @@ def test_a_closing_probe_retires_the_hint_about_its_row():
     port.ln2 = nnx.LayerNorm(torch_block.D, rngs=nnx.Rngs(0))  # Flax's default eps
     report = check_port(source, port, x, dtype="float64")
     assert report.first_failure.name == "ln2" and report.hints == [], report.hints
-    assert report.probes[0].endswith("every output then agrees")
+    assert report.probes[0].outcome == "closes" and report.probes[0].moves_to is None
 
 
 class ReluMLP(flax_block.MLP):
@@ -54,5 +56,7 @@ def test_without_a_closing_probe_the_hints_stay():
     port.mlp = ReluMLP(torch_block.D, rngs=nnx.Rngs(0))
     report = check_port(source, port, x)
     assert report.first_failure.name == "mlp.fc2"
-    assert any(hint.startswith("'mlp.act' (GELU: approximate='none') ran in torch just before 'mlp.fc2'") for hint in report.hints), report.hints
-    assert all("does not close the gap" in probe for probe in report.probes), report.probes
+    gelu = Hint("unmatched", "mlp.fc2", path="mlp.act", module_kind="GELU", settings=(("approximate", "none"),))
+    assert gelu in report.hints, report.hints
+    assert line(gelu, report.sides).startswith("'mlp.act' (GELU: approximate='none') ran in torch just before 'mlp.fc2'")  # its sentence
+    assert all(probe.outcome == "open" for probe in report.probes), report.probes

@@ -12,7 +12,9 @@ from flax import nnx
 from jax import lax
 
 from mhsa.port_check import check_port, format_report
+from mhsa.port_check.core.findings import LintDifference, Note, Switch, Untied
 from mhsa.port_check.core.padding import resolve_same, same_pads
+from mhsa.port_check.report.findings import line
 from tests.tools.port_check import models
 
 
@@ -28,7 +30,7 @@ def test_conv1d_weights_stored_in_out_are_taken_transposed_and_a_tied_head_is_on
         "Conv1D in torch / Linear in jax: 2-d weights taken transposed ('c_fc.weight' (24, 48) fits 'c_fc.weight' (48, 24) only so)"
     ]
     assert ("c_mix.weight", "c_mix.weight", (24, 24), True) in report.transfer.filled  # the square one follows its layer type
-    assert "tied in torch: head.weight is wte.weight (one parameter, paired once)" in report.notes
+    assert Note("tied", (("head.weight", "wte.weight"),)) in report.notes
     assert not report.transfer.unconsumed_source
 
 
@@ -45,19 +47,20 @@ def test_a_converter_that_wrote_conv1d_weights_right_passes_as_it_is():
 
 def test_untied_embeddings_are_named_by_the_lint_and_by_the_gradients():
     report = check_port(lm(), models.FlaxLM(tied=False), models.token_ids(), grads=True, probes=False)
-    assert report.lint == [
+    assert report.lint == [Untied("head.weight", "wte.weight")]
+    assert line(report.lint[0], report.sides) == (  # the sentence it prints
         "head.weight: tied to wte.weight in torch, a parameter of its own in jax "
         "(untied: equal once copied, they part as soon as either is trained; --grads shows it)"
-    ]
+    )
     outputs = [row for row in report.rows if row.section == "output"]
     assert all(row.passed for row in outputs) and report.first_failure.name == "wte.weight", format_report(report)
 
 
 def test_a_library_rmsnorm_epsilon_is_linted_and_probed():
     report = check_port(lm(), models.FlaxLM(eps=1e-5), models.token_ids(), dtype="float64")
-    assert report.lint == ["norm: LlamaRMSNorm eps 1e-06 in torch, 1e-05 in jax"]  # a type of its own: its eps is read all the same
+    assert report.lint == [LintDifference("norm", "LlamaRMSNorm", "eps", 1e-6, 1e-5)]  # a type of its own: its eps is read all the same
     assert report.first_failure.name == "norm"
-    assert report.probes[0].startswith("probe: the eps of 'norm' set to torch's 1e-06 (was 1e-05): closes the gap at 'norm'"), report.probes
+    assert (report.probes[0].switch, report.probes[0].outcome, report.probes[0].row) == (Switch("eps", "norm", 1e-6, 1e-5), "closes", "norm")
 
 
 def test_same_padding_is_explicit_padding_and_batchnorm_statistics_are_copied():
@@ -92,10 +95,12 @@ SAME_AT_2 = (
 def test_same_padding_at_stride_2_is_named_by_the_lint_and_fails_where_the_size_is_even(height, width, parts):
     x = np.random.default_rng(0).standard_normal((3, 3, height, width)).astype(np.float32)
     report = check_port(*strided(3, 1, "SAME"), x, target_inputs=x.transpose(0, 2, 3, 1), dtype="float64")
-    assert report.lint == [SAME_AT_2] and report.passed is not parts
+    assert [(finding.path, finding.setting, finding.same is not None) for finding in report.lint] == [("", "padding", True)]
+    assert report.passed is not parts
+    assert [line(finding, report.sides) for finding in report.lint] == [SAME_AT_2]
     if parts:  # every output pixel looks one pixel further down and right
         assert report.first_failure.name == "(model output)" and report.first_failure.abs_diff > 0.1
-        assert report.probes[-1].startswith("probe: the padding of '' set to torch's ((1, 1), (1, 1)) (was 'SAME'): closes the gap"), report.probes
+        assert (report.probes[-1].switch, report.probes[-1].outcome) == (Switch("padding", "", ((1, 1), (1, 1)), "SAME"), "closes"), report.probes
     else:  # an odd size pads alike: this batch agrees, the next even-sized one would not
         assert report.first_failure is None, format_report(report)
 

@@ -14,6 +14,8 @@ import torch
 
 from mhsa.cli import main as mhsa
 from mhsa.port_check import check_port, format_report
+from mhsa.port_check.core.findings import Note, Precision
+from mhsa.port_check.report.findings import line
 from shared.tolerances import UNIT_ROUNDOFF, K, tolerance
 from tests.tools.port_check import models
 
@@ -25,7 +27,8 @@ def reference():
 
 def test_a_linen_layer_computing_in_float32_is_named_with_its_attribute_and_compared_at_float32s_tolerance():
     report = check_port(reference(), models.linen(models.LinenFixedDtype()), models.activations(), dtype="float64", grads=True)
-    assert report.precision == [
+    assert report.precision == [Precision("holds", "jax", "float64", "fc1", attributes=(("dtype", "float32"),), judged_at="float32")]
+    assert [line(finding) for finding in report.precision] == [  # the sentence it prints
         "'fc1' in jax holds dtype=float32, below the float64 asked for; "
         "from its first call on, the rows are compared at float32's tolerance, not float64's"
     ]
@@ -49,26 +52,24 @@ def test_a_bug_before_the_float32_layer_is_still_held_to_float64():
 def test_a_model_level_dtype_field_and_nnx_dtype_attributes_are_raised_to_the_dtype_asked_for():
     linen = check_port(reference(), models.linen(models.LinenModelDtype()), models.activations(), dtype="float64")
     assert linen.passed and not linen.precision, format_report(linen)
-    assert "compute dtype set to float64 as asked: '(the model)' dtype float32 -> float64" in linen.notes
+    assert Note("dtype set", ("'(the model)' dtype float32 -> float64",), "float64") in linen.notes
     port = models.NNXMLP()
     port.fc1.dtype = jnp.float32  # nnx.Linear computes in its dtype attribute
     nnx_report = check_port(reference(), port, models.activations(), dtype="float64")
-    assert nnx_report.passed and "compute dtype set to float64 as asked: 'fc1' dtype float32 -> float64" in nnx_report.notes, format_report(
-        nnx_report
-    )
+    assert nnx_report.passed and Note("dtype set", ("'fc1' dtype float32 -> float64",), "float64") in nnx_report.notes, format_report(nnx_report)
 
 
 def test_an_attribute_the_cast_does_not_know_is_named_and_lowers_the_tolerance_of_what_runs_inside_it():
     report = check_port(reference(), models.NNXMLP(compute_dtype=jnp.float32), models.activations(), dtype="float64")
-    assert report.precision[0].startswith("the model itself in jax holds compute_dtype=float32, below the float64 asked for")
+    first = report.precision[0]
+    assert (first.kind, first.side, first.path, first.attributes) == ("holds", "jax", "", (("compute_dtype", "float32"),)), report.precision
     assert report.passed, format_report(report)
 
 
 def test_bfloat16_computation_is_not_judged_and_the_verdict_says_why(capsys):
     report = check_port(reference(), models.linen(models.LinenFixedDtype("bfloat16")), models.activations())
-    assert report.precision[0].startswith(
-        "'fc1' in jax holds dtype=bfloat16, below the float32 asked for; from its first call on, the rows are not judged"
-    )
+    first = report.precision[0]
+    assert (first.kind, first.path, first.attributes, first.judged_at) == ("holds", "fc1", (("dtype", "bfloat16"),), ""), report.precision
     assert [row.status for row in report.rows] == ["", "unjudged", "unjudged", "unjudged"] and not report.passed
     text = format_report(report)
     assert text.splitlines()[-1] == "NO VERDICT: 3 of 4 comparisons not judged, computed below float32 (see precision above); the 1 judged agree"
@@ -78,7 +79,8 @@ def test_bfloat16_computation_is_not_judged_and_the_verdict_says_why(capsys):
 def test_a_float32_step_inside_a_float64_run_is_read_off_the_dataflow_and_holds_its_rows_to_float32s_tolerance():
     torch.manual_seed(0)
     report = check_port(models.TorchUpcast(), models.NNXMLP(), models.activations(), dtype="float64")
-    assert report.passed and report.precision[0].startswith("in torch, the code rounds through float32 before or inside 'act'"), format_report(report)
+    first = report.precision[0]
+    assert report.passed and (first.kind, first.side, first.dtype, first.path) == ("rounds", "torch", "float32", "act"), format_report(report)
     rows = {row.name: row for row in report.rows}
     assert rows["fc1"].tol == tolerance("stage", "float64") and rows["fc2"].dtype == "float32" and rows["fc2"].reference_error is not None
 
@@ -90,14 +92,14 @@ def test_a_float32_sized_difference_no_dataflow_explains_points_at_a_cast_in_the
     torch.manual_seed(0)
     report = check_port(models.TorchUpcast(), models.NNXMLP(), models.activations(), dtype="float64")
     assert report.first_failure.name == "fc2"
-    assert any(hint.startswith("the difference at 'fc2' is the size of float32 rounding") for hint in report.hints), report.hints
+    assert any(hint.kind == "rounding" and hint.row == "fc2" for hint in report.hints), report.hints
 
 
 def test_bfloat16_inputs_are_cast_up_exactly_and_said_so():
     x = models.activations().astype(ml_dtypes.bfloat16)
     report = check_port(reference(), models.NNXMLP(), x, dtype="float64")
     assert report.passed, format_report(report)
-    assert "inputs: bfloat16 arrays cast to float64 (exactly: every such value is a float64 value)" in report.notes
+    assert Note("inputs cast", ("bfloat16",), "float64") in report.notes
     torch_inputs = torch.as_tensor(models.activations()).to(torch.bfloat16)
     assert check_port(reference(), models.NNXMLP(), torch_inputs).passed
 

@@ -14,6 +14,7 @@ import torch
 from mhsa.port_check.readers.flax import reader as flax_reader
 from mhsa.port_check.readers.flax import training as train_flax
 from mhsa.port_check.readers.torch import training as train_torch
+from mhsa.port_check.report.findings import line
 from mhsa.port_check.training import lint as train_lint
 from mhsa.port_check.training.check import check_setup
 from tests.tools.port_check_train import models
@@ -158,7 +159,7 @@ def _lint(torch_side, tx):
 )
 def test_each_classic_difference_is_named_once_in_the_users_terms(torch_side, tx, words):
     findings, _, _ = _lint(torch_side(), tx)
-    assert [finding for finding in findings if finding.startswith(words)] and len(findings) == 1, findings
+    assert len(findings) == 1 and line(findings[0]).startswith(words), findings  # the sentence each kind prints
 
 
 @pytest.mark.parametrize(
@@ -179,7 +180,7 @@ def test_each_classic_difference_is_named_once_in_the_users_terms(torch_side, tx
 def test_matched_settings_give_no_finding(torch_side, tx):
     findings, notes, settings = _lint(torch_side(), tx)
     assert findings == [] and notes == [], findings
-    assert settings[0].startswith("torch ") and any(line.startswith("optax (probed") for line in settings)
+    assert settings[0].kind == "torch" and any(setting.kind == "optax" for setting in settings)
 
 
 def test_the_moments_are_found_by_type_inside_chains_wrappers_and_multi_transform():

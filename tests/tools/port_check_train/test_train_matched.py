@@ -7,6 +7,7 @@ import optax
 import pytest
 import torch
 
+from mhsa.port_check.core.findings import LintDifference
 from mhsa.port_check.report.training import format_train_report
 from mhsa.port_check.training.check import check_training
 from shared.tolerances import tolerance
@@ -49,7 +50,8 @@ def test_a_layernorm_eps_of_1e6_parts_at_its_forward_row_in_float32_where_a_fixe
     # numbers name it on their own: the forward row at the norm fails
     report = check_training(models.torch_side("adam"), models.flax_side(optax.adam(1e-2), eps=1e-6), 2, probes=False)
     text = format_train_report(report)
-    assert report.config_lint == ["ln: LayerNorm eps 1e-05 in torch, 1e-06 in jax (torch's default is 1e-5, Flax's 1e-6)"], text
+    assert report.config_lint == [LintDifference("ln", "LayerNorm", "eps", 1e-5, 1e-6)], text
+    assert "  ln: LayerNorm eps 1e-05 in torch, 1e-06 in jax (torch's default is 1e-5, Flax's 1e-6)" in text.splitlines()  # its sentence
     assert not report.lint, text
     assert report.first_failure is not None and report.first_failure.step == 1, text
     ln = report.forward.first_failure
@@ -83,7 +85,7 @@ def test_a_hand_rolled_optimizer_is_read_as_the_torch_class_it_says_it_steps_as_
     setup = models.torch_side("adam", lr=1e-2)
     setup["optimizer"] = SaysItIsAdam(setup["model"].parameters(), lr=1e-2)
     report = check_training(setup, models.flax_side(optax.adam(1e-2)), 3, probes=True)
-    assert report.passed and not report.lint and not any("trajectory only" in note for note in report.lint_notes), format_train_report(report)
+    assert report.passed and not report.lint and not report.lint_notes, format_train_report(report)
     setup["optimizer"] = HandRolledAdam(setup["model"].parameters(), lr=1e-2)
     with pytest.raises(ValueError, match="'optimizer' must be a torch.optim.Optimizer; got HandRolledAdam"):
         check_training(setup, models.flax_side(optax.adam(1e-2)), 3)
