@@ -22,6 +22,7 @@ from mhsa.port_check.core.findings import LintDifference  # noqa: E402
 from mhsa.port_check.core.structure import as_inputs  # noqa: E402
 from mhsa.port_check.readers import reader_of  # noqa: E402
 from mhsa.port_check.readers.equinox import reader, record  # noqa: E402
+from mhsa.port_check.readers.protocol import ModuleInfo  # noqa: E402
 from tests.paths import ROOT  # noqa: E402
 from tests.tools.port_check import equinox_models as em  # noqa: E402
 from tests.tools.port_check import models  # noqa: E402
@@ -59,6 +60,41 @@ def test_describe_reads_linear_bias_layernorm_eps_and_the_gelu_lambda_in_torch_w
         "act": ("GELU", {"approximate": "tanh"}),
         "fc2": ("Linear", {"bias": True}),
     }
+
+
+def test_the_probes_switches_give_new_models_with_one_setting_changed_and_the_original_untouched():
+    model, x = em.EqxMLP(eps=1e-6, approximate=True), em.inputs()
+    eps = reader.switched(model, "eps", "norm", 1e-5)
+    gelu = reader.switched(model, "approximate", "act", "none")
+    assert reader.describe(eps, as_inputs(()))["norm"].settings["eps"] == 1e-5
+    assert reader.describe(gelu, as_inputs(()))["act"].settings == {"approximate": "none"}
+    assert reader.describe(model, as_inputs(()))["norm"].settings["eps"] == 1e-6 and model.act.fn.keywords == {"approximate": True}
+    faithful = reader.capture(em.EqxMLP(), as_inputs(x))[-1].value
+    both = reader.capture(reader.switched(eps, "approximate", "act", "none"), as_inputs(x))[-1].value
+    np.testing.assert_allclose(both, faithful, rtol=1e-6, atol=1e-6)
+    square = em.EqxMLP(hidden=em.D)
+    transposed = reader.switched(square, "transpose", "fc1")
+    np.testing.assert_array_equal(transposed.fc1.weight, np.asarray(square.fc1.weight).T)
+    assert reader.switched(model, "transpose", "fc1") is None  # (48, 24): a transpose cannot fit
+    conv = eqx.nn.Conv1d(2, 3, 3, key=jax.random.key(0))
+    assert reader.switched(conv, "padding", "", ((1, 1),)).padding == ((1, 1),) and conv.padding == ((0, 0),)
+
+
+def test_token_ids_go_per_example_to_an_embedding_and_its_table_is_a_torch_weight():
+    model = eqx.nn.Embedding(models.V, em.D, key=jax.random.key(0))
+
+    class Lookup(eqx.Module):
+        wte: eqx.nn.Embedding
+
+        def __call__(self, ids):  # (T,) -> (T, D)
+            return jax.vmap(self.wte)(ids)
+
+    ids = models.token_ids()
+    outputs = reader.capture(Lookup(model), as_inputs(ids))
+    assert [(output.path, output.shape) for output in outputs] == [("wte", (3, 5, 24)), ("", (3, 5, 24))]
+    np.testing.assert_array_equal(outputs[-1].value, np.asarray(model.weight)[ids])
+    assert {name: value.shape for name, value in reader.parameters(Lookup(model)).items()} == {"wte.weight": (models.V, em.D)}
+    assert reader.describe(Lookup(model), as_inputs(()))["wte"] == ModuleInfo("Embedding", {"padding_idx": None})
 
 
 def test_an_array_assigned_twice_is_one_parameter_tied_under_its_second_name():
