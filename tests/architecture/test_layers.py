@@ -38,8 +38,8 @@ FRAMEWORK_USERS = {
         "reads and trains any user's Flax NNX module or Linen pair, which is no backend of the registry",
     ),
     "mhsa/port_check/readers/equinox/": (
-        ("jax", "jaxlib", "equinox"),
-        "reads any user's eqx.Module (Equinox, an optional extra), which is no backend of the registry",
+        ("jax", "jaxlib", "equinox", "optax"),
+        "reads and trains any user's eqx.Module (Equinox, an optional extra), which is no backend of the registry",
     ),
     "mhsa/port_check/readers/jaxpr.py": (("jax",), "reads a traced JAX program, for every reader of a JAX library"),
     "mhsa/compile_cache.py": (("jax",), "turns on JAX's own persistent compilation cache for the commands that run JAX"),

@@ -9,6 +9,7 @@ import sys
 
 import jax
 import numpy as np
+import optax
 import pytest
 import torch
 
@@ -256,3 +257,57 @@ def test_heads_split_the_wrong_way_fail_first_after_the_projection_inside_the_at
     rows = {row.name: row for row in report.rows}
     assert rows["attn.qkv_proj"].passed and report.first_failure.name == "attn.out_proj"
     assert [(hint.kind, hint.before, hint.row, hint.path) for hint in report.hints] == [("enters", "attn.qkv_proj", "attn.out_proj", "attn")]
+
+
+# --- the Equinox trainer (readers/equinox/training.py), run beside the torch one ---
+
+
+def _trained(dtype: str, steps: int = 3):
+    """(torch's StepRecords, the Equinox port's) for the attention block trained by AdamW from the same weights."""
+    from examples import train_pair
+    from mhsa.port_check.forward.check import transfer_weights
+    from mhsa.port_check.readers.equinox import training as train_equinox
+    from mhsa.port_check.readers.torch import training as train_torch
+    from mhsa.port_check.training.check import check_setup
+
+    reference = check_setup(train_pair.torch_adamw(), "reference")
+    port = {"model": equinox_block.block()[0], "optimizer": optax.adamw(train_pair.LR, weight_decay=1e-2), "loss": train_pair.flax_loss}
+    port |= {"inputs": train_pair.batches(), "model_inputs": 1}
+    train_equinox.check_setup(port)
+    ref = train_torch.Trainer(reference, dtype)
+    port_model, _ = transfer_weights(ref.model, reader.cast(port["model"], dtype)[0])
+    trainer = train_equinox.Trainer(port, port_model, dtype)
+    batches = train_pair.batches()
+    return [(ref.step(batch), trainer.step(batch)) for batch in batches[:steps]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_equinox_trainer_follows_torch_adamw_step_by_step(dtype):
+    # in float32 the parameters are left out: the key bias's gradient is 0 in exact arithmetic, and
+    # Adam's first step turns its rounding into +-lr (the training check's derived tolerances know)
+    tol = 2e-5 if dtype == "float32" else 1e-10
+    for step, (ref, port) in enumerate(_trained(dtype), 1):
+        assert abs(ref.loss - port.loss) <= tol * max(1.0, abs(ref.loss)), (step, ref.loss, port.loss)
+        assert port.grads.keys() == ref.grads.keys() and port.params.keys() == ref.params.keys()
+        for name in ref.grads:
+            np.testing.assert_allclose(port.grads[name], ref.grads[name], atol=tol * 10, err_msg=f"step {step} grad {name}")
+            if dtype == "float64":
+                np.testing.assert_allclose(port.params[name], ref.params[name], atol=tol * 10, err_msg=f"step {step} {name}")
+        assert {kind for kind, _ in port.moments} == {"exp_avg", "exp_avg_sq"}
+        np.testing.assert_allclose(port.moments[("exp_avg", "mlp.fc1.weight")], ref.moments[("exp_avg", "mlp.fc1.weight")], atol=tol * 10)
+
+
+@pytest.mark.slow
+def test_the_equinox_probe_of_an_optimizer_reads_as_the_flax_one_of_the_same_block():
+    from examples import flax_block
+    from mhsa.port_check.readers.equinox import training as train_equinox
+    from mhsa.port_check.readers.flax import training as train_flax
+
+    setup = {"optimizer": optax.adamw(1e-2, weight_decay=1e-2)}
+    scenarios = [(1.0, [0.5, -0.25]), (0.0, [1e-3])]
+    port = reader.cast(equinox_block.block()[0], "float32")[0]  # Equinox creates float64 arrays where x64 is on
+    ours, size = train_equinox.probe(setup, port, scenarios)
+    theirs, flax_size = train_flax.probe(setup, flax_block.block()[0], scenarios)
+    assert size == flax_size == sum(value.size for value in reader.parameters(equinox_block.block()[0]).values())
+    assert ours == theirs and ours[0][0]["param"]["mlp.fc1.weight"] != 1.0
