@@ -33,6 +33,7 @@ from mhsa.port_check.core.cotangents import Direction
 from mhsa.port_check.core.padding import resolve_same
 from mhsa.port_check.core.records import PortCheckError
 from mhsa.port_check.core.structure import Inputs, Output, Traced, as_inputs, dtype_name, flatten, is_float_dtype, split_arrays
+from mhsa.port_check.readers import EXTRAS
 from mhsa.port_check.readers import jaxpr as eqx_jaxpr
 from mhsa.port_check.readers.protocol import ModuleInfo
 
@@ -42,7 +43,7 @@ except ImportError:  # the optional extra: owns() says how to install it
     eqx = None  # type: ignore[assignment]
 
 DTYPES = {"float32": jnp.float32, "float64": jnp.float64}
-INSTALL = 'pip install -e ".[equinox]"'
+INSTALL = EXTRAS["equinox"]
 # the attribute by which a model says it takes the whole batch (docs/port-check.md)
 BATCHED = "port_check_batched"
 

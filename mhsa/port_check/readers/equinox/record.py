@@ -59,6 +59,8 @@ class Recorder(eqx.Module):
     calls: Calls = eqx.field(static=True)
 
     def __getattr__(self, name: str) -> Any:
+        if name == "module" or name.startswith("__"):  # not set yet (a copy being built), or Python's own protocols
+            raise AttributeError(name)
         return getattr(self.module, name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
