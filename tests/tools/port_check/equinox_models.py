@@ -107,6 +107,18 @@ class Scanned(eqx.Module):
         return jax.lax.scan(lambda carry, _: (jax.vmap(self.fc)(carry), None), x, None, length=2)[0]
 
 
+class Attention(eqx.Module):
+    """eqx.nn.MultiheadAttention as self-attention, (T, D) -> (T, D)."""
+
+    mha: eqx.nn.MultiheadAttention
+
+    def __init__(self):
+        self.mha = eqx.nn.MultiheadAttention(H, D, key=jax.random.key(0))
+
+    def __call__(self, x):
+        return self.mha(x, x, x)
+
+
 class Raising(EqxMLP):
     """EqxMLP whose call fails after its first layers ran (recorders in place)."""
 

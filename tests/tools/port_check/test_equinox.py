@@ -138,6 +138,22 @@ def test_calls_inside_a_jit_of_the_model_are_rows_and_inside_a_scan_only_the_cal
     for a, b in zip(jitted, plain):
         np.testing.assert_allclose(a.value, b.value, rtol=1e-6, atol=1e-6)
     assert [(output.path, output.shape) for output in reader.capture(em.Scanned(), as_inputs(x))] == [("", (3, 5, 24))]
+    grads = reader.gradients(em.Scanned(), as_inputs(x))  # through the scan, its marks the identity
+    assert sorted(grads) == ["fc.bias", "fc.weight"] and all(np.isfinite(value).all() and np.abs(value).max() > 0 for value in grads.values())
+
+
+def test_outputs_inside_a_library_layer_s_own_vmaps_have_the_batch_axes_first():
+    # eqx.nn.MultiheadAttention vmaps its projections itself: under the check's vmap over the batch,
+    # the value XLA computes is (D, B, T); it is recorded as (B, T, D), as the torch twin returns it
+    model, x = em.Attention(), em.inputs()
+    outputs = {output.path: output for output in reader.capture(model, as_inputs(x))}
+    assert [(path, output.shape) for path, output in outputs.items()][:3] == [
+        ("mha.query_proj", (3, 5, 24)),
+        ("mha.key_proj", (3, 5, 24)),
+        ("mha.value_proj", (3, 5, 24)),
+    ]
+    np.testing.assert_allclose(outputs["mha.query_proj"].value, x @ np.asarray(model.mha.query_proj.weight).T, rtol=1e-5, atol=1e-5)
+    assert outputs["mha.dropout"].shape == (3, em.H, 5, 5)  # the attention weights: (B, H, T, S)
 
 
 def _class_attributes(model) -> dict:

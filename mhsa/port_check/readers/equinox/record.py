@@ -4,11 +4,13 @@ patching any class and without letting a traced value escape its transformation.
 An Equinox model is an immutable pytree, and its code calls its submodules inside transformations
 of its own (`jax.vmap(self.norm)(x)` over a sequence): a value appended to a list there would leak
 that vmap's tracer. So a copy of the model is built (`eqx.tree_at`) whose every submodule is a
-`Recorder`: it runs its module inside a `jax.jit` of a name of its own, which leaves one marked
-call in the program (vmap, grad and jit keep the name). The whole forward pass is traced once to a
-jaxpr, and `interpret` runs that jaxpr operation by operation, inlining the marked calls: each one's
-results are then values of the running program, recorded as its call returns (a child before its
-parent), with vmap's batch axes already in place.
+`Recorder`: it calls its module and passes the output's arrays through `mark`, an identity
+primitive named for that call, which vmap moves the batch axes of to the front (the outermost
+first, as the arrays of a batch are). The whole forward pass is traced once to a jaxpr, and
+`interpret` runs that jaxpr operation by operation: each mark's values, values of the running
+program, are recorded where the mark sits, which is where its call returned (a child before its
+parent). A mark inside a jit of the model's own is found there too; one inside a scan or a cond
+runs as the identity, unrecorded.
 """
 
 from __future__ import annotations
@@ -18,36 +20,46 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 from jax.extend import core
+from jax.interpreters import ad, batching, mlir
 
 from mhsa.port_check.core.structure import Inputs, split_arrays
 
-PREFIX = "mhsa_port_check_call_"  # the name of a recorded call's jit: how interpret finds it
+PREFIX = "mhsa_port_check_call_"  # a mark's name: the call it records
+
+mark = core.Primitive("mhsa_port_check_mark")
+mark.multiple_results = True
+mark.def_impl(lambda *values, name: list(values))
+mark.def_abstract_eval(lambda *avals, name: list(avals))
+mlir.register_lowering(mark, mlir.lower_fun(lambda *values, name: list(values), multiple_results=True))
+
+
+def _mark_batched(values, axes, *, name):
+    """The batch axis of every mapped value moved to the front; an unmapped one (axis None: a value
+    every example shares) stays as it is."""
+    moved = [value if axis is None else jnp.moveaxis(value, axis, 0) for value, axis in zip(values, axes)]
+    return mark.bind(*moved, name=name), [None if axis is None else 0 for axis in axes]
+
+
+batching.primitive_batchers[mark] = _mark_batched
+ad.primitive_jvps[mark] = lambda primals, tangents, *, name: (mark.bind(*primals, name=name), list(tangents))
 
 
 class Calls:
-    """The recorded calls of one trace: {jit name: (module path, the output's array structure, its
+    """The recorded calls of one trace: {mark name: (module path, the output's array structure, its
     other values)}, filled while the model is traced."""
 
     def __init__(self) -> None:
         self.entries: dict[str, tuple[str, Any, Any]] = {}
 
     def call(self, path: str, module: Any, args: tuple, kwargs: dict) -> Any:
-        """module(*args, **kwargs), run as one marked jit (its arrays in and out, the rest closed over)."""
+        """module(*args, **kwargs), its output's arrays passed through a mark of their own."""
+        arrays, static = eqx.partition(module(*args, **kwargs), eqx.is_array)
+        leaves, structure = jax.tree_util.tree_flatten(arrays)
         name = f"{PREFIX}{len(self.entries)}"
-        self.entries[name] = (path, None, None)
-        dynamic, static = eqx.partition((module, args, kwargs), eqx.is_array)
-        kept: dict[str, Any] = {}
-
-        def body(dynamic):
-            module, args, kwargs = eqx.combine(dynamic, static)
-            arrays, kept["static"] = eqx.partition(module(*args, **kwargs), eqx.is_array)
-            return arrays
-
-        body.__name__ = name
-        arrays = jax.jit(body)(dynamic)
-        self.entries[name] = (path, jax.tree_util.tree_structure(arrays), kept["static"])
-        return eqx.combine(arrays, kept["static"])
+        self.entries[name] = (path, structure, static)
+        return eqx.combine(jax.tree_util.tree_unflatten(structure, mark.bind(*leaves, name=name)), static)
 
 
 class Recorder(eqx.Module):
@@ -149,8 +161,8 @@ def run(model: Any, names: list[str], inputs: Inputs, batched: bool) -> tuple[li
 
 def interpret(jaxpr: core.Jaxpr, consts: list, args: list, recorded_calls: list) -> list:
     """jaxpr's outputs on `args`, binding each operation on them (so that it runs under whatever
-    transformation calls it: jit, grad), a marked call inlined and its results appended to
-    `recorded_calls` as (name, values) once it returns. A call that holds no marked call is bound whole."""
+    transformation calls it: jit, grad); a mark passes its values on and appends (name, values) to
+    `recorded_calls`; a jit holding a mark is run operation by operation too, any other bound whole."""
     env: dict = {}
 
     def read(atom):
@@ -160,16 +172,20 @@ def interpret(jaxpr: core.Jaxpr, consts: list, args: list, recorded_calls: list)
     env.update(zip(jaxpr.invars, args))
     for eqn in jaxpr.eqns:
         values = [read(atom) for atom in eqn.invars]
-        inner = eqn.params.get("jaxpr") if eqn.primitive.name in ("jit", "pjit") else None
-        name = str(eqn.params.get("name", ""))
-        if inner is not None and (name.startswith(PREFIX) or _marked(inner.jaxpr)):
+        if eqn.primitive is mark:
+            outs = values
+            recorded_calls.append((eqn.params["name"], values))
+        elif _is_jit(eqn) and _marked(eqn.params["jaxpr"].jaxpr):
+            inner = eqn.params["jaxpr"]
             outs = interpret(inner.jaxpr, inner.consts, values, recorded_calls)
-            if name.startswith(PREFIX):
-                recorded_calls.append((name, outs))
         else:
             outs = _bind(eqn, values)
         env.update(zip(eqn.outvars, outs))
     return [read(atom) for atom in jaxpr.outvars]
+
+
+def _is_jit(eqn) -> bool:
+    return eqn.primitive.name in ("jit", "pjit")
 
 
 def _bind(eqn, values: list) -> list:
@@ -184,8 +200,5 @@ def _bind(eqn, values: list) -> list:
 
 
 def _marked(jaxpr: core.Jaxpr) -> bool:
-    """Whether a marked call sits anywhere inside `jaxpr` (a user's jit around a submodule, say)."""
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name in ("jit", "pjit") and (str(eqn.params.get("name", "")).startswith(PREFIX) or _marked(eqn.params["jaxpr"].jaxpr)):
-            return True
-    return False
+    """Whether a mark sits in `jaxpr` or in a jit inside it (a user's jit around a submodule, say)."""
+    return any(eqn.primitive is mark or (_is_jit(eqn) and _marked(eqn.params["jaxpr"].jaxpr)) for eqn in jaxpr.eqns)
