@@ -7,6 +7,8 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Callable, Sequence
 
+from mhsa import comparison
+from mhsa.comparison import RESULT
 from mhsa.parity.rows import Row, reference
 
 WIDTH = 120  # `mhsa parity`'s default line width: a report reads in a terminal or a diff without scrolling sideways
@@ -53,19 +55,15 @@ def table(
         room = max(NAME_FLOOR, min(max(map(len, full.values())), width - fixed))
     names = {key: _wrap(name, room) if len(name) > room else [name] for key, name in full.items()}
     room = max(len(line) for wrapped in names.values() for line in wrapped)
-    lines = [
-        f"| {'compared':<{room}} | " + " | ".join(f"{header:>{w}}" for header, w in zip(headers, widths)) + " | tolerance | result |",
-        "|" + "-" * (room + 2) + "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|----------:|--------|",
-    ]
-    empty = " | ".join(" " * w for w in widths) + " | " + " " * 9 + " | " + " " * 6 + " |"
+    columns = [("compared", room, "<"), *((header, w, ">") for header, w in zip(headers, widths)), ("tolerance", 9, ">"), RESULT]
+    body: list[tuple[list[str], str]] = []
     for row in rows:
         values = [row.diffs.get(key) for key in keys] + ([row.reference_error] if derived else [])
-        cells = " | ".join(f"{_cell(value):>{w}}" for value, w in zip(values, widths))
-        marker = f"  {MARKER}" if row is first and marker_fits else ""
         head, *rest = names[id(row)]
-        lines.append(f"| {head:<{room}} | {cells} | {row.tol:>9.1e} | {'PASS' if row.passed else 'FAIL'}   |{marker}")
-        lines += [f"| {line:<{room}} | {empty}" for line in rest]
-    return lines
+        result = [*map(_cell, values), f"{row.tol:.1e}", "PASS" if row.passed else "FAIL"]
+        body.append(([head, *result], f"  {MARKER}" if row is first and marker_fits else ""))
+        body += [([line, *[""] * len(result)], "") for line in rest]
+    return comparison.table(columns, body)
 
 
 def wrap(text: str, width: int | None, indent: str = "  ") -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from mhsa.comparison import RESULT, table
 from mhsa.port_check.core.records import PortReport, Row, Transfer
 from mhsa.port_check.report.findings import line
 from shared.tolerances import K
@@ -116,19 +117,16 @@ def _error(row: Row) -> str:
     """The own error the row's tolerance is derived from: the reference's, or the port's marked '*'
     where it is the larger; 'fixed' for a fixed tolerance."""
     if row.by_port:
-        return f"{row.port_error:>8.2e}*"
-    if row.reference_error is None:
-        return f"{'fixed':>9}"
-    return f"{row.reference_error:>9.2e}"
+        return f"{row.port_error:.2e}*"
+    return "fixed" if row.reference_error is None else f"{row.reference_error:.2e}"
 
 
 def _cells(row: Row) -> tuple[str, str, str]:
     """(max abs, max rel, result) as the table shows them."""
     result = _result(row)
     if row.status in ("shape", "nan", "dtype"):
-        shown = {"shape": "shape", "nan": "NaN", "dtype": "dtype"}[row.status]
-        return f"{shown:>9}", f"{'':>9}", result
-    return f"{row.abs_diff:>9.2e}", f"{row.rel_diff:>9.2e}", result
+        return {"shape": "shape", "nan": "NaN", "dtype": "dtype"}[row.status], "", result
+    return f"{row.abs_diff:.2e}", f"{row.rel_diff:.2e}", result
 
 
 def _table(report: PortReport) -> list[str]:
@@ -138,22 +136,16 @@ def _table(report: PortReport) -> list[str]:
     names = [row.name if row.section == "output" else f"grad {row.name}" for row in report.rows]
     width = max(len("compared"), *(len(name) for name in names))
     kind_width = max(len("type"), *(len(row.kind) for row in report.rows))
-    lines = [
-        f"| {'compared':<{width}} | {'type':<{kind_width}} |   max abs |   max rel | ref error | tolerance | result |",
-        f"|{'-' * (width + 2)}|{'-' * (kind_width + 2)}|----------:|----------:|----------:|----------:|--------|",
-    ]
-    section = report.rows[0].section
-    for name, row in zip(names, report.rows):
-        if row.section != section:
-            lines.append(f"| {'':<{width}} | {'':<{kind_width}} |           |           |           |           |        |")
-            section = row.section
-        marker = "  <- the models part here" if row is first else ""
-        note = f"  ({row.note})" if row.note else ""
+    numbers = [(header, 9, ">") for header in ("max abs", "max rel", "ref error", "tolerance")]
+    body: list[tuple[list[str], str]] = []
+    for name, row, before in zip(names, report.rows, [None, *report.rows]):
+        if before is not None and row.section != before.section:
+            body.append(([""] * 7, ""))
         abs_cell, rel_cell, result = _cells(row)
-        error = _error(row)
-        tol = f"{tolerance_text(row):>9}" if row.status != "dtype" else f"{'':>9}"
-        lines.append(f"| {name:<{width}} | {row.kind:<{kind_width}} | {abs_cell} | {rel_cell} | {error} | {tol} | {result:<6} |{marker}{note}")
-    return lines
+        tol = tolerance_text(row) if row.status != "dtype" else ""
+        suffix = ("  <- the models part here" if row is first else "") + (f"  ({row.note})" if row.note else "")
+        body.append(([name, row.kind, abs_cell, rel_cell, _error(row), tol, result], suffix))
+    return table([("compared", width, "<"), ("type", kind_width, "<"), *numbers, RESULT], body)
 
 
 def tolerance_text(row: Row) -> str:

@@ -4,6 +4,7 @@ row per step (kept short: the steps around the first failure), the first failing
 
 from __future__ import annotations
 
+from mhsa.comparison import RESULT, table
 from mhsa.port_check.core.training_records import TrainReport, TrainRow
 from mhsa.port_check.report.findings import line
 
@@ -68,19 +69,17 @@ def _step_table(report: TrainReport) -> list[str]:
     chosen = {step: report.summaries[step - 1].first_failure or report.summaries[step - 1].worst for step in _steps_shown(report)}
     skipped = {start: _skipped(report, start, end) for start, end in _gaps(list(chosen), report.steps)}
     width = max(len("compared"), *(len(row.label) for row in chosen.values()), *(len(text) for text in skipped.values()))
-    lines = [
-        f"| step | {'loss ' + a:>13} | {'loss ' + b:>13} | {'compared':<{width}} |   max abs | own error | tolerance | result |",
-        f"|-----:|{'-' * 14}:|{'-' * 14}:|{'-' * (width + 2)}|----------:|----------:|----------:|--------|",
-    ]
+    columns = [("step", 4, ">"), ("loss " + a, 13, ">"), ("loss " + b, 13, ">"), ("compared", width, "<")]
+    columns += [("max abs", 9, ">"), ("own error", 9, ">"), ("tolerance", 9, ">"), RESULT]
+    body: list[tuple[list[str], str]] = []
     for step in range(1, report.steps + 1):
         if step in skipped:
-            lines.append(f"|  ... | {'':>13} | {'':>13} | {skipped[step]:<{width}} |           |           |           |        |")
+            body.append((["...", "", "", skipped[step], "", "", "", ""], ""))
         elif step in chosen:
             row, (ours, theirs) = chosen[step], report.summaries[step - 1].losses
             marker = "  <- the trainings part here" if row is report.first_failure else ""
-            result = "PASS" if row.passed else "FAIL"
-            lines.append(f"| {step:>4} | {ours:>13.8g} | {theirs:>13.8g} | {row.label:<{width}} | {_cells(row)} | {result}   |{marker}")
-    return lines
+            body.append(([str(step), f"{ours:.8g}", f"{theirs:.8g}", row.label, *_cells(row), "PASS" if row.passed else "FAIL"], marker))
+    return table(columns, body)
 
 
 def _gaps(shown: list[int], steps: int) -> list[tuple[int, int]]:
@@ -98,13 +97,13 @@ def _port_set(row: TrainRow | None) -> bool:
     return row is not None and row.port_err is not None and row.ref_err is not None and row.port_err > row.ref_err
 
 
-def _cells(row: TrainRow) -> str:
-    """max abs | the own error that sets the tolerance (the reference's; the port's, marked *) | tolerance."""
+def _cells(row: TrainRow) -> tuple[str, str, str]:
+    """(max abs, the own error that sets the tolerance (the reference's; the port's, marked *), tolerance)."""
     if row.ref_err is None:
         error = "fixed"
     else:
         error = f"{row.port_err:.2e}*" if _port_set(row) else f"{row.ref_err:.2e}"
-    return f"{row.abs_diff:>9.2e} | {error:>9} | {row.tol:>9.2e}"
+    return f"{row.abs_diff:>9.2e}", f"{error:>9}", f"{row.tol:>9.2e}"
 
 
 def _skipped(report: TrainReport, start: int, end: int) -> str:
@@ -138,7 +137,7 @@ def _detail(report: TrainReport, first: TrainRow) -> list[str]:
     update = [row for row in rows if row.kind in ("moment", "param") and not row.passed]
     shown = [row for row in rows if row.kind == "loss"] + grads + update[:DETAIL]
     width = max(len(row.label) for row in shown)
-    lines += [f"    {row.label:<{width}}  {_cells(row)}  {'PASS' if row.passed else 'FAIL'}" for row in shown]
+    lines += [f"    {row.label:<{width}}  {' | '.join(_cells(row))}  {'PASS' if row.passed else 'FAIL'}" for row in shown]
     hidden = {"gradients": sum(row.kind == "grad" for row in rows) - len(grads), "failing moments and parameters": len(update) - len(update[:DETAIL])}
     lines += [f"    ... and {count} more {what}" for what, count in hidden.items() if count > 0]
     lines.append("  " + _which_part(first, failing_output, rows))
