@@ -18,6 +18,7 @@ import jax
 
 from examples.zoo import catalog
 from mhsa.port_check import check_port, format_report
+from mhsa.port_check.report.findings import line
 
 DTYPES = ("float32", "float64")
 
@@ -40,7 +41,7 @@ def verdict(reference_spec: str, port_spec: str, *, dtype: str, grads: bool, por
     if first is not None:
         where = f"{first.section} '{first.name}' {first.abs_diff:.2e}" + (f" ({first.note})" if first.note else "")
     else:
-        where = f"lint: {report.lint[0]}" if report.lint else ""
+        where = f"lint: {line(report.lint[0], report.sides)}" if report.lint else ""
     return ("PASS" if report.passed else "FAIL"), where, report
 
 
