@@ -17,13 +17,14 @@ from shared import weights
 from shared.config import TrainConfig
 from shared.tolerances import tolerance
 from tests.backends import SMALL
+from tests.tiers import first_fast
 from tests.tools.test_parity import one_torch_thread  # noqa: F401  (its autouse fixture: torch at one thread, as `mhsa parity` runs it)
 
 # 2 epochs of 8 steps, the last batch of each 2 sequences of 5: a batch of another shape on the way
 TRAIN = TrainConfig(epochs=2, batch_size=5, n_sequences=37, seed=4)
 STEPS = TRAIN.epochs * TRAIN.steps_per_epoch
 PAIRS = pytest.mark.parametrize("a, b", checked_pairs(), ids=[pair_key(a, b) for a, b in checked_pairs()])
-DTYPES = pytest.mark.parametrize("dtype", ["float32", "float64"])
+DTYPES = pytest.mark.parametrize("dtype", first_fast(["float32", "float64"]))
 
 
 def trainings(a: str, b: str, dtype: str, steps: int = STEPS):
@@ -39,6 +40,7 @@ def test_the_pair_checked_is_torch_against_jax():
 
 @PAIRS
 @DTYPES
+@pytest.mark.slow  # each pair trained; the trainers agree step by step in tests/implementations/test_train.py too
 def test_the_projects_trainers_agree_at_every_step_in_the_trainings_row(a, b, dtype):
     report, row = trainings(a, b, dtype)
     assert row.passed, format_report(Report("trainings", [row]))
@@ -112,6 +114,7 @@ def test_a_setting_the_lint_finds_different_fails_the_row_whose_steps_agree():
     assert "| FAIL" in format_report(Report("trainings", [row]))
 
 
+@pytest.mark.slow  # a whole parity report: trainings of every trainer
 def test_a_report_with_a_planted_b2_marks_the_trainings_row_where_the_implementations_part(monkeypatch):
     import jax_impl.compiled
     import jax_impl.train

@@ -28,6 +28,7 @@ from mhsa.port_check.core.findings import LintDifference, Switch
 from mhsa.port_check.readers.flax import reader as jax_port
 from mhsa.port_check.readers.protocol import ModuleInfo
 from mhsa.port_check.report.findings import line
+from tests.tiers import first_fast
 
 OUTPUTS = ["ln1", "attn.qkv_proj", "attn.out_proj", "attn", "ln2", "mlp.fc1", "mlp.fc2", "mlp.drop", "mlp", "(model output)"]
 
@@ -46,8 +47,8 @@ def first(report):
     return failure.name
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("port", ["block", "linen_block"])
+@pytest.mark.parametrize("dtype", first_fast(["float32", "float64"]))
+@pytest.mark.parametrize("port", first_fast(["block", "linen_block"]))
 def test_the_example_pairs_agree_at_every_output_and_gradient(dtype, port):
     report = check_port(torch_block.block()[0], getattr(flax_block, port)()[0], torch_block.example_inputs(), dtype=dtype, grads=True)
     assert report.passed, format_report(report)
@@ -139,7 +140,7 @@ class PlantedAttention(MultiHeadSelfAttention):
         return self.out_proj(context.transpose(0, 2, 1, 3).reshape(B, T, D))  # (B, T, D)
 
 
-@pytest.mark.parametrize("bug", ["", "split", "softmax"])
+@pytest.mark.parametrize("bug", ["", *first_fast(["split", "softmax"])])
 def test_a_head_split_in_the_wrong_order_or_a_softmax_over_the_wrong_axis_parts_inside_attn(bug):
     source, target, x = nnx_pair()
     target.attn = PlantedAttention(D, H, T, rngs=nnx.Rngs(0))
@@ -280,6 +281,7 @@ def planted_eps():
     return model, x
 
 
+@pytest.mark.slow  # the command, twice: models built, transferred and run
 def test_the_command_exits_0_on_the_example_pair_and_1_on_a_planted_bug(capsys, tmp_path):
     assert mhsa(["port-check", "examples.torch_block:block", "examples.flax_block:block", "--dtype", "float64", "--grads"]) == 0
     assert "PASS: all 22 comparisons (10 outputs)" in capsys.readouterr().out
@@ -312,7 +314,8 @@ def test_the_command_names_a_bad_factory_in_one_line(capsys):
     assert err == "mhsa port-check: error: factory must be package.module:function; got 'examples.torch_block'\n", err
 
 
-@pytest.mark.parametrize("fault", [False, True], ids=["clean", "softmax-over-queries"])
+# the clean case first: the fault patches nnx.softmax, and JAX keeps the compiled faulty one after the patch is undone
+@pytest.mark.parametrize("fault", first_fast([False, True]), ids=["clean", "softmax-over-queries"])
 def test_tinylm_through_the_generic_path_reaches_the_parity_verdict_stage_for_stage(fault, monkeypatch):
     from mhsa.parity.stages import stage_and_gradient_rows
 

@@ -11,6 +11,7 @@ from mhsa.port_check.core.findings import LintDifference
 from mhsa.port_check.report.training import format_train_report
 from mhsa.port_check.training.check import check_training
 from shared.tolerances import tolerance
+from tests.tiers import first_fast
 from tests.tools.port_check_train import models
 
 PAIRS = {
@@ -20,8 +21,8 @@ PAIRS = {
 }
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("pair", list(PAIRS))
+@pytest.mark.parametrize("dtype", first_fast(["float32", "float64"]))
+@pytest.mark.parametrize("pair", first_fast(list(PAIRS)))
 def test_matched_optimizer_pairs_agree_at_every_step_loss_gradient_moment_and_parameter(pair, dtype):
     torch_side, tx = PAIRS[pair]
     # the optimizer lint, the same in both dtypes, runs with the float32 pair

@@ -11,6 +11,7 @@ from flax import nnx
 from mhsa.port_check.core.findings import OptimizerDifference, OptimizerNote
 from mhsa.port_check.report.training import format_train_report
 from mhsa.port_check.training.check import check_training
+from tests.tiers import first_fast
 from tests.tools.port_check_train import models
 
 
@@ -59,7 +60,7 @@ PLANTED = {
 }
 
 
-@pytest.mark.parametrize("planted", list(PLANTED))
+@pytest.mark.parametrize("planted", first_fast(list(PLANTED)))
 def test_each_planted_optimizer_difference_is_named_with_the_step_and_row_where_it_acts(planted):
     torch_side, tx, found, (step, kind, name, moment) = PLANTED[planted]
     report = check_training(torch_side(), models.flax_side(tx()), 4)
