@@ -17,11 +17,9 @@ refused in one line that says how to install it.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import importlib
-from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -32,9 +30,8 @@ from mhsa.port_check.core import cotangents
 from mhsa.port_check.core.cotangents import Direction
 from mhsa.port_check.core.padding import resolve_same
 from mhsa.port_check.core.records import PortCheckError
-from mhsa.port_check.core.structure import Inputs, Output, Traced, as_inputs, dtype_name, flatten, is_float_dtype, split_arrays
-from mhsa.port_check.readers import EXTRAS
-from mhsa.port_check.readers import jaxpr as eqx_jaxpr
+from mhsa.port_check.core.structure import Inputs, Output, Traced, dtype_name, is_float_dtype
+from mhsa.port_check.readers import EXTRAS, jax_program
 from mhsa.port_check.readers.protocol import ModuleInfo
 
 try:
@@ -256,7 +253,7 @@ def _to_torch(value: np.ndarray, layout: str | None) -> np.ndarray:
 def parameters(model: Model) -> dict[str, np.ndarray]:
     """Every floating-point array of the model, named and laid out as torch's state_dict would."""
     tree = _leaves(model)
-    return {name: _to_torch(_numpy(leaf), layout) for leaf, name, layout in zip(tree.leaves, tree.names, tree.layouts) if name is not None}
+    return {name: _to_torch(jax_program.numpy(leaf), layout) for leaf, name, layout in zip(tree.leaves, tree.names, tree.layouts) if name is not None}
 
 
 def load_parameters(model: Model, arrays: dict[str, np.ndarray]) -> Model:
@@ -317,7 +314,7 @@ def cast(model: Model, dtype: str) -> tuple[Model, list[str]]:
     def convert(leaf):  # in NumPy: an XLA convert would compile once per shape
         if not is_float_dtype(leaf.dtype) or jnp.result_type(leaf) == target:
             return leaf
-        return jnp.asarray(_numpy(leaf).astype(target))
+        return jnp.asarray(jax_program.numpy(leaf).astype(target))
 
     return tree.rebuild([convert(leaf) for leaf in tree.leaves]), []
 
@@ -330,25 +327,12 @@ def capture(model: Model, inputs: Inputs) -> list[Output]:
     return run(model, inputs)[0]
 
 
-@dataclasses.dataclass
-class _Program:
-    """A model as a function of its distinct arrays: `leaves`, each one's neutral name (None: not
-    floating point), layout and whether it is differentiated (floating point), and `call(leaves,
-    inputs)`, which runs the model on them and returns ([(path, output)] of every call, the output)."""
-
-    leaves: list
-    names: list[str | None]
-    layouts: list[str | None]
-    differentiated: list[bool]
-    call: Any
-
-
 def batched(model: Model) -> bool:
     """Whether the model takes the whole batch (it sets port_check_batched = True) rather than one example."""
     return getattr(model, BATCHED, False) is True
 
 
-def _program(model) -> _Program:
+def _program(model) -> jax_program.Program:
     tree = _leaves(model)
     names = _names(model)
     whole = batched(model)
@@ -356,27 +340,7 @@ def _program(model) -> _Program:
     def call(leaves, inputs):
         return _record().run(tree.rebuild(leaves), names, inputs, whole)
 
-    return _Program(list(tree.leaves), tree.names, tree.layouts, [name is not None for name in tree.names], call)
-
-
-def _record_values(calls, labels: list) -> list:
-    """The floating-point arrays of every call's output, each once (a value several calls return,
-    the model's output that is its last layer's, is one output of the program); `labels` is filled
-    with (call, path, label, dtype or kind, shape, index in the returned list or None) per leaf."""
-    values: list = []
-    slots: dict[int, int] = {}
-    labels[:] = []
-    for call, (path, output) in enumerate(calls):
-        for label, value in flatten(output, _is_array):
-            kind = dtype_name(value.dtype) if _is_array(value) else type(value).__name__
-            shape = tuple(value.shape) if _is_array(value) else ()
-            slot = None
-            if _is_array(value) and is_float_dtype(value.dtype):
-                slot = slots.setdefault(id(value), len(values))
-                if slot == len(values):
-                    values.append(value)
-            labels.append((call, path, label, kind, shape, slot))
-    return values
+    return jax_program.Program(list(tree.leaves), tree.names, tree.layouts, [name is not None for name in tree.names], call)
 
 
 def trace(model: Model, inputs: Inputs) -> Traced:
@@ -386,23 +350,8 @@ def trace(model: Model, inputs: Inputs) -> Traced:
     program = _program(model)
     arrays, rebuild = _arrays(model, inputs)
     labels: list = []
-
-    def forward(leaves, arrays):
-        calls, _ = program.call(leaves, rebuild(arrays))
-        return _record_values(calls, labels)
-
-    traced = jax.jit(forward).trace(program.leaves, arrays)
-    read = eqx_jaxpr.read_inputs(traced.jaxpr)[: len(program.leaves)]
-    marks = [0] * len(traced.jaxpr.jaxpr.outvars)
-    for call, *_, slot in labels:
-        if slot is not None:
-            marks[slot] |= 1 << call
-    flows = eqx_jaxpr.flow(traced.jaxpr, marks)
-    outputs = [
-        Output(call, path, label, None, kind, shape, *(flows[slot] if slot is not None else (None, -1, None)))
-        for call, path, label, kind, shape, slot in labels
-    ]
-    names = frozenset(name for name, used in zip(program.names, read) if name is not None and used)
+    traced = jax_program.trace(program, arrays, rebuild, labels)
+    names, outputs = jax_program.traced_outputs(program, traced, labels)
     program.leaves = []  # the values are read again when the program runs: a fresh port's are not held meanwhile
     return Traced(names, None, outputs, (program, traced, labels))
 
@@ -410,12 +359,8 @@ def trace(model: Model, inputs: Inputs) -> Traced:
 def run(
     model: Model, inputs: Inputs, grads: Direction | None = None, each=None, traced: Traced | None = None
 ) -> tuple[list[Output], dict[str, np.ndarray] | None]:
-    """(capture's outputs, with `grads` d <r, output> / d every parameter too, r the direction
-    `grads` gives the output's leaves: core/cotangents.py), computed as one compiled program (the
-    forward pass once, its outputs and the gradients). Each recorded leaf goes through
-    `each(output) -> Output` once the program has run (to reduce it and keep only the result).
-    traced: what trace() gave for this model and these inputs (its arrays' values may have
-    changed since, not their shapes): its program is compiled instead of tracing the model again."""
+    """Reader.run (readers/protocol.py): capture's outputs and, with `grads`, the gradients, from
+    the program trace() compiled (traced, or traced now), run once on the arrays as they are now."""
     traced = trace(model, inputs) if traced is None else traced
     arrays, rebuild = _arrays(model, inputs)
     program, compiled, labels = traced.program
@@ -425,62 +370,14 @@ def run(
         gradients = None
     else:
         values, gradients = _with_gradients(program, arrays, rebuild, labels, traced.outputs, grads)
-    flows = {slot: (output.layout, output.upstream, output.floor) for output, (*_, slot) in zip(traced.outputs or [], labels) if slot is not None}
-    outputs: list[Output] = []
-    arrays_of: dict[int, np.ndarray | None] = {}
-    last = {slot: index for index, (*_, slot) in enumerate(labels) if slot is not None}
-    for index, (call, path, label, kind, shape, slot) in enumerate(labels):
-        value = None
-        if slot is not None:
-            value = arrays_of.pop(slot) if slot in arrays_of else _numpy(values[slot])
-            values[slot] = None  # with `each`, each array is let go once reduced
-            if last[slot] > index:
-                arrays_of[slot] = value
-        output = Output(call, path, label, value, kind, shape, *flows.get(slot, (None, -1, None)))
-        outputs.append(output if each is None else each(output))
-    if gradients is None:
-        return outputs, None
-    named = zip(program.names, program.layouts, gradients, program.differentiated)
-    return outputs, {name: _to_torch(_numpy(grad), layout) for name, layout, grad, d in named if d and name is not None}
+    return jax_program.outputs(program, labels, values, gradients, traced, each, _to_torch)
 
 
-def _with_gradients(program: _Program, arrays, rebuild, labels: list, structure, direction: Direction):
-    """(the recorded values, the gradient of every leaf of the program, None where not differentiated)."""
+def _with_gradients(program: jax_program.Program, arrays, rebuild, labels: list, structure, direction: Direction):
+    """jax_program.with_gradients, with the model's own output leaves read off `structure` (trace()'s outputs)."""
     model_call = max((call for call, path, *_ in labels if path == ""), default=None)
     top = [output for output in structure if output.call == model_call]
-    weights = {label: jnp.asarray(value) for label, value in direction(top).items()}
-    if not weights:
-        raise ValueError("the model's output holds no floating-point array to differentiate")
-    mask = program.differentiated
-
-    def objective(differentiated, others, arrays, weights):
-        leaves, d, o = [], iter(differentiated), iter(others)
-        for is_param in mask:
-            leaves.append(next(d) if is_param else next(o))
-        calls, output = program.call(leaves, rebuild(arrays))
-        terms = [jnp.sum(value * weights[label].astype(value.dtype)) for label, value in flatten(output, _is_array) if label in weights]
-        return sum(terms), _record_values(calls, labels)
-
-    def both(differentiated, others, arrays, weights):
-        (_, values), grads = jax.value_and_grad(objective, has_aux=True)(differentiated, others, arrays, weights)
-        return values, grads
-
-    differentiated = [leaf for leaf, d in zip(program.leaves, mask) if d]
-    others = [leaf for leaf, d in zip(program.leaves, mask) if not d]
-    values, grads = jax.jit(both)(differentiated, others, arrays, weights)
-    it = iter(grads)
-    return values, [next(it) if d else None for d in mask]
-
-
-def _is_array(value) -> bool:
-    return isinstance(value, jax.Array)
-
-
-def _numpy(value) -> np.ndarray:
-    """A NumPy view of a JAX array; bfloat16 and float16 as float32 copies (NumPy computes nothing in
-    bfloat16, and float32 holds every such value exactly)."""
-    array = np.asarray(value)
-    return array.astype(np.float32) if array.dtype.kind == "V" or dtype_name(array.dtype) in ("bfloat16", "float16") else array
+    return jax_program.with_gradients(program, arrays, rebuild, labels, top, direction)
 
 
 def _arrays(model, inputs: Inputs) -> tuple[list, Any]:
@@ -488,11 +385,7 @@ def _arrays(model, inputs: Inputs) -> tuple[list, Any]:
     inputs take the model's dtype, integer ones (token ids) stay as they are."""
     floats = [leaf for leaf in _leaves(model).leaves if is_float_dtype(leaf.dtype)]
     dtype = floats[0].dtype if floats else jnp.float32
-    arrays, rebuild = split_arrays(as_inputs(inputs))
-    converted = [
-        jnp.asarray(_numpy(x) if not isinstance(x, jax.Array) else x, dtype=dtype) if is_float_dtype(x.dtype) else jnp.asarray(x) for x in arrays
-    ]
-    return converted, rebuild
+    return jax_program.input_arrays(inputs, dtype)
 
 
 def gradients(model: Model, inputs: Inputs, direction: Direction = cotangents.reference) -> dict[str, np.ndarray]:
@@ -549,16 +442,7 @@ def _replaced(model, path: str, field: str, value) -> Model:
     return copy if not keys else eqx.tree_at(at, model, copy)
 
 
-@contextlib.contextmanager
-def float64_twin(model: Model) -> Iterator[Model]:
-    """A float64 copy of `model` for the block (the tolerances' reference run, forward/derived.py), with
-    JAX's float64 on for the block only (a float32 check leaves the process's switch as it was)."""
-    with jax.enable_x64(True):
-        yield cast(model, "float64")[0]
+float64_twin = jax_program.float64_twin(cast)  # a float64 copy for the block, JAX's float64 on for the block only
 
 
-@contextlib.contextmanager
-def highest_precision() -> Iterator[None]:
-    """Full float32 matmuls for the duration: on GPUs JAX's default uses TF32 (bf16 passes on TPUs)."""
-    with jax.default_matmul_precision("highest"):
-        yield
+highest_precision = jax_program.highest_precision  # full float32 matmuls for the duration (no TF32)

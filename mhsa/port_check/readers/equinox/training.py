@@ -1,8 +1,8 @@
 """The Equinox half of the port check through training: train an eqx.Module port with its optax
 transformation, step by step, and record each step in the neutral form of core/training_records.py;
 run the transformation on the lint's probe gradients. The same members as readers/flax/training.py
-(owns, check_setup, Trainer, probe), so that the training check can take it beside the Flax one
-(training/check.py picks its port trainer by import today: see docs/port-check.md).
+(owns, check_setup, Trainer, probe): the training check finds it through readers.TRAINERS, as it
+finds the Flax one; what both do with optax alike is readers/optax_steps.py.
 
 A step is Equinox's own: the model partitioned into its floating arrays (eqx.is_inexact_array) and
 the rest, the loss and gradients by jax.value_and_grad on the arrays, then tx.update and
@@ -14,8 +14,6 @@ as the Flax trainer finds them, and named as reader.parameters names the arrays.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import equinox as eqx
@@ -25,19 +23,10 @@ import optax
 
 from mhsa.port_check.core.structure import Inputs
 from mhsa.port_check.core.training_records import StepRecord
+from mhsa.port_check.readers import optax_steps
 from mhsa.port_check.readers.equinox import reader
 
-# optax state type -> {its field: torch's name for the moment}
-STATES = (
-    (optax.ScaleByAdamState, {"mu": "exp_avg", "nu": "exp_avg_sq"}),
-    (optax.ScaleByAmsgradState, {"mu": "exp_avg", "nu": "exp_avg_sq", "nu_max": "max_exp_avg_sq"}),
-    (optax.TraceState, {"trace": "momentum_buffer"}),
-)
-
-
-def owns(optimizer: object) -> bool:
-    """Whether `optimizer` is this side's: an optax GradientTransformation."""
-    return isinstance(optimizer, optax.GradientTransformation)
+owns = optax_steps.owns  # an optax GradientTransformation
 
 
 def check_setup(setup: dict) -> None:
@@ -82,36 +71,8 @@ def neutral(names: dict, tree) -> dict[str, np.ndarray]:
     return out
 
 
-def moment_trees(state) -> list[tuple[str, Any]]:
-    """(torch's moment name, tree) for every moment in an optax state, found by type inside chains
-    (tuples), wrappers (named tuples) and multi_transform (dicts of states)."""
-    for kind, fields in STATES:
-        if isinstance(state, kind):
-            return [(torch_name, getattr(state, field)) for field, torch_name in fields.items()]
-    if isinstance(state, dict):
-        return [found for value in state.values() for found in moment_trees(value)]
-    if isinstance(state, (tuple, list)):
-        return [found for value in state for found in moment_trees(value)]
-    return []
-
-
 def moments(names: dict, state) -> dict[tuple[str, str], np.ndarray]:
-    return {(kind, name): value for kind, tree in moment_trees(state) for name, value in neutral(names, tree).items()}
-
-
-@contextlib.contextmanager
-def x64(on: bool) -> Iterator[None]:
-    """JAX's 64-bit types for the duration of the block only (as the Flax trainer: optax's bias
-    correction would otherwise compute in float64 in the float32 run too); nothing when off."""
-    if not on:
-        yield
-        return
-    previous = jax.config.values["jax_enable_x64"]
-    with jax.enable_x64(True):
-        try:
-            yield
-        finally:  # reader.cast turns them on for the whole process
-            jax.config.update("jax_enable_x64", previous)
+    return {(kind, name): value for kind, tree in optax_steps.moment_trees(state) for name, value in neutral(names, tree).items()}
 
 
 class Trainer:
@@ -121,7 +82,7 @@ class Trainer:
 
     def __init__(self, setup: dict, model: Any, dtype: str):
         self.x64 = dtype == "float64"
-        with x64(self.x64):
+        with optax_steps.x64(self.x64):
             self._start(setup, reader.cast(model, dtype)[0])
 
     def _start(self, setup, model):
@@ -134,7 +95,7 @@ class Trainer:
         self._step = jax.jit(_step_function(static, self.tx, setup["loss"], setup.get("model_inputs"), reader.batched(model)))
 
     def step(self, batch: tuple) -> StepRecord:
-        with x64(self.x64):
+        with optax_steps.x64(self.x64):
             arrays = tuple(np.asarray(x, dtype=self.dtype) if np.issubdtype(np.asarray(x).dtype, np.floating) else np.asarray(x) for x in batch)
             loss, grads, self.params, self.opt_state = self._step(self.params, self.opt_state, arrays)
             return StepRecord(float(loss), neutral(self.names, grads), neutral(self.names, self.params), moments(self.names, self.opt_state))
@@ -163,31 +124,4 @@ def probe(setup: dict, model: Any, scenarios: list[tuple[float, list[float]]]) -
     number of elements of all arrays together), read at the first element."""
     names = neutral_names(model)
     template = eqx.filter(model, eqx.is_inexact_array)
-    tx = setup["optimizer"]
-    update = jax.jit(lambda grads, state, params: _apply(tx, grads, state, params))
-    init = jax.jit(tx.init)
-    runs = []
-    for p0, gradients in scenarios:
-        params = _filled(template, p0)
-        state = init(params)
-        steps = []
-        for g in gradients:
-            updates, params, state = update(_filled(template, g), state, params)
-            steps.append({kind: _first(neutral(names, tree)) for kind, tree in (("update", updates), ("param", params))})
-            steps[-1]["moment"] = _first(moments(names, state))
-        runs.append(steps)
-    return runs, sum(leaf.size for leaf in jax.tree_util.tree_leaves(template))
-
-
-def _filled(template, value: float):
-    """A tree shaped like `template` with every element `value` (NumPy: no eager JAX operation)."""
-    return jax.tree_util.tree_map(lambda leaf: np.full(leaf.shape, value, leaf.dtype), template)
-
-
-def _first(arrays: dict) -> dict:
-    return {key: float(value.reshape(-1)[0]) for key, value in arrays.items() if value.size}
-
-
-def _apply(tx, grads, state, params):
-    updates, state = tx.update(grads, state, params)
-    return updates, optax.apply_updates(params, updates), state
+    return optax_steps.probe(setup["optimizer"], template, lambda tree: neutral(names, tree), lambda state: moments(names, state), scenarios)

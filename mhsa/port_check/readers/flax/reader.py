@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -27,8 +26,8 @@ from flax import nnx
 from mhsa.port_check.core import cotangents
 from mhsa.port_check.core.cotangents import Direction
 from mhsa.port_check.core.padding import resolve_same
-from mhsa.port_check.core.structure import Inputs, Output, Traced, as_inputs, dtype_name, flatten, is_float_dtype, split_arrays
-from mhsa.port_check.readers import jaxpr as flax_jaxpr
+from mhsa.port_check.core.structure import Inputs, Output, Traced, dtype_name, flatten
+from mhsa.port_check.readers import jax_program
 from mhsa.port_check.readers.protocol import ModuleInfo
 
 DTYPES = {"float32": jnp.float32, "float64": jnp.float64}
@@ -180,7 +179,7 @@ def _join(path) -> str:
 
 def parameters(model: Model) -> dict[str, np.ndarray]:
     """Every parameter and batch statistic, named and laid out as torch's state_dict would."""
-    return {name: _numpy(value) for name, value in _neutral(model, _variables(model)).items()}
+    return {name: jax_program.numpy(value) for name, value in _neutral(model, _variables(model)).items()}
 
 
 def _variables(model) -> dict:
@@ -337,7 +336,7 @@ def cast(model: Model, dtype: str) -> tuple[Model, list[str]]:
     def convert(leaf):  # in NumPy: an XLA convert would compile once per shape
         if not jnp.issubdtype(jnp.result_type(leaf), jnp.floating) or jnp.result_type(leaf) == target:
             return leaf  # integers, booleans, PRNG keys; and what is in the dtype already, shared with the model
-        return jnp.asarray(_numpy(leaf).astype(target))
+        return jnp.asarray(jax_program.numpy(leaf).astype(target))
 
     changed = []
     if _is_linen(model):
@@ -398,26 +397,11 @@ UNTRACEABLE = (
 )
 
 
-@dataclasses.dataclass
-class _Program:
-    """A model as a function of its variables' leaves: `leaves` (NNX: its state's; Linen: its
-    variables'), each one's neutral name (None: neither a parameter nor a batch statistic) and
-    whether it is differentiated (a Param; Linen's "params"), and `call(leaves, inputs)`, which
-    runs the model on them and returns ([(path, output)] of every call, the model's output)."""
-
-    leaves: list
-    names: list[str | None]
-    layouts: list[str | None]  # each leaf's layout in the neutral form ("linear", "conv" or None)
-    differentiated: list[bool]
-    call: Any
-    modules: dict = dataclasses.field(default_factory=dict)  # Linen: {path: module} as last called
-
-
 def _key(entry) -> Any:
     return getattr(entry, "key", getattr(entry, "idx", getattr(entry, "name", entry)))
 
 
-def _program(model) -> _Program:
+def _program(model) -> jax_program.Program:
     types = _types(model)
 
     def neutral(path: tuple) -> tuple[str, str | None]:
@@ -430,7 +414,7 @@ def _program(model) -> _Program:
         flat, treedef = jax.tree_util.tree_flatten_with_path(variables)
         paths = [tuple(_key(entry) for entry in path) for path, _ in flat]
         named = [neutral(path[1:]) if path[0] in ("params", "batch_stats") else (None, None) for path in paths]
-        program = _Program(
+        program = jax_program.Program(
             [leaf for _, leaf in flat], [n for n, _ in named], [layout for _, layout in named], [path[0] == "params" for path in paths], None
         )
 
@@ -466,27 +450,7 @@ def _program(model) -> _Program:
             output = instance(*inputs.args, **inputs.kwargs)
         return calls, output
 
-    return _Program(leaves, names, layouts, differentiated, call_nnx)
-
-
-def _record(calls, labels: list) -> list:
-    """The floating-point arrays of every call's output, each once (a value several calls return,
-    the model's logits that are its head's, is one output of the program); `labels` is filled with
-    (call, path, label, dtype or kind, shape, index in the returned list or None) per leaf."""
-    values: list = []
-    slots: dict[int, int] = {}
-    labels[:] = []
-    for call, (path, output) in enumerate(calls):
-        for label, value in flatten(output, _is_array):
-            kind = dtype_name(value.dtype) if _is_array(value) else type(value).__name__
-            shape = tuple(value.shape) if _is_array(value) else ()
-            slot = None
-            if _is_array(value) and is_float_dtype(value.dtype):
-                slot = slots.setdefault(id(value), len(values))
-                if slot == len(values):
-                    values.append(value)
-            labels.append((call, path, label, kind, shape, slot))
-    return values
+    return jax_program.Program(leaves, names, layouts, differentiated, call_nnx)
 
 
 def trace(model: Model, inputs: Inputs) -> Traced:
@@ -497,29 +461,14 @@ def trace(model: Model, inputs: Inputs) -> Traced:
     program = _program(model)
     arrays, rebuild = _arrays(model, inputs)
     labels: list = []
-
-    def forward(leaves, arrays):
-        calls, _ = program.call(leaves, rebuild(arrays))
-        return _record(calls, labels)
-
     try:
-        traced = jax.jit(forward).trace(program.leaves, arrays)
+        traced = jax_program.trace(program, arrays, rebuild, labels)
     except UNTRACEABLE:
         if not _is_linen(model):
             return Traced()
         program.call(program.leaves, rebuild(arrays))  # Linen's modules exist only while called: once, eagerly
         return Traced(modules=dict(program.modules))
-    read = flax_jaxpr.read_inputs(traced.jaxpr)[: len(program.leaves)]
-    marks = [0] * len(traced.jaxpr.jaxpr.outvars)
-    for call, *_, slot in labels:
-        if slot is not None:
-            marks[slot] |= 1 << call
-    flows = flax_jaxpr.flow(traced.jaxpr, marks)
-    outputs = [
-        Output(call, path, label, None, kind, shape, *(flows[slot] if slot is not None else (None, -1, None)))
-        for call, path, label, kind, shape, slot in labels
-    ]
-    names = frozenset(name for name, used in zip(program.names, read) if name is not None and used)
+    names, outputs = jax_program.traced_outputs(program, traced, labels)
     program.leaves = []  # the values are read again when the program runs: a fresh port's are not held meanwhile
     return Traced(names, dict(program.modules) if _is_linen(model) else None, outputs, (program, traced, labels))
 
@@ -545,73 +494,26 @@ def run(
             values = compiled.lower().compile()(program.leaves, arrays)
         else:
             calls, _ = program.call(program.leaves, rebuild(arrays))
-            values = _record(calls, labels)
+            values = jax_program.record(calls, labels)
         gradients = None
     else:
         values, gradients = _with_gradients(program, arrays, rebuild, labels, traced.outputs, grads, eager=compiled is None)
-    flows = {slot: (output.layout, output.upstream, output.floor) for output, (*_, slot) in zip(traced.outputs or [], labels) if slot is not None}
-    outputs: list[Output] = []
-    arrays_of: dict[int, np.ndarray | None] = {}
-    last = {slot: index for index, (*_, slot) in enumerate(labels) if slot is not None}
-    for index, (call, path, label, kind, shape, slot) in enumerate(labels):
-        value = None
-        if slot is not None:
-            value = arrays_of.pop(slot) if slot in arrays_of else _numpy(values[slot])
-            values[slot] = None  # with `each`, each array is let go once reduced
-            if last[slot] > index:
-                arrays_of[slot] = value
-        output = Output(call, path, label, value, kind, shape, *flows.get(slot, (None, -1, None)))
-        outputs.append(output if each is None else each(output))
-    if gradients is None:
-        return outputs, None
-    named = zip(program.names, program.layouts, gradients, program.differentiated)
-    return outputs, {name: _to_torch(_numpy(grad), layout) for name, layout, grad, d in named if d and name is not None}
+    return jax_program.outputs(program, labels, values, gradients, traced, each, _to_torch)
 
 
-def _with_gradients(program: _Program, arrays, rebuild, labels: list, structure, direction: Direction, eager: bool):
-    """(the recorded values, the gradient of every leaf of the program, None where not differentiated)."""
-    if structure is None:  # eager: the output's leaves are known once it has run
+def _with_gradients(program: jax_program.Program, arrays, rebuild, labels: list, structure, direction: Direction, eager: bool):
+    """jax_program.with_gradients, with the model's own output leaves read off `structure` (trace()'s
+    outputs), or, for a model run eagerly, off one run of it (they are known once it has run)."""
+    if structure is None:
         calls, output = program.call(program.leaves, rebuild(arrays))
         top = [
-            Output(-1, "", label, None, dtype_name(v.dtype) if _is_array(v) else "", tuple(getattr(v, "shape", ())))
-            for label, v in flatten(output, _is_array)
+            Output(-1, "", label, None, dtype_name(v.dtype) if jax_program.is_array(v) else "", tuple(getattr(v, "shape", ())))
+            for label, v in flatten(output, jax_program.is_array)
         ]
     else:
         model_call = max((call for call, path, *_ in labels if path == ""), default=None)
         top = [output for output in structure if output.call == model_call]
-    weights = {label: jnp.asarray(value) for label, value in direction(top).items()}
-    if not weights:
-        raise ValueError("the model's output holds no floating-point array to differentiate")
-    mask = program.differentiated
-
-    def objective(differentiated, others, arrays, weights):
-        leaves, d, o = [], iter(differentiated), iter(others)
-        for is_param in mask:
-            leaves.append(next(d) if is_param else next(o))
-        calls, output = program.call(leaves, rebuild(arrays))
-        terms = [jnp.sum(value * weights[label].astype(value.dtype)) for label, value in flatten(output, _is_array) if label in weights]
-        return sum(terms), _record(calls, labels)
-
-    def both(differentiated, others, arrays, weights):
-        (_, values), grads = jax.value_and_grad(objective, has_aux=True)(differentiated, others, arrays, weights)
-        return values, grads
-
-    differentiated = [leaf for leaf, d in zip(program.leaves, mask) if d]
-    others = [leaf for leaf, d in zip(program.leaves, mask) if not d]
-    values, grads = (both if eager else jax.jit(both))(differentiated, others, arrays, weights)
-    it = iter(grads)
-    return values, [next(it) if d else None for d in mask]
-
-
-def _is_array(value) -> bool:
-    return isinstance(value, jax.Array)
-
-
-def _numpy(value) -> np.ndarray:
-    """A NumPy view of a JAX array (read-only, no copy on the CPU); bfloat16 and float16 as float32
-    copies: NumPy computes nothing in bfloat16 (ml_dtypes stores it), and float32 holds every such value exactly."""
-    array = np.asarray(value)
-    return array.astype(np.float32) if array.dtype.kind == "V" or dtype_name(array.dtype) in ("bfloat16", "float16") else array
+    return jax_program.with_gradients(program, arrays, rebuild, labels, top, direction, eager)
 
 
 @contextlib.contextmanager
@@ -704,11 +606,7 @@ def _arrays(model, inputs: Inputs) -> tuple[list, Any]:
     inputs take the model's dtype, integer ones (token ids) stay as they are."""
     leaves = [leaf for leaf in jax.tree.leaves(_variables(model)) if jnp.issubdtype(jnp.asarray(leaf).dtype, jnp.floating)]
     dtype = jnp.asarray(leaves[0]).dtype if leaves else jnp.float32
-    arrays, rebuild = split_arrays(as_inputs(inputs))
-    converted = [
-        jnp.asarray(_numpy(x) if not isinstance(x, jax.Array) else x, dtype=dtype) if is_float_dtype(x.dtype) else jnp.asarray(x) for x in arrays
-    ]
-    return converted, rebuild
+    return jax_program.input_arrays(inputs, dtype)
 
 
 def gradients(model: Model, inputs: Inputs, direction: Direction = cotangents.reference) -> dict[str, np.ndarray]:
@@ -749,16 +647,7 @@ def switched(model: Model, switch: str, path: str, value: Any = None) -> Model |
     return None
 
 
-@contextlib.contextmanager
-def float64_twin(model: Model) -> Iterator[Model]:
-    """A float64 copy of `model` for the block (the tolerances' reference run, forward/derived.py), with
-    JAX's float64 on for the block only (a float32 check leaves the process's switch as it was)."""
-    with jax.enable_x64(True):
-        yield cast(model, "float64")[0]
+float64_twin = jax_program.float64_twin(cast)  # a float64 copy for the block, JAX's float64 on for the block only
 
 
-@contextlib.contextmanager
-def highest_precision() -> Iterator[None]:
-    """Full float32 matmuls for the duration: on GPUs JAX's default uses TF32 (bf16 passes on TPUs)."""
-    with jax.default_matmul_precision("highest"):
-        yield
+highest_precision = jax_program.highest_precision  # full float32 matmuls for the duration (no TF32)

@@ -14,8 +14,6 @@ as flax_reader.parameters: kernels transposed back to torch's (out, in).
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any, cast
 
 import jax
@@ -25,19 +23,10 @@ import optax
 from flax import nnx
 
 from mhsa.port_check.core.training_records import StepRecord
+from mhsa.port_check.readers import optax_steps
 from mhsa.port_check.readers.flax import reader as flax_reader
 
-# optax state type -> {its field: torch's name for the moment}
-STATES = (
-    (optax.ScaleByAdamState, {"mu": "exp_avg", "nu": "exp_avg_sq"}),
-    (optax.ScaleByAmsgradState, {"mu": "exp_avg", "nu": "exp_avg_sq", "nu_max": "max_exp_avg_sq"}),
-    (optax.TraceState, {"trace": "momentum_buffer"}),
-)
-
-
-def owns(optimizer: object) -> bool:
-    """Whether `optimizer` is this side's: an optax GradientTransformation."""
-    return isinstance(optimizer, optax.GradientTransformation)
+owns = optax_steps.owns  # an optax GradientTransformation
 
 
 def check_setup(setup: dict) -> None:
@@ -90,41 +79,12 @@ def _to_torch(value: np.ndarray, layout: str | None) -> np.ndarray:
     return value
 
 
-def moment_trees(state) -> list[tuple[str, Any]]:
-    """(torch's moment name, tree) for every moment in an optax state, found by type inside
-    chains (tuples), wrappers (named tuples) and multi_transform (dicts of states)."""
-    for kind, fields in STATES:
-        if isinstance(state, kind):
-            return [(torch_name, getattr(state, field)) for field, torch_name in fields.items()]
-    if isinstance(state, dict) and not isinstance(state, nnx.State):
-        return [found for value in state.values() for found in moment_trees(value)]
-    if isinstance(state, (tuple, list)):
-        return [found for value in state for found in moment_trees(value)]
-    return []
-
-
 def moments(names: dict, state) -> dict[tuple[str, str], np.ndarray]:
     found = {}
-    for kind, tree in moment_trees(state):
+    for kind, tree in optax_steps.moment_trees(state, (nnx.State,)):
         for name, value in neutral(names, tree).items():  # a masked-out leaf (optax.MaskedNode) has no shape and is left out
             found[(kind, name)] = value
     return found
-
-
-@contextlib.contextmanager
-def x64(on: bool) -> Iterator[None]:
-    """JAX's 64-bit types for the duration of the block only (a float64 run beside a float32 one:
-    turning them on for good would change the float32 run's numerics, as optax's bias correction
-    1 - b2**t then computes in float64); nothing when `on` is False."""
-    if not on:
-        yield
-        return
-    previous = jax.config.values["jax_enable_x64"]  # the process's setting, not a block's
-    with jax.enable_x64(True):
-        try:
-            yield
-        finally:  # flax_reader.cast turns them on for the whole process
-            jax.config.update("jax_enable_x64", previous)
 
 
 class Trainer:
@@ -134,7 +94,7 @@ class Trainer:
 
     def __init__(self, setup: dict, model: nnx.Module, dtype: str):
         self.x64 = dtype == "float64"
-        with x64(self.x64):
+        with optax_steps.x64(self.x64):
             self._start(setup, flax_reader.cast(model, dtype)[0])
 
     def _start(self, setup, model):
@@ -148,7 +108,7 @@ class Trainer:
         self._step = jax.jit(_step_function(self.graphdef, self.tx, setup["loss"], setup.get("model_inputs")))
 
     def step(self, batch: tuple) -> StepRecord:
-        with x64(self.x64):
+        with optax_steps.x64(self.x64):
             return self._step_once(batch)
 
     def _step_once(self, batch: tuple) -> StepRecord:
@@ -180,31 +140,4 @@ def probe(setup: dict, model: nnx.Module, scenarios: list[tuple[float, list[floa
     value}}, the number of elements of all parameters together), read at the first element."""
     names = neutral_names(model)
     template = nnx.state(model, nnx.Param)
-    tx = setup["optimizer"]
-    update = jax.jit(lambda grads, state, params: _apply(tx, grads, state, params))
-    init = jax.jit(tx.init)
-    runs = []
-    for p0, gradients in scenarios:
-        params = _filled(template, p0)
-        state = init(params)
-        steps = []
-        for g in gradients:
-            updates, params, state = update(_filled(template, g), state, params)
-            steps.append({kind: _first(neutral(names, tree)) for kind, tree in (("update", updates), ("param", params))})
-            steps[-1]["moment"] = _first(moments(names, state))
-        runs.append(steps)
-    return runs, sum(leaf.size for leaf in jax.tree.leaves(template))
-
-
-def _filled(template, value: float):
-    """A tree shaped like `template` with every element `value` (NumPy: no eager JAX operation)."""
-    return jax.tree.map(lambda leaf: np.full(leaf.shape, value, leaf.dtype), template)
-
-
-def _first(arrays: dict) -> dict:
-    return {key: float(value.reshape(-1)[0]) for key, value in arrays.items() if value.size}
-
-
-def _apply(tx, grads, state, params):
-    updates, state = tx.update(grads, state, params)
-    return updates, optax.apply_updates(params, updates), state
+    return optax_steps.probe(setup["optimizer"], template, lambda tree: neutral(names, tree), lambda state: moments(names, state), scenarios)

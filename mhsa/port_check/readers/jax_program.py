@@ -1,0 +1,187 @@
+"""A JAX model as one program of its arrays, for every reader of a JAX library (readers/flax/,
+readers/equinox/): the pieces that do not depend on how the library keeps its variables or calls
+its submodules.
+
+A reader builds a `Program` (its model's leaves, their neutral names and layouts, and `call(leaves,
+inputs)`, which runs the model and returns every submodule call's (path, output)); `record` turns
+those calls into the program's outputs, each floating-point array once; `traced_outputs` reads
+what the traced program says of them (readers/jaxpr.py); `with_gradients` runs the forward pass and
+the gradients along a direction as one program; `outputs` hands the values back as `Output`
+records, one at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mhsa.port_check.core.cotangents import Direction
+from mhsa.port_check.core.structure import Inputs, Output, Traced, as_inputs, dtype_name, flatten, is_float_dtype, split_arrays
+from mhsa.port_check.readers import jaxpr
+
+
+@dataclasses.dataclass
+class Program:
+    """A model as a function of its arrays: `leaves`, each one's neutral name (None: not a
+    parameter), layout in the neutral form ("linear", "conv" or None) and whether it is
+    differentiated, and `call(leaves, inputs)`, which runs the model on them and returns
+    ([(path, output)] of every call, the model's output)."""
+
+    leaves: list
+    names: list[str | None]
+    layouts: list[str | None]
+    differentiated: list[bool]
+    call: Any
+    modules: dict = dataclasses.field(default_factory=dict)  # Linen: {path: module} as last called
+
+
+def is_array(value) -> bool:
+    return isinstance(value, jax.Array)
+
+
+def numpy(value) -> np.ndarray:
+    """A NumPy view of a JAX array (read-only, no copy on the CPU); bfloat16 and float16 as float32
+    copies: NumPy computes nothing in bfloat16 (ml_dtypes stores it), and float32 holds every such value exactly."""
+    array = np.asarray(value)
+    return array.astype(np.float32) if array.dtype.kind == "V" or dtype_name(array.dtype) in ("bfloat16", "float16") else array
+
+
+def input_arrays(inputs: Inputs, dtype) -> tuple[list, Any]:
+    """(the input arrays as JAX arrays, rebuild) as structure.split_arrays gives them: floating
+    inputs take `dtype` (the model's), integer ones (token ids) stay as they are."""
+    arrays, rebuild = split_arrays(as_inputs(inputs))
+    converted = [
+        jnp.asarray(numpy(x) if not isinstance(x, jax.Array) else x, dtype=dtype) if is_float_dtype(x.dtype) else jnp.asarray(x) for x in arrays
+    ]
+    return converted, rebuild
+
+
+def record(calls, labels: list) -> list:
+    """The floating-point arrays of every call's output, each once (a value several calls return,
+    the model's logits that are its head's, is one output of the program); `labels` is filled with
+    (call, path, label, dtype or kind, shape, index in the returned list or None) per leaf."""
+    values: list = []
+    slots: dict[int, int] = {}
+    labels[:] = []
+    for call, (path, output) in enumerate(calls):
+        for label, value in flatten(output, is_array):
+            kind = dtype_name(value.dtype) if is_array(value) else type(value).__name__
+            shape = tuple(value.shape) if is_array(value) else ()
+            slot = None
+            if is_array(value) and is_float_dtype(value.dtype):
+                slot = slots.setdefault(id(value), len(values))
+                if slot == len(values):
+                    values.append(value)
+            labels.append((call, path, label, kind, shape, slot))
+    return values
+
+
+def trace(program: Program, arrays: list, rebuild, labels: list):
+    """The program traced on `arrays` without running it (jax.jit(...).trace): its outputs are
+    every call's floating-point arrays, each once, as `record` gives them (filling `labels`)."""
+
+    def forward(leaves, arrays):
+        calls, _ = program.call(leaves, rebuild(arrays))
+        return record(calls, labels)
+
+    return jax.jit(forward).trace(program.leaves, arrays)
+
+
+def traced_outputs(program: Program, traced, labels: list) -> tuple[frozenset[str], list[Output]]:
+    """(the neutral names of the leaves the traced program reads, every call's output leaf with its
+    shape and layout) from `traced` (jax.jit(forward).trace(...)) and the labels its `record` filled."""
+    read = jaxpr.read_inputs(traced.jaxpr)[: len(program.leaves)]
+    marks = [0] * len(traced.jaxpr.jaxpr.outvars)
+    for call, *_, slot in labels:
+        if slot is not None:
+            marks[slot] |= 1 << call
+    flows = jaxpr.flow(traced.jaxpr, marks)
+    outputs = [
+        Output(call, path, label, None, kind, shape, *(flows[slot] if slot is not None else (None, -1, None)))
+        for call, path, label, kind, shape, slot in labels
+    ]
+    return frozenset(name for name, used in zip(program.names, read) if name is not None and used), outputs
+
+
+def with_gradients(program: Program, arrays, rebuild, labels: list, top: list[Output], direction: Direction, eager: bool = False):
+    """(the recorded values, the gradient of every leaf of the program, None where not
+    differentiated): d <r, output> / d leaf, r the weights `direction` gives `top` (the model's
+    own output leaves), with the forward pass, as one compiled program unless `eager`."""
+    weights = {label: jnp.asarray(value) for label, value in direction(top).items()}
+    if not weights:
+        raise ValueError("the model's output holds no floating-point array to differentiate")
+    mask = program.differentiated
+
+    def objective(differentiated, others, arrays, weights):
+        leaves, d, o = [], iter(differentiated), iter(others)
+        for is_param in mask:
+            leaves.append(next(d) if is_param else next(o))
+        calls, output = program.call(leaves, rebuild(arrays))
+        terms = [jnp.sum(value * weights[label].astype(value.dtype)) for label, value in flatten(output, is_array) if label in weights]
+        return sum(terms), record(calls, labels)
+
+    def both(differentiated, others, arrays, weights):
+        (_, values), grads = jax.value_and_grad(objective, has_aux=True)(differentiated, others, arrays, weights)
+        return values, grads
+
+    differentiated = [leaf for leaf, d in zip(program.leaves, mask) if d]
+    others = [leaf for leaf, d in zip(program.leaves, mask) if not d]
+    values, grads = (both if eager else jax.jit(both))(differentiated, others, arrays, weights)
+    it = iter(grads)
+    return values, [next(it) if d else None for d in mask]
+
+
+def outputs(
+    program: Program,
+    labels: list,
+    values: list,
+    gradients: list | None,
+    traced: Traced,
+    each: Callable[[Output], Output] | None,
+    to_torch: Callable[[np.ndarray, str | None], np.ndarray],
+) -> tuple[list[Output], dict[str, np.ndarray] | None]:
+    """The run's Output records in call order (each through `each` as it is made, its array let go
+    once reduced) and the gradients under their neutral names, in torch's layouts (`to_torch`)."""
+    flows = {slot: (output.layout, output.upstream, output.floor) for output, (*_, slot) in zip(traced.outputs or [], labels) if slot is not None}
+    found: list[Output] = []
+    arrays_of: dict[int, np.ndarray | None] = {}
+    last = {slot: index for index, (*_, slot) in enumerate(labels) if slot is not None}
+    for index, (call, path, label, kind, shape, slot) in enumerate(labels):
+        value = None
+        if slot is not None:
+            value = arrays_of.pop(slot) if slot in arrays_of else numpy(values[slot])
+            values[slot] = None  # with `each`, each array is let go once reduced
+            if last[slot] > index:
+                arrays_of[slot] = value
+        output = Output(call, path, label, value, kind, shape, *flows.get(slot, (None, -1, None)))
+        found.append(output if each is None else each(output))
+    if gradients is None:
+        return found, None
+    named = zip(program.names, program.layouts, gradients, program.differentiated)
+    return found, {name: to_torch(numpy(grad), layout) for name, layout, grad, d in named if d and name is not None}
+
+
+def float64_twin(cast: Callable[[Any, str], tuple[Any, list[str]]]) -> Callable[[Any], contextlib.AbstractContextManager]:
+    """A reader's float64_twin, from its `cast`: a context manager giving a float64 copy of a model
+    for the block (the tolerances' reference run, forward/derived.py), with JAX's float64 on for the
+    block only (a float32 check leaves the process's switch as it was)."""
+
+    @contextlib.contextmanager
+    def twin(model) -> Iterator[Any]:
+        with jax.enable_x64(True):
+            yield cast(model, "float64")[0]
+
+    return twin
+
+
+@contextlib.contextmanager
+def highest_precision() -> Iterator[None]:
+    """Full float32 matmuls for the duration: on GPUs JAX's default uses TF32 (bf16 passes on TPUs)."""
+    with jax.default_matmul_precision("highest"):
+        yield
