@@ -3,8 +3,9 @@
 and is the only part of the port check that imports that framework. `torch/` reads a
 `torch.nn.Module`, `flax/` a Flax NNX module or Linen pair, each also with the trainer of `--train`;
 `equinox/` an `eqx.Module` (Equinox, an optional extra).
-`jaxpr.py` reads a traced JAX program (what it reads, each output's layout) for any JAX library's
-reader."""
+Beside the folders, for any JAX library's reader: `jaxpr.py` reads a traced JAX program (what it
+reads, each output's layout), `jax_program.py` runs a model as one program of its arrays (its
+outputs and gradients), `optax_steps.py` what the trainers do with optax alike."""
 
 import importlib
 from typing import cast
@@ -17,6 +18,13 @@ READERS = {
     "torch": "mhsa.port_check.readers.torch.reader",
     "jax": "mhsa.port_check.readers.flax.reader",
     "equinox": "mhsa.port_check.readers.equinox.reader",  # equinox itself imported only for an Equinox model
+}
+# the trainer of --train beside each reader (its module's Trainer, probe, owns, check_setup); a
+# reader without one is compared by the forward check only
+TRAINERS = {
+    "torch": "mhsa.port_check.readers.torch.training",
+    "jax": "mhsa.port_check.readers.flax.training",
+    "equinox": "mhsa.port_check.readers.equinox.training",
 }
 # the readers' libraries that are optional extras, and how to install each
 EXTRAS = {"equinox": 'pip install -e ".[equinox]"'}
@@ -40,3 +48,9 @@ def reader_of(model) -> tuple[str, Reader]:
         f"model of type {type(model).__name__} is not one the port check can read "
         f"(a torch.nn.Module, an nnx.Module, a Linen (module, variables) pair, or an eqx.Module)"
     )
+
+
+def trainer_of(model):
+    """(side name, the trainer module of --train) for `model`'s reader (reader_of)."""
+    name, _ = reader_of(model)
+    return name, importlib.import_module(TRAINERS[name])

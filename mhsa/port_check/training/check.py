@@ -1,4 +1,4 @@
-"""The port check through training: train the reference (torch) and its port (Flax NNX + optax)
+"""The port check through training: train the reference (torch) and its port (Flax NNX or Equinox, with optax)
 from the same weights on the same batches for N steps, and the reference once more in float64,
 and compare every step: the loss, every gradient, every optimizer moment and every parameter
 after the update, each held to a tolerance derived from the two sides' own float32 errors
@@ -31,8 +31,7 @@ from mhsa.port_check.core.records import PortReport, map_name
 from mhsa.port_check.core.structure import as_inputs
 from mhsa.port_check.core.training_records import MOMENTS, StepRecord, StepSummary, TrainReport, TrainRow
 from mhsa.port_check.forward.check import check_port, lint, transfer_weights
-from mhsa.port_check.readers import reader_of
-from mhsa.port_check.readers.flax import training as train_flax
+from mhsa.port_check.readers import reader_of, trainer_of
 from mhsa.port_check.readers.torch import training as train_torch
 from mhsa.port_check.training import lint as train_lint
 from mhsa.port_check.training.tolerances import derived
@@ -41,13 +40,14 @@ from shared.tolerances import K, max_abs_diff
 
 REQUIRED = ("model", "optimizer", "loss", "inputs")
 OPTIONAL = ("model_inputs", "scheduler", "clip")
-SIDES = {"reference": ("torch", train_torch, "a torch.optim.Optimizer"), "port": ("jax", train_flax, "an optax GradientTransformation")}
+# what each factory gives: the reference is torch's, the port any JAX library's with a trainer (readers.TRAINERS)
+OPTIMIZERS = {"reference": "a torch.optim.Optimizer", "port": "an optax GradientTransformation"}
 
 
 def check_setup(setup, which: str) -> dict:
-    """A factory's mapping, checked: `which` is "reference" (torch) or "port" (Flax). Returns it
+    """A factory's mapping, checked: `which` is "reference" (torch) or "port" (Flax NNX, Equinox). Returns it
     as a dict with "inputs" a list of tuples of arrays; raises ValueError naming what is wrong."""
-    side, trainer, optimizer_kind = SIDES[which]
+    optimizer_kind = OPTIMIZERS[which]
     if not isinstance(setup, Mapping):
         raise ValueError(
             f"the {which} factory returned {type(setup).__name__}; with --train it must return a mapping with the keys {', '.join(REQUIRED)}"
@@ -58,11 +58,13 @@ def check_setup(setup, which: str) -> dict:
         what = f"lacks {', '.join(missing)}" if missing else f"has unknown key(s) {', '.join(unknown)}"
         raise ValueError(f"the {which} factory's mapping {what}; expected {', '.join(REQUIRED)} and optionally {', '.join(OPTIONAL)}")
     try:
-        name, _ = reader_of(setup["model"])
+        name, trainer = trainer_of(setup["model"])
     except TypeError as error:
         raise ValueError(str(error)) from None
-    if name != side:
-        raise ValueError(f"the {which} factory's model is a {name} model; the training check takes a torch reference and a Flax NNX port")
+    if (name == "torch") != (which == "reference"):
+        raise ValueError(
+            f"the {which} factory's model is a {name} model; the training check takes a torch reference and a Flax NNX port or an Equinox one"
+        )
     if not trainer.owns(setup["optimizer"]):
         raise ValueError(f"the {which} factory's 'optimizer' must be {optimizer_kind}; got {type(setup['optimizer']).__name__}")
     if not callable(setup["loss"]):
@@ -110,8 +112,9 @@ def check_training(reference, port, steps: int, *, dtype: str = "float32", name_
     ref32 = train_torch.Trainer(reference, dtype)
     ref64 = train_torch.Trainer(reference, "float64") if dtype != "float64" else None
     port_model, transfer = transfer_weights(ref32.model, port_reader.cast(port["model"], dtype)[0], name_map)
-    port32 = train_flax.Trainer(port, port_model, dtype)
-    port64 = train_flax.Trainer(port, port_model, "float64") if dtype != "float64" else None
+    _, port_trainer = trainer_of(port["model"])
+    port32 = port_trainer.Trainer(port, port_model, dtype)
+    port64 = port_trainer.Trainer(port, port_model, "float64") if dtype != "float64" else None
     sides = (ref_name, port_name)
     first_ref, first_port = _model_inputs(reference, 0), _model_inputs(port, 0)
     report = TrainReport(

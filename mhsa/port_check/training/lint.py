@@ -1,7 +1,7 @@
 """The optimizer lint of the port check through training: read torch's settings, infer optax's by
 probing, and name every difference in the user's terms.
 
-Both optimizers run on the same probes (train_torch.probe, train_flax.probe): every element of
+Both optimizers run on the same probes (train_torch.probe, the port's trainer's probe): every element of
 every parameter set to p0 and every gradient element at step t to g_t, on the model's own
 parameters (so param groups, masks and labels apply per parameter). The same inference reads
 each side's settings from what it does, per parameter, from its updates and its moments:
@@ -26,7 +26,7 @@ from dataclasses import replace
 
 from mhsa.port_check.core.findings import Inferred, OptimizerDifference, OptimizerNote, OptimizerSetting
 from mhsa.port_check.core.records import map_name
-from mhsa.port_check.readers.flax import training as train_flax
+from mhsa.port_check.readers import trainer_of
 from mhsa.port_check.readers.torch import training as train_torch
 
 G, LARGE = 0.5, 1000.0
@@ -286,7 +286,7 @@ def optimizer_lint(
     tiny = float(groups[0].get("eps") or 1e-8)
     plan = scenarios(steps, tiny)
     torch_runs, torch_size = train_torch.probe(reference, plan)
-    optax_runs, optax_size = train_flax.probe(port, port_model, plan)
+    optax_runs, optax_size = trainer_of(port["model"])[1].probe(port, port_model, plan)
     if any(group.get("maximize") for group in groups):
         return _maximize(optax_runs, optax_size, tiny), [OptimizerNote("maximize")], settings
     found: dict[str, tuple[OptimizerDifference, list[str]]] = {}  # by the record's repr: NaN never equals itself

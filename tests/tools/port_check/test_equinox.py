@@ -327,3 +327,18 @@ def test_the_equinox_probe_of_an_optimizer_reads_as_the_flax_one_of_the_same_blo
     theirs, flax_size = train_flax.probe(setup, flax_block.block()[0], scenarios)
     assert size == flax_size == sum(value.size for value in reader.parameters(equinox_block.block()[0]).values())
     assert ours == theirs and ours[0][0]["param"]["mlp.fc1.weight"] != 1.0
+
+
+@pytest.mark.slow  # two trainings of each side, in float32 and float64
+def test_train_checks_an_equinox_port_step_by_step_and_names_optaxs_default_weight_decay():
+    from examples import train_pair
+    from mhsa.port_check.report.training import format_train_report
+    from mhsa.port_check.training.check import check_training
+
+    port = {"model": equinox_block.block()[0], "optimizer": optax.adamw(train_pair.LR, weight_decay=1e-2), "loss": train_pair.flax_loss}
+    port |= {"inputs": train_pair.batches(), "model_inputs": 1}
+    faithful = check_training(train_pair.torch_adamw(), port, 3)
+    assert faithful.passed and faithful.sides == ("torch", "equinox") and not faithful.lint, format_train_report(faithful)
+    planted = check_training(train_pair.torch_adamw(), port | {"optimizer": optax.adamw(train_pair.LR)}, 2)
+    assert not planted.passed and planted.first_failure.step == 1 and planted.first_failure.kind == "param", format_train_report(planted)
+    assert [(finding.setting, finding.optax, finding.extra) for finding in planted.lint] == [("adamw default", 1e-4, 0.01)]
