@@ -46,18 +46,19 @@ demo: $(STAMP)
 # fixtures (a default training run, say) are built once, not once per worker. `make test` is the
 # fast tier: every test in this process, none marked slow (pyproject.toml says what is); the
 # slow tier (commands in fresh processes, torch.compile and heavy XLA compilations, real
-# trainings, every transcript) is `make test-slow` and `make docs`; `make check` runs all three.
+# trainings, every transcript) is `make test-slow`, scheduled longest first (tests/machinery/scheduling.py);
+# `make docs` runs the transcripts alone; `make check` runs both tiers.
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadscope -m "not slow"
 
 test-slow: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadscope -m "slow and not docs_slow"
+	$(PY) -m pytest -q -n 2 --dist loadscope -m slow
 
-# the slow transcripts of the README and docs/ (tests/docs/), one document per worker
+# the transcripts of the README and docs/ (tests/docs/), one document per worker
 docs: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist load -m docs_slow tests/docs/test_transcripts.py
+	$(PY) -m pytest -q -n 2 --dist loadscope -m slow tests/docs/test_transcripts.py
 
-check: test test-slow docs
+check: test test-slow
 
 # every transcript re-taken: each command's real output written into its document
 docs-update: $(STAMP)

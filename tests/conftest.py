@@ -52,7 +52,7 @@ import pytest  # noqa: E402
 jax.config.update("jax_enable_x64", True)
 
 from tests.backends import ADAPTERS, names  # noqa: E402  (after x64 is on)
-from tests.machinery import jax_cache  # noqa: E402
+from tests.machinery import jax_cache, scheduling  # noqa: E402
 
 _session_cache: dict[str, object] = {}  # this session's folder, and whether it is temporary
 
@@ -78,6 +78,17 @@ def pytest_configure(config):
 def pytest_report_header(config):
     if "folder" in _session_cache:
         return f"JAX compilation cache: {_session_cache['folder']}: {_session_cache['state']}"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    items[:] = scheduling.ordered(items)  # tests/machinery/scheduling.py
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") == "loadscope":
+        return scheduling.make_scheduler(config, log)
     return None
 
 
@@ -116,6 +127,17 @@ def _environment_restored():
                 os.environ[key] = before[key]
             else:
                 del os.environ[key]
+
+
+@pytest.fixture
+def patched_jax():
+    """For a test that patches a function JAX traces (nnx.softmax, a loss, an optimizer): JAX keeps
+    each jitted program it traced, keyed by shapes and static arguments, not by the functions it
+    called, so a later test of this process with the same shapes would run the patched program.
+    Its in-memory caches are emptied when the test ends (the compilation cache on disk is keyed by
+    the program itself and needs nothing)."""
+    yield
+    jax.clear_caches()
 
 
 @pytest.fixture(params=names(), ids=str)

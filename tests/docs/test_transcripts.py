@@ -4,18 +4,21 @@ re-take them all with `make docs-update`, or one document with
 `MHSA_DOCS_UPDATE=1 .venv/bin/python -m pytest tests/docs/test_transcripts.py -k NAME`, and
 read the diff before committing it."""
 
+import os
+
 import pytest
 
 from tests.docs import transcripts
-from tests.docs.conftest import UPDATE
 from tests.paths import ROOT
+
+UPDATE = os.environ.get("MHSA_DOCS_UPDATE") == "1"
 
 
 def _params():
     for path in transcripts.documents():
         doc = transcripts.parse(path)
         if doc.commands:
-            # every transcript runs commands in fresh processes: the slow tier (make test-slow), the slow documents in make docs
+            # every transcript runs commands in fresh processes: the slow tier (make test-slow); the slow documents start first
             yield pytest.param(path, id=doc.name, marks=[pytest.mark.slow, *([pytest.mark.docs_slow] if doc.slow else [])])
 
 

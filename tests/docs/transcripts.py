@@ -8,8 +8,9 @@ first line: `# exits 1` (any other status fails the check).
 
 Every other block in which a reader could find commands (bash, sh, shell, python) is shown and
 never run, and must say why on the line before it: `<!-- not run: make test runs this suite -->`.
-A document whose commands take more than a few seconds in all says `<!-- transcripts: slow -->`:
-`make docs` runs it, `make test-slow` the other documents (every transcript is in the slow tier).
+Every transcript is in the slow tier (`make test-slow`; `make docs` runs them alone). A document
+whose commands take more than a few seconds in all says `<!-- transcripts: slow -->`: its
+session starts it before the shorter tests (tests/machinery/scheduling.py).
 
 A document's commands run in order, in one fresh folder (so a command can read only what an
 earlier one wrote; what they write must lie in the document's own folder under runs/,

@@ -94,7 +94,7 @@ def test_a_planted_b2_in_jax_parts_the_trainings_at_the_first_step_and_moment(mo
 
 
 @DTYPES
-def test_a_planted_loss_in_jax_parts_the_trainings_at_the_first_loss(monkeypatch, dtype):
+def test_a_planted_loss_in_jax_parts_the_trainings_at_the_first_loss(monkeypatch, patched_jax, dtype):
     import jax_impl.model
 
     cross_entropy = jax_impl.model.cross_entropy

@@ -314,9 +314,8 @@ def test_the_command_names_a_bad_factory_in_one_line(capsys):
     assert err == "mhsa port-check: error: factory must be package.module:function; got 'examples.torch_block'\n", err
 
 
-# the clean case first: the fault patches nnx.softmax, and JAX keeps the compiled faulty one after the patch is undone
 @pytest.mark.parametrize("fault", first_fast([False, True]), ids=["clean", "softmax-over-queries"])
-def test_tinylm_through_the_generic_path_reaches_the_parity_verdict_stage_for_stage(fault, monkeypatch):
+def test_tinylm_through_the_generic_path_reaches_the_parity_verdict_stage_for_stage(fault, monkeypatch, patched_jax):
     from mhsa.parity.stages import stage_and_gradient_rows
 
     if fault:  # planted in jax_impl's real block, so both tools run the same broken code
