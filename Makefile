@@ -48,21 +48,25 @@ demo: $(STAMP)
 # slow tier (commands in fresh processes, torch.compile and heavy XLA compilations, real
 # trainings, every transcript) is `make test-slow`, scheduled longest first (tests/machinery/scheduling.py);
 # `make docs` runs the transcripts alone; `make check` runs both tiers.
+# pytest keeps each test module with its assertions rewritten as bytecode beside it, and reads it
+# back next time; a shell that sets PYTHONDONTWRITEBYTECODE would have every worker of every session
+# rewrite all of them again (4 s each), so the tests' own runs write bytecode (ignored by git)
+PYTEST := PYTHONDONTWRITEBYTECODE= $(PY) -m pytest
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadscope -m "not slow"
+	$(PYTEST) -q -n 2 --dist loadscope -m "not slow"
 
 test-slow: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadscope -m slow
+	$(PYTEST) -q -n 2 --dist loadscope -m slow
 
 # the transcripts of the README and docs/ (tests/docs/), one document per worker
 docs: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadscope -m slow tests/docs/test_transcripts.py
+	$(PYTEST) -q -n 2 --dist loadscope -m slow tests/docs/test_transcripts.py
 
 check: test test-slow
 
 # every transcript re-taken: each command's real output written into its document
 docs-update: $(STAMP)
-	MHSA_DOCS_UPDATE=1 $(PY) -m pytest -q -n 2 --dist load tests/docs/test_transcripts.py
+	MHSA_DOCS_UPDATE=1 $(PYTEST) -q -n 2 --dist loadscope tests/docs/test_transcripts.py
 
 # the checks CI runs before the tests (without make: bash scripts/lint.sh)
 lint: $(STAMP)

@@ -26,19 +26,14 @@ from bench_common import ROOT, header, progress
 
 assert ROOT  # the checkout is on sys.path (bench_common puts it there)
 
-import jax  # noqa: E402
-import optax  # noqa: E402
-import torch  # noqa: E402
-from flax import nnx  # noqa: E402
-from torch import nn  # noqa: E402
-
-from mhsa.flags import int_flag  # noqa: E402
-from mhsa.port_check.factories import call_factory  # noqa: E402
-from mhsa.port_check.training.check import check_setup, check_training  # noqa: E402
+from mhsa.flags import int_flag  # noqa: E402  (the frameworks are imported once the flags are read: a bad flag costs no import)
 
 
 def bare_torch(setup: dict, steps: int, dtype=None) -> None:
     """The user's own loop; dtype=torch.float64: on float64 copies of the model and its optimizer."""
+    import torch
+    from torch import nn
+
     model, optimizer = setup["model"], setup["optimizer"]
     if dtype is not None:
         model, optimizer = copy.deepcopy((model, optimizer))
@@ -58,6 +53,10 @@ def bare_torch(setup: dict, steps: int, dtype=None) -> None:
 
 def bare_flax(setup: dict, steps: int) -> None:
     """One compiled step, as a user writes it for speed: the model split, value_and_grad, tx.update."""
+    import jax
+    import optax
+    from flax import nnx
+
     graphdef, params, rest = nnx.split(setup["model"], nnx.Param, ...)
     tx, loss_fn, k = setup["optimizer"], setup["loss"], setup.get("model_inputs")
 
@@ -84,10 +83,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--threads", type=int_flag("--threads"), help="torch's threads for every candidate (default: torch's own choice)")
     bench_common.add_write_flag(parser)
     args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     if len(args.factories) not in (0, 2):
         parser.error("give both factories, or neither")
+    import torch
+
+    from mhsa.port_check.factories import call_factory
+    from mhsa.port_check.training.check import check_setup, check_training
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
     specs = args.factories or ["examples.zoo.llama_train:reference", "examples.zoo.llama_train:port"]
 
     def build():

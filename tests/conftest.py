@@ -52,15 +52,21 @@ import pytest  # noqa: E402
 jax.config.update("jax_enable_x64", True)
 
 from tests.backends import ADAPTERS, names  # noqa: E402  (after x64 is on)
+from tests.docs import transcripts  # noqa: E402
 from tests.machinery import jax_cache, scheduling  # noqa: E402
 
 _session_cache: dict[str, object] = {}  # this session's folder, and whether it is temporary
 
 
 def pytest_configure(config):
-    """Choose the session's JAX cache folder, in the process that runs the session (an xdist
-    worker finds it in JAX_COMPILATION_CACHE_DIR, set here before the workers start)."""
-    if _CALLERS_CACHE or hasattr(config, "workerinput"):
+    """Choose the session's JAX cache folder, and the documents' (transcripts.shared_cache), in the
+    process that runs the session (an xdist worker finds them in its environment, set here before
+    the workers start)."""
+    if hasattr(config, "workerinput"):
+        return
+    _session_cache["docs"] = transcripts.shared_cache()  # the documents' own cache folder (tests/docs/transcripts.py)
+    _session_cache["docs"].__enter__()
+    if _CALLERS_CACHE:
         return
     cache = getattr(config, "cache", None)
     kept = cache.mkdir("mhsa-jax") if cache is not None else None
@@ -107,6 +113,8 @@ def pytest_sessionfinish(session, exitstatus):
 
 def pytest_unconfigure(config):
     """A temporary folder goes with the session that made it; the kept one is unlocked."""
+    if "docs" in _session_cache:
+        _session_cache.pop("docs").__exit__(None, None, None)
     if _session_cache.get("temporary"):
         shutil.rmtree(_session_cache["folder"], ignore_errors=True)
     if _session_cache.get("lock") is not None:

@@ -23,9 +23,11 @@ is a failure.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -53,7 +55,7 @@ MASKS = (
     ("a file's SHA-256, as messages abbreviate it", re.compile(r"\b[0-9a-f]{12}\.\.\."), "<sha256>..."),
 )
 SCRATCH = "runs"  # the one folder the documents' commands write into (.gitignore has it)
-CACHE_SHOWN = "~/.cache"  # the run's fresh cache folder is shown as the default one
+CACHE_SHOWN = "~/.cache"  # the session's fresh cache folder is shown as the default one
 FOLDER_SHOWN = "."  # and its fresh working folder as the current one
 
 
@@ -173,8 +175,8 @@ def run_environment(cache: Path) -> dict[str, str]:
     """What the commands see: the caller's PATH, home, locale and thread and BLAS settings
     (THREAD_VARIABLES, as the session was started: not the one thread tests/conftest.py gives
     each xdist worker), the AVX2 kernels (KERNELS, in place of the caller's), and nothing else
-    of the caller's environment (no XLA_FLAGS of a test session); a fresh cache folder (JAX's
-    compiled programs: every document starts as a first run); matplotlib's own folder (its font cache built once, in this process, not in a
+    of the caller's environment (no XLA_FLAGS of a test session); the cache folder (JAX's
+    compiled programs: fresh when the session starts, SHARED_CACHE); matplotlib's own folder (its font cache built once, in this process, not in a
     command's output); and the repository on PYTHONPATH, as when the commands run from its root
     (the port check's `examples.` factories)."""
     import matplotlib
@@ -220,15 +222,37 @@ def scratch(doc: Document) -> str:
     return f"{SCRATCH}/{doc.path.stem.lower()}"
 
 
+# the cache folder a test session's documents share (shared_cache(), fresh when the session
+# starts): a program two documents compile alike is compiled once, as for a user who follows the
+# guides one after another; a hit is the program a compilation gives, so no number moves; a run
+# outside a session gets a fresh folder of its own
+SHARED_CACHE = "MHSA_DOCS_CACHE"
+
+
+@contextlib.contextmanager
+def shared_cache():
+    """For the process that runs a test session (its xdist workers inherit it): a fresh cache folder
+    for the session's documents, removed when it ends; a folder the caller set is used as it is."""
+    if SHARED_CACHE in os.environ:
+        yield
+        return
+    os.environ[SHARED_CACHE] = tempfile.mkdtemp(prefix="mhsa-docs-cache-")
+    try:
+        yield
+    finally:
+        shutil.rmtree(os.environ.pop(SHARED_CACHE), ignore_errors=True)
+
+
 def run(doc: Document, timeout: float = 600, written: list[str] | None = None) -> list[Outcome]:
     """Run the document's commands in order in one fresh folder; each one's output and status.
     `written`, if given, receives the path of every file the commands left, relative to the folder."""
     bin_folder = Path(sys.executable).parent
     outcomes = []
     with tempfile.TemporaryDirectory(prefix="mhsa-docs-") as scratch:
-        folder, cache = Path(scratch) / "work", Path(scratch) / "cache"
+        folder = Path(scratch) / "work"
         folder.mkdir()
-        cache.mkdir()
+        cache = Path(os.environ.get(SHARED_CACHE) or Path(scratch) / "cache")
+        cache.mkdir(exist_ok=True)
         env = run_environment(cache)
         for command in doc.commands:
             text = VENV_BIN.sub(f"{bin_folder}/", command.text)
