@@ -13,6 +13,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 from mhsa.exit_status import TROUBLE
 
@@ -161,20 +162,28 @@ def leave_busy_threads(status: int) -> None:
     if not any(thread.is_alive() and not thread.daemon for thread in threading.enumerate() if thread is not threading.current_thread()):
         return
     import multiprocessing
+    from multiprocessing import forkserver
 
+    # the ranks' server (multiprocessing's forkserver) leaves only once it has imported what it
+    # preloads (torch: seconds) and sees this process gone: it is ended first, with every rank it
+    # forked, among them one a lane may be starting now: that one reads its process object from
+    # this process, and would print an EOFError's traceback once this process is gone. Stopped
+    # first, the server forks no rank after its children are listed; ended, it leaves the ranks'
+    # exits unreported, so the joins below do not wait.
+    server = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+    if server is not None:
+        with contextlib.suppress(OSError):
+            os.kill(server, signal.SIGSTOP)
+        for rank in _children_of(server):
+            with contextlib.suppress(OSError):
+                os.kill(rank, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            os.kill(server, signal.SIGKILL)
     children = multiprocessing.active_children()
     for child in children:
         child.kill()
     for child in children:
         child.join(timeout=5)
-    # the ranks' server (multiprocessing's forkserver) leaves only once it has imported what it
-    # preloads (torch: seconds) and sees this process gone: it is ended now too
-    from multiprocessing import forkserver
-
-    server = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
-    if server is not None:
-        with contextlib.suppress(OSError):
-            os.kill(server, signal.SIGKILL)
     from multiprocessing import util
 
     util._run_finalizers(0)  # type: ignore[attr-defined]  # what an ordinary exit runs first: the queues' semaphores are released, not reported leaked
@@ -182,6 +191,17 @@ def leave_busy_threads(status: int) -> None:
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
     os._exit(status)
+
+
+def _children_of(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (Linux's /proc; elsewhere none are found)."""
+    found = []
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat_file.read_text().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+            if int(fields[1]) == pid:  # proc(5): state, ppid
+                found.append(int(stat_file.parent.name))
+    return found
 
 
 def hold_further_interrupts() -> None:
