@@ -232,6 +232,8 @@ def interrupts_restored(own_process: bool) -> Iterator[None]:
         if main and not own_process:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+        elif main:  # the command's work is done and it is exiting: a late Ctrl-C interrupts no atexit callback
+            hold_further_interrupts()
 
 
 class _ReaderMayLeave(io.TextIOBase):
