@@ -109,6 +109,14 @@ def traced_outputs(program: Program, traced, labels: list) -> tuple[frozenset[st
     return frozenset(name for name, used in zip(program.names, read) if name is not None and used), outputs
 
 
+def model_outputs(labels: list, structure: list[Output]) -> list[Output]:
+    """The model's own output leaves among trace()'s outputs `structure`: those of the last call
+    recorded at the root path "" (a call is recorded when it returns, so the model's own comes
+    after every call of its submodules)."""
+    model_call = max((call for call, path, *_ in labels if path == ""), default=None)
+    return [output for output in structure if output.call == model_call]
+
+
 def with_gradients(program: Program, arrays, rebuild, labels: list, top: list[Output], direction: Direction, eager: bool = False):
     """(the recorded values, the gradient of every leaf of the program, None where not
     differentiated): d <r, output> / d leaf, r the weights `direction` gives `top` (the model's

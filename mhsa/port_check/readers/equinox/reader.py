@@ -369,15 +369,9 @@ def run(
         values = compiled.lower().compile()(program.leaves, arrays)
         gradients = None
     else:
-        values, gradients = _with_gradients(program, arrays, rebuild, labels, traced.outputs, grads)
+        top = jax_program.model_outputs(labels, traced.outputs)
+        values, gradients = jax_program.with_gradients(program, arrays, rebuild, labels, top, grads)
     return jax_program.outputs(program, labels, values, gradients, traced, each, _to_torch)
-
-
-def _with_gradients(program: jax_program.Program, arrays, rebuild, labels: list, structure, direction: Direction):
-    """jax_program.with_gradients, with the model's own output leaves read off `structure` (trace()'s outputs)."""
-    model_call = max((call for call, path, *_ in labels if path == ""), default=None)
-    top = [output for output in structure if output.call == model_call]
-    return jax_program.with_gradients(program, arrays, rebuild, labels, top, direction)
 
 
 def _arrays(model, inputs: Inputs) -> tuple[list, Any]:

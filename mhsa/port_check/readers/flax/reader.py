@@ -511,8 +511,7 @@ def _with_gradients(program: jax_program.Program, arrays, rebuild, labels: list,
             for label, v in flatten(output, jax_program.is_array)
         ]
     else:
-        model_call = max((call for call, path, *_ in labels if path == ""), default=None)
-        top = [output for output in structure if output.call == model_call]
+        top = jax_program.model_outputs(labels, structure)
     return jax_program.with_gradients(program, arrays, rebuild, labels, top, direction, eager)
 
 
