@@ -219,7 +219,8 @@ def interrupts_restored(own_process: bool) -> Iterator[None]:
     """Ctrl-C and SIGTERM raise KeyboardInterrupt while the block runs, the signal recorded for
     interrupt_status; a signal ignored when the block starts (a background job's Ctrl-C) stays
     ignored. The handlers as they were before the block afterwards, unless the command is this
-    process's own (it is exiting: hold_further_interrupts stays)."""
+    process's own: it is exiting then, and further interrupts are held (hold_further_interrupts),
+    so that a late Ctrl-C cuts short no atexit callback (JAX's clean-up) with a traceback."""
     main = threading.current_thread() is threading.main_thread()
     previous = {signum: signal.getsignal(signum) for signum in INTERRUPTS} if main else {}
     _received[0] = signal.SIGINT
@@ -232,7 +233,7 @@ def interrupts_restored(own_process: bool) -> Iterator[None]:
         if main and not own_process:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
-        elif main:  # the command's work is done and it is exiting: a late Ctrl-C interrupts no atexit callback
+        elif main:
             hold_further_interrupts()
 
 
