@@ -50,7 +50,7 @@ demo: $(STAMP)
 # `make docs` runs the transcripts alone; `make check` runs both tiers.
 # pytest keeps each test module with its assertions rewritten as bytecode beside it, and reads it
 # back next time; a shell that sets PYTHONDONTWRITEBYTECODE would have every worker of every session
-# rewrite all of them again (4 s each), so the tests' own runs write bytecode (ignored by git)
+# rewrite all of them again, so the tests' own runs write bytecode (__pycache__/, ignored by git)
 PYTEST := PYTHONDONTWRITEBYTECODE= $(PY) -m pytest
 test: $(STAMP)
 	$(PYTEST) -q -n 2 --dist loadscope -m "not slow"
