@@ -216,8 +216,8 @@ def pair_models(source, target, inputs, *, target_inputs=None, name_map=None, dt
 def check_port(source, target, inputs, *, target_inputs=None, name_map=None, transfer=None, dtype="float32", grads=False, probes=True) -> PortReport:
     """Compare a reference model and its port on one batch.
 
-    source: the reference (a torch.nn.Module); target: the port (an nnx.Module, or a Linen
-    (module, variables) pair). inputs: what `source` is called with (structure.as_inputs: an
+    source: the reference (a torch.nn.Module); target: the port (an nnx.Module, a Linen
+    (module, variables) pair, or an eqx.Module: readers.READERS). inputs: what `source` is called with (structure.as_inputs: an
     array, a tuple of positional arguments, a dict of keyword arguments, or (args, kwargs)),
     also given to the port unless target_inputs is. name_map: {reference prefix: port prefix}
     for module paths and parameter names whose structures do not correspond. transfer: None
