@@ -369,6 +369,7 @@ def run(
         values = compiled.lower().compile()(program.leaves, arrays)
         gradients = None
     else:
+        assert traced.outputs is not None  # trace() of an Equinox model always records them
         top = jax_program.model_outputs(labels, traced.outputs)
         values, gradients = jax_program.with_gradients(program, arrays, rebuild, labels, top, grads)
     return jax_program.outputs(program, labels, values, gradients, traced, each, _to_torch)
