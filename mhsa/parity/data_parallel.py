@@ -96,7 +96,7 @@ def rows(found: dict[str, dict[int, tuple]], dtype: str, dp: int, tolerances: tu
     result = [row]
     if dtype in WEIGHTS_TOL:
         worst = {key: max(max_abs_diff(a[1][array], b[1][array]) for array in a[1]) for key, (a, b) in compared.items()}
-        result.append(Row(SECTION, f"weights after {steps} steps", worst, WEIGHTS_TOL[dtype]))
+        result.append(Row(SECTION, f"weights after {steps} steps", worst, tol=WEIGHTS_TOL[dtype]))
     return result
 
 

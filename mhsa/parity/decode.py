@@ -182,7 +182,7 @@ def _rows(found: dict[str, dict], config: ModelConfig, dtype: str, prompt_len: i
             SECTION,
             f"greedy ids, {shape[0]} x {shape[1]} generated",
             ids,
-            0.0,
+            tol=0.0,
             note="decode: greedy ids show the count of differing ids (tolerance 0)",
         )
     )

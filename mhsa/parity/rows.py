@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mhsa import registry
+from mhsa.comparison import Comparison
 
 
 def pairs() -> list[tuple[str, str]]:
@@ -34,28 +35,28 @@ FD = "finite difference"  # the extra column: the reference backend's float64 gr
 
 
 @dataclass
-class Row:
+class Row(Comparison):
+    """A row of `mhsa parity`: a gap per pair of backends (and the finite difference's column),
+    each held to `tol` or a tolerance of its own."""
+
     section: str  # "stage", "gradient", "trajectory", "decode" or "data-parallel"
     name: str
     diffs: Mapping[str, float | None]  # pair -> max |a - b|, None where a pair does not apply
-    tol: float
-    note: str = ""
-    reference_error: float | None = None  # the reference's own float32 error `tol` is derived from; None: a fixed tolerance
     tols: Mapping[str, float] = field(default_factory=dict)  # a column held to a tolerance of its own (the finite difference's)
     step: int | None = None  # a row over steps: the step it shows (stepwise_row), counted from 0
     at: str = ""  # a row over steps and tensors: the tensor it shows at that step
     derived_elsewhere: bool = False  # derived, but not from the reference's error (its note says from what)
     problems: tuple[str, ...] = ()  # what fails the row besides its gaps (a setting that differs), one line each
 
+    def gaps(self) -> Mapping[str, float | None]:
+        return self.diffs
+
     def tol_of(self, key: str) -> float:
         return self.tols.get(key, self.tol)
 
     @property
     def passed(self) -> bool:
-        return not self.problems and all(diff <= self.tol_of(key) for key, diff in self.diffs.items() if diff is not None)
-
-    def failing_pair(self) -> str | None:
-        return next((key for key, diff in self.diffs.items() if diff is not None and not diff <= self.tol_of(key)), None)
+        return not self.problems and super().passed
 
 
 def stepwise_row(section: str, name: str, gaps: Mapping[str, np.ndarray | None], tolerances, errors=None, note: str = "") -> Row:
@@ -80,7 +81,7 @@ def stepwise_row(section: str, name: str, gaps: Mapping[str, np.ndarray | None],
     step = int(np.argmax(beyond)) if beyond.any() else int(np.argmax(closeness))
     shown = {key: None if gap is None else float(np.asarray(gap)[step]) for key, gap in gaps.items()}
     error = None if errors is None else float(np.asarray(errors)[step])
-    return Row(section, name, shown, float(tolerances[step]), note=note, reference_error=error, step=step)
+    return Row(section, name, shown, tol=float(tolerances[step]), note=note, reference_error=error, step=step)
 
 
 @dataclass

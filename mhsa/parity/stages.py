@@ -101,10 +101,10 @@ def _stage_rows(traces, losses, dtype) -> list[Row]:
     for stage in STAGES:
         diffs: dict[str, float | None] = {pair_key(a, b): max_abs_diff(traces[a][stage], traces[b][stage]) for a, b in pairs()}
         tol, error = _tolerance(traces, stage_kind(stage), dtype, stage)
-        rows.append(Row("stage", stage, diffs, tol, reference_error=error))
+        rows.append(Row("stage", stage, diffs, tol=tol, reference_error=error))
     tol, error = _tolerance(losses, "stage", dtype)
     diffs = {pair_key(a, b): abs(losses[a] - losses[b]) if a in losses and b in losses else None for a, b in pairs()}
-    rows.append(Row("stage", "loss", diffs, tol, reference_error=error))
+    rows.append(Row("stage", "loss", diffs, tol=tol, reference_error=error))
     return rows
 
 
@@ -130,5 +130,5 @@ def _gradient_rows(grads, coords, estimate, samples, dtype) -> list[Row]:
         else:
             note = f"{ref} has no gradient of its own: the others are held against a float64 finite difference at {samples} coords"
         tol, error = _tolerance(grads, "grad", dtype, name)
-        rows.append(Row("gradient", name, diffs, tol, note=note, reference_error=error, tols={FD: fd_tol}))
+        rows.append(Row("gradient", name, diffs, tol=tol, note=note, reference_error=error, tols={FD: fd_tol}))
     return rows

@@ -26,7 +26,7 @@ from mhsa import registry
 from mhsa.parity.lanes import Lanes
 from mhsa.parity.rows import Row, pair_key, pairs, reference, stepwise_row
 from mhsa.parity.runs import lane, reference_twins, trained
-from mhsa.port_check.core.training_records import TrainReport, TrainRow
+from mhsa.port_check.core.training_records import TrainReport
 from mhsa.port_check.report.findings import line
 from shared import training, weights
 from shared.config import ModelConfig, TrainConfig
@@ -71,7 +71,7 @@ def trajectory_section(config, dtype, seed, epochs, cache: dict | None = None, l
             worst = {
                 pair_key(a, b): max(max_abs_diff(final[a][k], final[b][k]) for k in final[a]) if (a, b) in compared else None for a, b in pairs()
             }
-            found.append(Row(SECTION, f"weights after {steps} steps", worst, tolerance("stage", dtype)))
+            found.append(Row(SECTION, f"weights after {steps} steps", worst, tol=tolerance("stage", dtype)))
         return found
 
     return rows
@@ -128,14 +128,14 @@ def training_row(a: str, b: str, report: TrainReport, steps: int) -> Row:
     the run's, of which the check may have compared the first CHECKED_STEPS only. A setting the
     optimizer lint finds different, a module setting that differs or a parameter left
     uncompared fails the row too (Row.problems)."""
-    shown = report.first_failure or max((summary.worst for summary in report.summaries), key=_closeness)
+    shown = report.first_failure or max((summary.worst for summary in report.summaries), key=lambda row: row.closeness)
     span = f"{report.steps} steps" if report.steps == steps else f"the first {report.steps} of {steps} steps"
     uncompared = [f"{report.uncompared} parameter(s) not compared"] if report.uncompared else []
     row = Row(
         SECTION,
         f"trainings at each of {span}",
         {pair_key(*pair): None for pair in pairs()} | {pair_key(a, b): shown.abs_diff},
-        shown.tol,
+        tol=shown.tol,
         note=f"{SECTION}: the {a} and {b} trainings, their loss, every gradient, Adam moment and parameter at each step, are compared "
         f"as `mhsa port-check --train` compares them; {report.tolerance_note}",
         step=shown.step - 1,
@@ -146,11 +146,6 @@ def training_row(a: str, b: str, report: TrainReport, steps: int) -> Row:
     if report.first_failure is not None:
         row.name += f", the trainings part at step {row.step}: {shown.label}"
     return row
-
-
-def _closeness(row: TrainRow) -> float:
-    """How near a compared value is to its tolerance: gap / tolerance (a tolerance of 0: 0 or inf)."""
-    return row.abs_diff / row.tol if row.tol > 0 else (0.0 if row.abs_diff == 0 else float("inf"))
 
 
 def step_tolerances(config, train_config: TrainConfig, cache: dict | None = None, lanes: Lanes | None = None):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from mhsa.comparison import Comparison
 from mhsa.port_check.core.findings import Hint, LintDifference, Note, Precision, Probe, Untied
 
 NORMS = ("LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm")
@@ -81,24 +82,22 @@ class Transfer:
 
 
 @dataclass
-class Row:
+class Row(Comparison):
+    """A row of the forward check: the reference against the port at one output leaf of one call,
+    or at one parameter's gradient."""
+
     section: str  # "output" or "gradient"
     name: str  # the reference's module path (with the call number and the leaf's place) or parameter name
     target: str  # the port's name for it
     kind: str  # the module type ("" for gradients)
     abs_diff: float
     rel_diff: float
-    tol: float
-    note: str = ""
     position: int = -1  # index of the output in the reference's calls
     module: str = ""  # the reference's module path ("" for the model itself; the parameter for a gradient)
     target_module: str = ""  # the port's
     # "" compared; "shape" (cannot broadcast), "nan" (NaN in an output), "unjudged" (below float32),
     # "dtype" (a float on one side, an int on the other: shown, not judged)
     status: str = ""
-    reference_error: float | None = None  # the reference's own float32 error `tol` is derived from; None: a fixed tolerance
-    port_error: float | None = None  # the port's own float32 error, once its twin run is made; the larger sets `tol`
-    by_port: bool = False  # whether the port's own error sets `tol`
     dtype: str = ""  # the precision the row is judged at ("float32", "float64"; "" unjudged)
     scale: float = 0.0  # the largest value of the reference's float64 twin: the floor of a derived tolerance
     key: Any = None  # the reference's (call, leaf label) of this output, or its parameter's name
@@ -106,15 +105,18 @@ class Row:
     zero: bool = False  # a gradient that is 0 in exact arithmetic: both sides' values are rounding
     boundary: str = ""  # why a difference that the next outputs do not carry is no failure (forward/check.py)
 
+    def gaps(self) -> dict[str, float | None]:
+        return {"max abs": self.abs_diff}
+
     @property
     def passed(self) -> bool:
-        return self.status == "" and self.abs_diff <= self.tol
+        return self.status == "" and super().passed
 
     @property
     def failed(self) -> bool:
         if self.boundary:
             return False
-        return self.status in ("shape", "nan") or (self.status == "" and not self.abs_diff <= self.tol)
+        return self.status in ("shape", "nan") or (self.status == "" and not super().passed)
 
 
 @dataclass

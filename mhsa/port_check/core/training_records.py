@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mhsa.comparison import Comparison
 from mhsa.port_check.core.findings import LintDifference, OneSided, OptimizerDifference, OptimizerNote, OptimizerSetting
 from mhsa.port_check.core.records import PortReport, Transfer
 
@@ -29,19 +30,17 @@ class StepRecord:
 
 
 @dataclass
-class TrainRow:
+class TrainRow(Comparison):
+    """A row of the training check: the reference against the port at one value of one step."""
+
     step: int  # 1-based
     kind: str  # one of KINDS
     name: str  # the reference's parameter name ("" for the loss)
     moment: str  # torch's name of the moment ("" unless kind == "moment")
     abs_diff: float
-    ref_err: float | None  # the reference's own float32-vs-float64 gap; None where the tolerance is fixed
-    tol: float
-    port_err: float | None = None  # the port's own float32-vs-float64 gap
 
-    @property
-    def passed(self) -> bool:
-        return self.abs_diff <= self.tol
+    def gaps(self) -> dict[str, float | None]:
+        return {"max abs": self.abs_diff}
 
     @property
     def label(self) -> str:
@@ -68,7 +67,7 @@ class StepSummary:
 
     @classmethod
     def of(cls, step: int, losses: tuple[float, float], rows: list[TrainRow]) -> StepSummary:
-        worst = max(rows, key=lambda row: row.abs_diff / row.tol if row.tol > 0 else float("inf"))
+        worst = max(rows, key=lambda row: row.closeness)
         first = next((row for row in rows if not row.passed), None)
         return cls(step, losses, worst, first, len(rows), sum(not row.passed for row in rows))
 

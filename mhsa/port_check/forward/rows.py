@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from mhsa.comparison import held
 from mhsa.port_check.core import layouts
 from mhsa.port_check.core.chunks import largest, largest_abs
 from mhsa.port_check.core.records import Row, map_name
 from mhsa.port_check.core.structure import Output
 from mhsa.port_check.forward import precision
-from shared.tolerances import derived, finite_gap, max_abs_diff, tolerance
+from shared.tolerances import finite_gap, max_abs_diff, tolerance
 
 
 def compare_arrays(a: np.ndarray, b: np.ndarray, sides: tuple[str, str], axes=(None, None)) -> tuple[float, float, str, str]:
@@ -121,7 +122,7 @@ def output_rows(source_outputs, target_outputs, source_desc, target_desc, asked,
                     skipped.append((name, f"None in {absent}, {other} in the other"))
                 else:
                     note = f"{s.dtype} in {sides[0]}, {t.dtype} in {sides[1]}"
-                    rows.append(Row("output", name, target_name, kind, float("nan"), float("nan"), 0.0, note, position, path, key[0], "dtype"))
+                    rows.append(Row("output", name, target_name, kind, float("nan"), float("nan"), position, path, key[0], "dtype", note=note))
                 continue
             rank = min(floor_s[s.call], floor_t[t.call], precision.leaf_floor(s), precision.leaf_floor(t))
             dtype = precision.dtype_of(rank)
@@ -132,7 +133,7 @@ def output_rows(source_outputs, target_outputs, source_desc, target_desc, asked,
                 )
             if dtype is None and status == "":
                 status = "unjudged"
-            row = Row("output", name, target_name, kind, abs_diff, rel_diff, 0.0, note, position, path, key[0], status)
+            row = Row("output", name, target_name, kind, abs_diff, rel_diff, position, path, key[0], status, note=note)
             row.key, row.target_key = (s.call, s.label), (t.call, t.label)
             _hold(row, "stage", dtype, asked, (derived or {}).get((s.call, s.label)))
             rows.append(row)
@@ -173,7 +174,7 @@ def gradient_rows(source_grads, target_grads, rank, sides, pairs: dict[str, tupl
         mapped, transposed = pairs[name]
         abs_diff, rel_diff, status, note = compare_arrays(value.T if transposed else value, target_grads[mapped], sides)
         status = "unjudged" if dtype is None and status == "" else status
-        row = Row("gradient", name, mapped, "", abs_diff, rel_diff, 0.0, note, module=name, target_module=mapped, status=status)
+        row = Row("gradient", name, mapped, "", abs_diff, rel_diff, module=name, target_module=mapped, status=status, note=note)
         row.key, row.target_key = name, mapped
         _hold(row, "grad", dtype, asked, (derived or {}).get(name))
         if name in zero and status == "":
@@ -189,27 +190,24 @@ def _hold(row: Row, kind: str, dtype: str | None, asked: str, twin: tuple[float,
     row.dtype = dtype or ""
     if dtype == "float32" and twin is not None:
         row.reference_error, row.scale = twin
-        row.tol = derived(*twin)
-    else:
-        row.reference_error, row.tol = None, tolerance(kind, dtype or "float32")
+    row.tol, _ = held(twin if dtype == "float32" else None, None, tolerance(kind, dtype or "float32"))
 
 
 def rejudge(rows: list[Row], port: dict) -> int:
-    """Hold every derived row to K times the larger of the two sides' own errors, the port's from
-    `port` ({(call, label) of the port's run or port parameter: (its own error, largest value)}),
-    and a fixed row to K times the port's where that is larger (the reference had no twin of it);
-    returns how many rows the port's error now sets. Only rows judged at float32: a float64 row
-    holds its fixed tolerance whatever the port's float32 rounding."""
+    """Hold every row judged at float32 to the two sides' own errors (comparison.held), the port's
+    from `port` ({(call, label) of the port's run or port parameter: (its own error, largest
+    value)}): a derived row to K times the larger of the two, a fixed row to K times the port's
+    where that is larger (the reference had no twin of it); returns how many rows the port's
+    error now sets. A float64 row holds its fixed tolerance whatever the port's float32 rounding."""
     count = 0
     for row in rows:
         twin = port.get(row.target_key) if row.status == "" and row.dtype == "float32" else None
         if twin is None:
             continue
         row.port_error = twin[0]
-        if row.reference_error is None:  # a fixed tolerance: widened only where the port's own rounding is larger
-            if derived(*twin) > row.tol:
-                row.tol, row.scale, row.by_port = derived(*twin), twin[1], True
-        elif twin[0] > row.reference_error:
-            row.tol, row.by_port = derived(twin[0], max(row.scale, twin[1])), True
+        reference = None if row.reference_error is None else (row.reference_error, row.scale)
+        row.tol, row.by_port = held(reference, twin, row.tol)
+        if reference is None and row.by_port:
+            row.scale = twin[1]
         count += row.by_port
     return count

@@ -113,14 +113,6 @@ def _result(row: Row) -> str:
     return "FAIL"
 
 
-def _error(row: Row) -> str:
-    """The own error the row's tolerance is derived from: the reference's, or the port's marked '*'
-    where it is the larger; 'fixed' for a fixed tolerance."""
-    if row.by_port:
-        return f"{row.port_error:.2e}*"
-    return "fixed" if row.reference_error is None else f"{row.reference_error:.2e}"
-
-
 def _cells(row: Row) -> tuple[str, str, str]:
     """(max abs, max rel, result) as the table shows them."""
     result = _result(row)
@@ -144,7 +136,7 @@ def _table(report: PortReport) -> list[str]:
         abs_cell, rel_cell, result = _cells(row)
         tol = tolerance_text(row) if row.status != "dtype" else ""
         suffix = ("  <- the models part here" if row is first else "") + (f"  ({row.note})" if row.note else "")
-        body.append(([name, row.kind, abs_cell, rel_cell, _error(row), tol, result], suffix))
+        body.append(([name, row.kind, abs_cell, rel_cell, row.error_cell(), tol, result], suffix))
     return table([("compared", width, "<"), ("type", kind_width, "<"), *numbers, RESULT], body)
 
 

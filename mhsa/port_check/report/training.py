@@ -27,10 +27,7 @@ def format_train_report(report: TrainReport) -> str:
     lines.append("")
     if report.rows:
         lines += _step_table(report)
-        if any(
-            row.port_err is not None and row.ref_err is not None and row.port_err > row.ref_err and row.step in _steps_shown(report)
-            for row in report.rows
-        ):
+        if any(row.by_port and row.step in _steps_shown(report) for row in report.rows):
             lines.append("* the port's own float32 error (its float32 run against its float64 run), larger than the reference's, sets the tolerance")
         lines.append("")
     first = report.first_failure
@@ -92,18 +89,9 @@ def _gaps(shown: list[int], steps: int) -> list[tuple[int, int]]:
     return gaps
 
 
-def _port_set(row: TrainRow | None) -> bool:
-    """Whether the port's own error, larger than the reference's, set the row's tolerance."""
-    return row is not None and row.port_err is not None and row.ref_err is not None and row.port_err > row.ref_err
-
-
 def _cells(row: TrainRow) -> tuple[str, str, str]:
-    """(max abs, the own error that sets the tolerance (the reference's; the port's, marked *), tolerance)."""
-    if row.ref_err is None:
-        error = "fixed"
-    else:
-        error = f"{row.port_err:.2e}*" if _port_set(row) else f"{row.ref_err:.2e}"
-    return f"{row.abs_diff:>9.2e}", f"{error:>9}", f"{row.tol:>9.2e}"
+    """(max abs, the own error that sets the tolerance (Comparison.error_cell), tolerance)."""
+    return f"{row.abs_diff:>9.2e}", f"{row.error_cell():>9}", f"{row.tol:>9.2e}"
 
 
 def _skipped(report: TrainReport, start: int, end: int) -> str:

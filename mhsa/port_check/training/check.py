@@ -2,7 +2,7 @@
 from the same weights on the same batches for N steps, and the reference once more in float64,
 and compare every step: the loss, every gradient, every optimizer moment and every parameter
 after the update, each held to a tolerance derived from the two sides' own float32 errors
-(training/tolerances.py). The first row beyond its tolerance, in the order a step computes them, is
+(mhsa/comparison.py: held). The first row beyond its tolerance, in the order a step computes them, is
 where the two trainings part; at that step the per-module forward rows, at the reference's
 weights of that step on that step's batch, say whether the forward pass parted first.
 
@@ -26,6 +26,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from mhsa.comparison import held
 from mhsa.port_check.core.findings import OneSided
 from mhsa.port_check.core.records import PortReport, map_name
 from mhsa.port_check.core.structure import as_inputs
@@ -34,9 +35,8 @@ from mhsa.port_check.forward.check import check_port, lint, transfer_weights
 from mhsa.port_check.readers import reader_of, trainer_of
 from mhsa.port_check.readers.torch import training as train_torch
 from mhsa.port_check.training import lint as train_lint
-from mhsa.port_check.training.tolerances import derived
 from shared.config import DTYPES
-from shared.tolerances import K, max_abs_diff
+from shared.tolerances import K, max_abs_diff, reference_error, scale, tolerance
 
 REQUIRED = ("model", "optimizer", "loss", "inputs")
 OPTIONAL = ("model_inputs", "scheduler", "clip")
@@ -190,15 +190,20 @@ def _ordered(kind: str, found: dict, params: dict) -> list:
 
 
 def _row(step, kind, name, moment, pair, pair64, dtype) -> TrainRow:
-    """One compared value: pair = (reference, port) in dtype, pair64 = the same in float64."""
+    """One compared value: pair = (reference, port) in dtype, pair64 = the same in float64 (None
+    for a float64 check, whose rows hold docs/DESIGN.md's float64 trajectory tolerance, fixed:
+    there is no higher precision to derive one from)."""
     ours, theirs = (np.asarray(value) for value in pair)
-    diff = max_abs_diff(ours, theirs) if ours.shape == theirs.shape else float("inf")
+    same_shape = ours.shape == theirs.shape
+    row = TrainRow(step, kind, name, moment, max_abs_diff(ours, theirs) if same_shape else float("inf"))
     if pair64 is None:
-        tol, error = derived(ours, ours, dtype)
-        return TrainRow(step, kind, name, moment, diff, error, tol)
-    tol, error = derived(ours, pair64[0], dtype)
-    port_tol, port_error = derived(theirs, pair64[1], dtype) if theirs.shape == ours.shape else (tol, error)
-    return TrainRow(step, kind, name, moment, diff, error, max(tol, port_tol), port_error)
+        row.tol = tolerance("trajectory", "float64")
+        return row
+    reference = (reference_error(ours, pair64[0]), scale(pair64[0]))
+    port = (reference_error(theirs, pair64[1]), scale(pair64[1])) if same_shape else None
+    row.reference_error, row.port_error = reference[0], None if port is None else port[0]
+    row.tol, row.by_port = held(reference, port, 0.0)
+    return row
 
 
 def _one_sided(ref: StepRecord, port: StepRecord, sides) -> list[OneSided]:

@@ -103,7 +103,7 @@ def test_the_float64_runs_leave_jaxs_64_bit_setting_as_the_process_had_it():
     try:
         report = check_training(_torch(), _flax(), 1, probes=False)
         assert jax.config.values["jax_enable_x64"] is False
-        assert report.rows and all(row.port_err is not None for row in report.rows)
+        assert report.rows and all(row.port_error is not None for row in report.rows)
     finally:
         jax.config.update("jax_enable_x64", True)  # the tests' setting (tests/conftest.py)
 

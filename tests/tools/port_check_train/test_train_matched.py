@@ -39,9 +39,9 @@ def test_matched_optimizer_pairs_agree_at_every_step_loss_gradient_moment_and_pa
     closest = step1 + [summary.worst for summary in report.summaries]  # each step's row nearest its tolerance
     assert any(row.abs_diff > 0 for row in closest)  # two frameworks, not one twice
     if dtype == "float32":  # derived: every row says the reference's own error
-        assert all(row.ref_err is not None and row.tol >= 4 * row.ref_err for row in closest)
+        assert all(row.reference_error is not None and row.tol >= 4 * row.reference_error for row in closest)
     else:
-        assert all(row.ref_err is None and row.tol == tolerance("trajectory", "float64") for row in closest)
+        assert all(row.reference_error is None and row.tol == tolerance("trajectory", "float64") for row in closest)
     assert f"PASS: all 20 steps agree: the loss, 6 gradients, {len(moments) * 6} moments and 6 parameters" in format_train_report(report)
 
 
