@@ -14,6 +14,7 @@ import sys
 import numpy as np
 
 from mhsa.exit_status import DIFFERENT, OK, TROUBLE
+from mhsa.flags import int_flag
 from mhsa.port_check.core.records import PortCheckError
 from mhsa.port_check.core.structure import Inputs, as_inputs
 from mhsa.port_check.factories import call_factory
@@ -55,9 +56,7 @@ def load_factory(spec: str, what: str):
     if _readable(result):
         return result, None
     if isinstance(result, tuple) and len(result) == 2 and _readable(result[0]):
-        if result[1] is None:
-            return result[0], None
-        return result[0], as_inputs(result[1])
+        return result[0], None if result[1] is None else as_inputs(result[1])
     raise PortCheckError(f"{what} {spec!r} returned {_kind(result)}; expected a model or (model, inputs)")
 
 
@@ -95,16 +94,14 @@ def read_inputs(args, source_inputs, target_inputs, from_file=None) -> tuple[Inp
 def _shape(text: str) -> tuple[int, ...]:
     try:
         shape = tuple(int(part) for part in text.replace("x", ",").split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"input shape must be positive integers like 3,5,24; got {text!r}") from None
+    except ValueError:  # not integers: refused below, as a size below 1 is
+        shape = ()
     if not shape or min(shape) < 1:
         raise argparse.ArgumentTypeError(f"input shape must be positive integers like 3,5,24; got {text!r}")
     return shape
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from mhsa.flags import int_flag
-
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = FACTORIES
     add_threads_argument(parser)

@@ -104,19 +104,14 @@ def _archive(raw: bytes, where: str) -> Inputs:
                     _, _, declared = _header(stream, f"{where} member {member.filename!r}")
                     if declared > member.file_size - stream.tell():
                         raise ValueError(f"{where} member {member.filename!r} is truncated: its header declares {declared} bytes of data")
-                arrays[name] = _member(archive, member, where)
+                with archive.open(member) as stream:  # read from its start again, its header checked against the bound
+                    try:
+                        arrays[name] = np.lib.format.read_array(stream, allow_pickle=False)
+                    except ValueError as error:
+                        raise ValueError(f"{where} member {member.filename!r} is not an array of numbers: {error}") from None
     except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError) as error:
         raise ValueError(f"{where} is not a .npy or .npz file of arrays: {error}") from None
     return _arguments(arrays, where)
-
-
-def _member(archive: zipfile.ZipFile, member: zipfile.ZipInfo, where: str) -> np.ndarray:
-    """One member's array, its header already checked against the bound."""
-    with archive.open(member) as stream:
-        try:
-            return np.lib.format.read_array(stream, allow_pickle=False)
-        except ValueError as error:
-            raise ValueError(f"{where} member {member.filename!r} is not an array of numbers: {error}") from None
 
 
 def _arguments(arrays: dict[str, np.ndarray], where: str) -> Inputs:

@@ -50,9 +50,8 @@ def _given(flag, value) -> str | None:
 
 def run_train(args, name_map: dict[str, str] | None = None) -> int:
     """The command with --train N (args as the forward check's parser and add_train_arguments
-    give them; name_map: the --map file, already read by the command): the report on stdout;
-    0 when everything agrees, 1 when not, 2 when a factory cannot be used (one line); a flag
-    error exits 2 through args.parser, with the usage."""
+    give them; name_map: the --map file, already read by the command): the report on stdout, and
+    the exit status the module's docstring gives."""
     # here, not at the top: `mhsa port-check --help` and the forward check do not start torch and JAX for it
     from mhsa.port_check.report.training import format_train_report
     from mhsa.port_check.training.check import check_setup, check_training

@@ -39,8 +39,5 @@ def explain_same(kernel: tuple, strides: tuple, dilation: tuple) -> str:
         else:
             axes.append(", ".join(f"{pad} where it is {residue} modulo {s}" for residue, pad in enumerate(pads)))
     strides_shown = strides[0] if len(set(strides)) == 1 else strides
-    if len(set(axes)) == 1:
-        shown = axes[0]
-    else:
-        shown = "; ".join(f"axis {axis}: {text}" for axis, text in enumerate(axes))
+    shown = axes[0] if len(set(axes)) == 1 else "; ".join(f"axis {axis}: {text}" for axis, text in enumerate(axes))
     return f"'SAME' at stride {strides_shown} pads by the input's size: {shown}; torch pads the same on every size"

@@ -20,8 +20,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-# floating dtypes NumPy does not call floating (ml_dtypes, as JAX and torch use them), by name
-EXTRA_FLOATS = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")
 # the precision of a floating dtype, for "computes in a lower precision than asked"
 RANKS = {"float64": 3, "float32": 2, "bfloat16": 1, "float16": 1, "float8_e4m3fn": 0, "float8_e5m2": 0}
 
@@ -63,27 +61,22 @@ def is_array(value: Any) -> bool:
     return hasattr(value, "shape") and hasattr(value, "dtype") and not isinstance(value, type)
 
 
-def map_inputs(inputs: Inputs, function: Callable[[Any], Any]) -> Inputs:
-    """Inputs with `function` applied to every array inside args and kwargs (nested tuples,
-    lists and dicts followed; every other value kept)."""
-    return Inputs(tuple(_map(value, function) for value in inputs.args), {key: _map(value, function) for key, value in inputs.kwargs.items()})
+def map_inputs(inputs: Inputs, function: Callable[[Any], Any], leaf: Callable[[Any], bool] = is_array) -> Inputs:
+    """Inputs with `function` applied to every array (every value `leaf` accepts) inside args and
+    kwargs (nested tuples, lists and dicts followed; every other value kept)."""
+    args = tuple(_map(value, function, leaf) for value in inputs.args)
+    return Inputs(args, {key: _map(value, function, leaf) for key, value in inputs.kwargs.items()})
 
 
-def _map(value, function):
-    if is_array(value):
+def _map(value, function, leaf):
+    if leaf(value):
         return function(value)
-    if isinstance(value, (tuple, list)):
-        return _sequence(value, [_map(item, function) for item in value])
+    if isinstance(value, (tuple, list)):  # of its own type, a named tuple's included
+        items = [_map(item, function, leaf) for item in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
     if isinstance(value, dict):
-        return {key: _map(item, function) for key, item in value.items()}
+        return {key: _map(item, function, leaf) for key, item in value.items()}
     return value
-
-
-def _sequence(original, items: list):
-    """A tuple, list or named tuple of the same type as `original` holding `items`."""
-    if hasattr(original, "_fields"):
-        return type(original)(*items)
-    return type(original)(items)
 
 
 def to_numpy(value: Any) -> np.ndarray:
@@ -98,6 +91,11 @@ def to_numpy(value: Any) -> np.ndarray:
 def numpy_inputs(inputs: Inputs) -> Inputs:
     """Inputs with every array as a NumPy array, so that either side can take them."""
     return map_inputs(inputs, to_numpy)
+
+
+def cast_floats(inputs: Inputs, dtype: Any) -> Inputs:
+    """Inputs with every floating-point array as a NumPy array of `dtype`, every other value as it is."""
+    return map_inputs(inputs, lambda x: np.asarray(x).astype(dtype) if is_float_dtype(x.dtype) else x)
 
 
 def describe_inputs(inputs: Inputs) -> str:
@@ -184,11 +182,6 @@ def leaves(call: int, path: str, output: Any, leaf: Callable[[Any], bool], conve
     return records
 
 
-def float_leaves(output: Any, leaf: Callable[[Any], bool]) -> list[Any]:
-    """The floating-point arrays of an output, in flatten's order: what a gradient sums over."""
-    return [value for _, value in flatten(output, leaf) if leaf(value) and is_float_dtype(value.dtype)]
-
-
 class _Slot(NamedTuple):
     position: int
 
@@ -206,15 +199,6 @@ def split_arrays(inputs: Inputs) -> tuple[list[Any], Callable[[list[Any]], Input
     template = map_inputs(inputs, slot)
 
     def rebuild(values: list[Any]) -> Inputs:
-        def fill(value):
-            if isinstance(value, _Slot):
-                return values[value.position]
-            if isinstance(value, (tuple, list)):
-                return _sequence(value, [fill(item) for item in value])
-            if isinstance(value, dict):
-                return {key: fill(item) for key, item in value.items()}
-            return value
-
-        return Inputs(tuple(fill(value) for value in template.args), {key: fill(value) for key, value in template.kwargs.items()})
+        return map_inputs(template, lambda filled: values[filled.position], leaf=lambda value: isinstance(value, _Slot))
 
     return arrays, rebuild

@@ -39,10 +39,7 @@ def boundaries(rows: list[Row], outputs: list[Output], explain=None) -> list[Row
         if not failing:
             continue
         later = [p for p in calls if p > position]
-        if upstream is not None and known:
-            readers = [p for p in later if upstream.get(p, 0) >> position & 1][:1]
-        else:
-            readers = later
+        readers = [p for p in later if upstream.get(p, 0) >> position & 1][:1] if known and upstream is not None else later
         if not readers or not all(_heals(row, after) for row in failing for p in readers for after in by_call[p]):
             continue
         reader = by_call[readers[0]][0]
@@ -81,10 +78,7 @@ def _upstream(outputs: list[Output]) -> dict[int, int] | None:
         if output.upstream < 0:
             found[position] = -1
             continue
-        bits = 0
-        for call, p in position_of.items():
-            if output.upstream >> call & 1:
-                bits |= 1 << p
+        bits = sum(1 << p for call, p in position_of.items() if output.upstream >> call & 1)  # distinct bits: a sum is their or
         if found.get(position, 0) >= 0:
             found[position] = found.get(position, 0) | bits
     return found

@@ -15,7 +15,7 @@ import numpy as np
 from mhsa.port_check.core import cotangents, layouts
 from mhsa.port_check.core.findings import Hint, LintDifference, Note, Untied
 from mhsa.port_check.core.records import NORMS, PortCheckError, PortReport, Row, Transfer, map_name
-from mhsa.port_check.core.structure import RANKS, Inputs, Output, as_inputs, describe_inputs, dtype_name, is_float_dtype, map_inputs, numpy_inputs
+from mhsa.port_check.core.structure import RANKS, Inputs, Output, as_inputs, cast_floats, describe_inputs, dtype_name, numpy_inputs, split_arrays
 from mhsa.port_check.forward import derived, precision, weights
 from mhsa.port_check.forward import name_map as names
 from mhsa.port_check.forward.boundaries import boundaries
@@ -39,27 +39,18 @@ def transfer_weights(source: Any, target: Any, name_map: dict[str, str] | None =
     if not isinstance(target, tuple):  # torch and NNX know their layers without a call; Linen only while called
         types = (source_reader.describe(source, Inputs()), target_reader.describe(target, Inputs()))
     report = weights.pair_parameters(source_params, target_params, *types, name_map, (source_name, target_name))
-    return _settle(report, target, target_reader, source_params, target_params, copy, source_reader.frozen(source)), report
+    if _decide(report, source_params, target_params, copy, source_reader.frozen(source)):
+        target = target_reader.load_parameters(target, weights.arrays_to_copy(report, source_params))
+    return target, report
 
 
-def _settle(report: Transfer, target, target_reader, source_params, target_params, copy: bool | None, frozen=frozenset()):
-    """Compare the values (unless a copy is forced), decide, copy if so; returns the port."""
-    if _decide(report, source_params, target_params, copy, frozen):
-        return target_reader.load_parameters(target, weights.arrays_to_copy(report, source_params))
-    return target
-
-
-def _decide(report: Transfer, source_params, target_params, copy: bool | None, frozen=frozenset()) -> bool:
+def _decide(report: Transfer, source_params, target_params, copy: bool | None, frozen: frozenset[str]) -> bool:
     """Compare the values (unless a copy is forced) and decide whether to copy (forward/weights.py);
     frozen: the reference's parameters it does not train."""
-    dtype = _dtype_of(source_params)
     tables = weights.tables(source_params, frozen)
-    tol = tolerance("weights", dtype)
+    tol = tolerance("weights", _dtype_of(source_params))
     evidence = 0 if copy else weights.compare_values(report, source_params, target_params, tol, keep=copy is False, no_evidence=tables)
-    if weights.decide(report, evidence, weights.informative_count(report, source_params, tables), copy):
-        report.differing = []
-        return True
-    return False
+    return weights.decide(report, evidence, weights.informative_count(report, source_params, tables), copy)
 
 
 def lint(source_desc: dict[str, ModuleInfo], target_desc: dict[str, ModuleInfo], name_map=None) -> list[LintDifference]:
@@ -126,30 +117,22 @@ def _running(what: str, function, *args, also: str = "") -> Any:
         raise PortCheckError(f"{what} failed: {one_line(error)}" + (f"; {also}" if also else "")) from error
 
 
-def _cast_inputs(inputs: Inputs, dtype: str | None) -> Inputs:
-    def cast(x):
-        x = np.asarray(x)
-        return x.astype(dtype) if dtype is not None and is_float_dtype(x.dtype) else x
-
-    return map_inputs(inputs, cast)
-
-
 def _low_precision_inputs(inputs: Inputs) -> list[str]:
     """The input dtypes below float32 (bfloat16, float16): cast up, exactly; said in a note."""
-    found: list[str] = []
-    map_inputs(inputs, lambda x: found.append(dtype_name(x.dtype)) if is_float_dtype(x.dtype) and RANKS.get(dtype_name(x.dtype), 3) < 2 else None)
-    return sorted(set(found))
+    found = {dtype_name(array.dtype) for array in split_arrays(inputs)[0]}
+    return sorted(name for name in found if RANKS.get(name, 3) < 2)
 
 
 @dataclass
 class Paired:
-    """Both models ready to compare: each side's (model as cast, reader, inputs, ModuleInfo per
-    module, Traced, parameters the forward pass reads), the report begun (title, notes, the
+    """Both models ready to compare: each side (model as cast, reader, inputs, ModuleInfo per
+    module, Traced) and its parameters the forward pass reads, the report begun (title, notes, the
     pairing as Transfer), the reference's tied parameters and the dtype the check runs in."""
 
     report: PortReport
-    source: tuple
-    target: tuple
+    source: Side
+    target: Side
+    params: tuple[dict, dict]
     tied: dict[str, str]
     asked: str
 
@@ -175,7 +158,7 @@ def pair_models(source, target, inputs, *, target_inputs=None, name_map=None, dt
         target, changed_target = _running(f"casting the port ({target_name}) to {dtype}", target_reader.cast, target, dtype)
         if changed or changed_target:
             notes.append(Note("dtype set", tuple(changed + changed_target), dtype))
-        inputs, target_inputs = _cast_inputs(inputs, dtype), _cast_inputs(target_inputs, dtype)
+        inputs, target_inputs = cast_floats(inputs, dtype), cast_floats(target_inputs, dtype)
     running_source = f"running the reference ({source_name}) on the inputs ({describe_inputs(inputs)})"
     running_target = f"running the port ({target_name}) on the inputs ({describe_inputs(target_inputs)})"
     with kept_for_reuse():  # a trace runs the model too (shared/malloc.py)
@@ -208,9 +191,9 @@ def pair_models(source, target, inputs, *, target_inputs=None, name_map=None, dt
         proposal, lines = names.propose_map(pairing, source_params, target_params, *orders, name_map)
         if proposal or not (pairing.filled or pairing.transposed_only or pairing.mismatched):
             return _stopped(report, proposal, lines, name_map)
-    side_s = (source, source_reader, inputs, source_desc, source_traced, source_params)
-    side_t = (target, target_reader, target_inputs, target_desc, target_traced, target_params)
-    return Paired(report, side_s, side_t, tied, asked)
+    source_side = Side(source, source_reader, inputs, source_desc, traced=source_traced)
+    target_side = Side(target, target_reader, target_inputs, target_desc, traced=target_traced)
+    return Paired(report, source_side, target_side, (source_params, target_params), tied, asked)
 
 
 def check_port(source, target, inputs, *, target_inputs=None, name_map=None, transfer=None, dtype="float32", grads=False, probes=True) -> PortReport:
@@ -231,29 +214,18 @@ def check_port(source, target, inputs, *, target_inputs=None, name_map=None, tra
     paired = pair_models(source, target, inputs, target_inputs=target_inputs, name_map=name_map, dtype=dtype)
     if isinstance(paired, PortReport):  # stopped: names that do not correspond
         return paired
-    report, pairing, tied, asked = paired.report, paired.report.transfer, paired.tied, paired.asked
-    source, source_reader, inputs, source_desc, source_traced, source_params = paired.source
-    target, target_reader, target_inputs, target_desc, target_traced, target_params = paired.target
-    del paired
-    frozen = source_reader.frozen(source)
-    copy = _decide(pairing, source_params, target_params, transfer, frozen)
-    report.lint = [*lint(source_desc, target_desc, name_map), *_untied(tied, target_params, name_map)]
-    del target_params  # views of the port's weights: a fresh port's initial values go once overwritten (if no one else holds them)
+    report, source, target, asked = paired.report, paired.source, paired.target, paired.asked
+    (source_params, target_params), pairing = paired.params, report.transfer
+    copy = _decide(pairing, source_params, target_params, transfer, source.reader.frozen(source.model))
+    report.lint = [*lint(source.desc, target.desc, name_map), *_untied(paired.tied, target_params, name_map)]
+    del paired, target_params  # views of the port's weights: a fresh port's initial values go once overwritten (if no one else holds them)
+    arrays = weights.arrays_to_copy(pairing, source_params)  # views of the reference's weights, in the port's layout
     if copy:
-        target = target_reader.load_parameters(target, weights.arrays_to_copy(pairing, source_params))
-    flipped_of = {pair.reference: pair.transposed for pair in pairing.filled}
-    mapped_of = {pair.reference: pair.port for pair in pairing.filled}
-    differing = {name: (mapped_of[name], source_params[name].T if flipped_of[name] else source_params[name]) for name, *_ in pairing.differing}
-    del source_params
-    _compare(
-        report,
-        Side(source, source_reader, inputs, source_desc, traced=source_traced),
-        Side(target, target_reader, target_inputs, target_desc, differing, traced=target_traced),
-        asked,
-        name_map,
-        grads,
-        probes,
-    )
+        target.model = target.reader.load_parameters(target.model, arrays)
+    port_of = {pair.reference: pair.port for pair in pairing.filled}
+    target.differing = {name: (port_of[name], arrays[port_of[name]]) for name, *_ in pairing.differing}
+    del source_params, arrays
+    _compare(report, source, target, asked, name_map, grads, probes)
     return report
 
 
@@ -297,32 +269,16 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
     and the probes."""
     sides, pairing = report.sides, report.transfer
     doing = "running and differentiating" if grads else "running"  # one forward (and backward) pass per side
-    with kept_for_reuse():  # each run reuses the large blocks it frees, handed back after it (shared/malloc.py)
-        source_outputs, source_grads = _running(
-            f"{doing} the reference ({sides[0]}) on the inputs ({describe_inputs(source.inputs)})",
-            source.reader.run,
-            source.model,
-            source.inputs,
-            cotangents.reference if grads else None,
-        )
+    reference_direction = cotangents.reference if grads else None
+    source_outputs, source_grads = _run(f"{doing} the reference ({sides[0]})", source, reference_direction)
     direction = cotangents.PortDirection(_model_output(source_outputs)) if grads else None
     if asked == "float32":  # before the port runs: its outputs and the float64 copy are never held together
-        source.derived = _derive(report, source, source_outputs, source_grads, cotangents.reference if grads else None)
-    with kept_for_reuse():
-        target_outputs, target_grads = _running(
-            f"{doing} the port ({sides[1]}) on the inputs ({describe_inputs(target.inputs)})",
-            target.reader.run,
-            target.model,
-            target.inputs,
-            direction,
-            None,
-            target.traced,
-            also=_shape_advice(pairing),
-        )
+        source.derived = _derive(report, source, source_outputs, source_grads, reference_direction)
+    target_outputs, target_grads = _run(f"{doing} the port ({sides[1]})", target, direction, None, target.traced, also=_shape_advice(pairing))
     if direction is not None and direction.left_out:
         report.notes.append(Note("left out", tuple(direction.left_out)))
-    if asked == "float64" and _falls_to_float32(source_outputs, target_outputs, source.desc, target.desc):
-        source.derived = _float32_errors(report, source, source_outputs, source_grads, cotangents.reference if grads else None)
+    if asked == "float64" and _falls_to_float32(source_outputs, target_outputs, source.desc, target.desc):  # the reference's float32 error there
+        source.derived = _measured(report, source, derived.from_float32_run, source_outputs, source_grads, reference_direction, Note("no float32"))
     tolerances = source.derived or derived.Derived()
     report.rows, report.unmatched_source, report.unmatched_target, skipped = output_rows(
         source_outputs, target_outputs, source.desc, target.desc, asked, sides, name_map, tolerances.outputs
@@ -330,11 +286,7 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
     _skipped_note(report, skipped)
     for outputs, desc, side in ((source_outputs, source.desc, sides[0]), (target_outputs, target.desc, sides[1])):
         report.precision += precision.findings(outputs, asked, desc, side)
-    floors = [
-        *precision.floors(source_outputs, asked, source.desc).values(),
-        *precision.floors(target_outputs, asked, target.desc).values(),
-        RANKS[asked],
-    ]
+    floors = _floors(source_outputs, target_outputs, asked, source.desc, target.desc)
     if report.precision:
         report.precision[0] = replace(report.precision[0], judged_at=precision.dtype_of(min(floors)) or "")
     rounding = precision.rounding(source_outputs, asked, sides[0]) + precision.rounding(target_outputs, asked, sides[1])
@@ -365,6 +317,13 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
             report.hints = hints(probed, paths, source.desc, asked, pairing.differing)
             if report.hints:
                 report.hints.insert(0, Hint("probed"))
+
+
+def _run(doing: str, side: Side, *args, also: str = "") -> tuple[list[Output], Any]:
+    """side.reader.run(model, inputs, *args), the large blocks it frees reused and handed back after
+    it (shared/malloc.py); its failure one PortCheckError line (`doing` on the inputs, `also`)."""
+    with kept_for_reuse():
+        return _running(f"{doing} on the inputs ({describe_inputs(side.inputs)})", side.reader.run, side.model, side.inputs, *args, also=also)
 
 
 def _explainer(source_outputs: list[Output], target_outputs: list[Output]):
@@ -405,10 +364,8 @@ def _skipped_note(report: PortReport, skipped: list[tuple[str, str]]) -> None:
 def _derive(report: PortReport, source: Side, outputs, grads, direction) -> derived.Derived | None:
     """The float32 rows' tolerances from the reference's float64 run (forward/derived.py); None, with a
     note, when the reference cannot run in float64: its rows then hold the fixed tolerances."""
-    try:
-        found = derived.from_float64_run(source.reader, source.model, source.inputs, outputs, grads, direction)
-    except Exception as error:  # a model that cannot compute in float64: said, and checked all the same
-        report.notes.append(Note("no float64", error=one_line(error)))
+    found = _measured(report, source, derived.from_float64_run, outputs, grads, direction, Note("no float64"))
+    if found is None:
         return None
     if found.fixed:
         report.notes.append(Note("fixed", tuple(found.fixed)))
@@ -424,53 +381,52 @@ def _why_apart(side: Side, outputs: list[Output]) -> str:
     try:
         again = side.reader.capture(side.model, side.inputs)
     except Exception:  # the first run succeeded; a second that fails says nothing about randomness
-        again = None
-    if again is not None:
-        first = {(output.call, output.label): output.value for output in outputs if output.value is not None}
-        moved = any(
-            output.value is not None
-            and (output.call, output.label) in first
-            and not np.array_equal(first[output.call, output.label], output.value, equal_nan=True)
-            for output in again
-        )
-        if moved:
-            return "random"
-    return "deterministic"
+        return "deterministic"
+    first = {(output.call, output.label): output.value for output in outputs if output.value is not None}
+    moved = any(
+        output.value is not None
+        and (output.call, output.label) in first
+        and not np.array_equal(first[output.call, output.label], output.value, equal_nan=True)
+        for output in again
+    )
+    return "random" if moved else "deterministic"
+
+
+def _floors(source_outputs, target_outputs, asked: str, source_desc, target_desc) -> list[int]:
+    """The precision ranks either model's calls reach (forward/precision.py), RANKS[asked] among them."""
+    source, target = precision.floors(source_outputs, asked, source_desc), precision.floors(target_outputs, asked, target_desc)
+    return [*source.values(), *target.values(), RANKS[asked]]
 
 
 def _falls_to_float32(source_outputs, target_outputs, source_desc, target_desc) -> bool:
     """Whether a float64 check judges some row at float32: an output, a module's dtype or a step of
     either model's code below float64 (forward/precision.py)."""
-    lowest = min(
-        [*precision.floors(source_outputs, "float64", source_desc).values(), *precision.floors(target_outputs, "float64", target_desc).values(), 3]
-    )
+    lowest = min(_floors(source_outputs, target_outputs, "float64", source_desc, target_desc))
     return lowest == 2 or any(precision.leaf_floor(output) == 2 for output in source_outputs + target_outputs)
 
 
-def _float32_errors(report: PortReport, source: Side, outputs, grads, direction) -> derived.Derived | None:
-    """In a float64 check whose models compute parts in float32: the reference's own float32 error
-    at each row (its float32 run against its run as checked), for the rows judged at float32."""
+def _measured(report: PortReport, side: Side, twin, outputs, grads, direction, note: Note) -> derived.Derived | None:
+    """twin(side's reader, model, inputs, its outputs, grads, direction): a side's own float32 errors
+    from its run in the other dtype (forward/derived.py); None, with `note` and the error, where the
+    model cannot run in that dtype: its rows then keep the fixed tolerances (the port's: the reference's error alone)."""
     try:
-        return derived.from_float32_run(source.reader, source.model, source.inputs, outputs, grads, direction)
-    except Exception as error:  # the fixed float32 tolerances then hold, as where no twin exists
-        report.notes.append(Note("no float32", error=one_line(error)))
+        return twin(side.reader, side.model, side.inputs, outputs, grads, direction)
+    except Exception as error:  # a model that cannot compute in the other dtype: said, and checked all the same
+        report.notes.append(replace(note, error=one_line(error)))
         return None
 
 
-def _port_errors(report: PortReport, target: Side, outputs, grads, direction, asked: str = "float32") -> None:
+def _port_errors(report: PortReport, target: Side, outputs, grads, direction, asked: str) -> None:
     """The port's own float32 errors, from its float64 run (its float32 run in a float64 check),
     joined to the rows' tolerances (the larger of the two sides' errors sets each); said in a note,
     and where it cannot be made."""
-    twin = derived.from_float64_run if asked == "float32" else derived.from_float32_run
-    try:
-        found = twin(target.reader, target.model, target.inputs, outputs, grads, direction)
-    except Exception as error:  # a port that cannot compute in the other dtype: its rows keep the reference's error alone
-        other = "float64" if asked == "float32" else "float32"
-        report.notes.append(Note("port alone", dtype=other, error=one_line(error)))
-        return
-    target.derived = found
-    report.port_twin = "float64" if asked == "float32" else "float32"
-    report.port_sets = rejudge(report.rows, {**found.outputs, **found.grads})
+    other = "float64" if asked == "float32" else "float32"
+    twin = derived.from_float64_run if other == "float64" else derived.from_float32_run
+    found = _measured(report, target, twin, outputs, grads, direction, Note("port alone", dtype=other))
+    if found is not None:
+        target.derived = found
+        report.port_twin = other
+        report.port_sets = rejudge(report.rows, {**found.outputs, **found.grads})
 
 
 def _shape_advice(pairing: Transfer) -> str:
@@ -495,9 +451,14 @@ def _order(reader, model, inputs, params) -> list[str]:
     return list(dict.fromkeys(order))
 
 
-def _stopped(report: PortReport, proposal: dict, lines: list[str], name_map) -> PortReport:
+def unpaired(report: PortReport) -> str:
+    """'3 parameter(s) of torch have no counterpart in jax, and 3 of jax none in torch'."""
     pairing, (a, b) = report.transfer, report.sides
-    left = f"{len(pairing.unconsumed_source)} parameter(s) of {a} have no counterpart in {b}, and {len(pairing.unconsumed_target)} of {b} none in {a}"
+    return f"{len(pairing.unconsumed_source)} parameter(s) of {a} have no counterpart in {b}, and {len(pairing.unconsumed_target)} of {b} none in {a}"
+
+
+def _stopped(report: PortReport, proposal: dict, lines: list[str], name_map) -> PortReport:
+    left = unpaired(report)
     if proposal:
         report.stopped = (
             f"names do not correspond: {left}. Nothing was compared: the port's unpaired parameters would keep "

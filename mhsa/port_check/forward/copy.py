@@ -9,7 +9,7 @@ from typing import Any
 
 from mhsa.port_check.core.records import PortCheckError, PortReport, Transfer
 from mhsa.port_check.forward import weights
-from mhsa.port_check.forward.check import pair_models
+from mhsa.port_check.forward.check import pair_models, unpaired
 
 
 def copy_weights(reference, port, inputs, *, port_inputs=None, name_map: dict[str, str] | None = None) -> tuple[Any, Transfer]:
@@ -33,14 +33,10 @@ def copy_weights(reference, port, inputs, *, port_inputs=None, name_map: dict[st
     pairing or none."""
     paired = pair_models(reference, port, inputs, target_inputs=port_inputs, name_map=name_map, dtype=None)
     if isinstance(paired, PortReport):  # names that do not correspond: the user decides
-        t, (a, b) = paired.transfer, paired.sides
-        left = f"{len(t.unconsumed_source)} parameter(s) of {a} have no counterpart in {b}, and {len(t.unconsumed_target)} of {b} none in {a}"
         then = f"check this map and pass it: name_map={json.dumps(paired.proposed_map)}" if paired.proposed_map else "pass a name_map"
-        raise PortCheckError(f"names do not correspond ({left}), so nothing was copied; {then}")
-    transfer = paired.report.transfer
-    source_params = paired.source[5]
-    target, reader, _, _, traced, _ = paired.target
-    if traced.read is not None:
-        transfer.unread_target = [name for name in reader.parameters(target) if name not in traced.read]
+        raise PortCheckError(f"names do not correspond ({unpaired(paired)}), so nothing was copied; {then}")
+    transfer, target = paired.report.transfer, paired.target
+    if target.traced.read is not None:
+        transfer.unread_target = [name for name in target.reader.parameters(target.model) if name not in target.traced.read]
     transfer.copied, transfer.decision = True, "copied by copy_weights"
-    return reader.load_parameters(target, weights.arrays_to_copy(transfer, source_params)), transfer
+    return target.reader.load_parameters(target.model, weights.arrays_to_copy(transfer, paired.params[0])), transfer

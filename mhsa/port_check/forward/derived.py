@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mhsa.port_check.core.chunks import blocks, largest_abs
-from mhsa.port_check.core.structure import Inputs, Output, is_float_dtype, map_inputs
+from mhsa.port_check.core.structure import Output, cast_floats
 from shared.malloc import kept_for_reuse
 from shared.tolerances import reference_error, scale
 
@@ -85,31 +85,19 @@ def from_float64_run(reader, model, inputs, outputs32: list[Output], grads32: di
 
     def reduce(output64: Output) -> Output:
         paired = _twin_output(by_key, output64)
-        if paired is None:
-            return output64._replace(value=None)
-        twin, value64, value32 = paired
-        name = (twin.path or "(model output)") + twin.label
-        if output64.dtype != "float64" or (output64.floor is not None and output64.floor < 3):  # a float32 step inside
-            found.fixed.append(name)
-            return output64._replace(value=None)
-        error, largest_value = _twin(value32, value64)
-        if is_twin(error, largest_value):
-            found.outputs[output64.call, output64.label] = error, largest_value
-        else:
-            found.apart.append(name)
+        if paired is not None:
+            twin, value64, value32 = paired
+            name = (twin.path or "(model output)") + twin.label
+            if output64.dtype != "float64" or (output64.floor is not None and output64.floor < 3):  # a float32 step inside
+                found.fixed.append(name)
+            elif not _output_error(found, output64, value32, value64):
+                found.apart.append(name)
         return output64._replace(value=None)
 
     grads = direction if grads32 is not None else None
     with kept_for_reuse(), reader.float64_twin(model) as twin_model:  # its many large blocks reused, not faulted in anew
-        _, grads64 = reader.run(twin_model, _float64(inputs), grads, reduce)
-        found.zero = zero_gradients(grads64 or {})
-        for name, grad64 in (grads64 or {}).items():
-            if grads32 is not None and name in grads32 and grads32[name].shape == grad64.shape:
-                error, largest_value = _twin(grads32[name], grad64)
-                if name in found.zero or is_twin(error, largest_value):
-                    found.grads[name] = error, largest_value
-                else:
-                    found.apart.append(f"grad {name}")
+        _, grads64 = reader.run(twin_model, cast_floats(inputs, np.float64), grads, reduce)  # exactly: float32 values
+        _gradient_errors(found, grads32, grads64)
         del grads64
     return found
 
@@ -125,24 +113,40 @@ def from_float32_run(reader, model, inputs, outputs64: list[Output], grads64: di
 
     def reduce(output32: Output) -> Output:
         paired = _twin_output(by_key, output32)
-        if paired is None:
-            return output32._replace(value=None)
-        _, value32, value64 = paired
-        error, largest_value = _twin(value32, value64)
-        if is_twin(error, largest_value):
-            found.outputs[output32.call, output32.label] = error, largest_value
+        if paired is not None:
+            _, value32, value64 = paired
+            _output_error(found, output32, value32, value64)
         return output32._replace(value=None)
 
     model32, _ = reader.cast(model, "float32")
     with kept_for_reuse():
-        _, grads32 = reader.run(model32, _cast_floats(inputs, np.float32), direction if grads64 is not None else None, reduce)
-    found.zero = zero_gradients(grads64 or {})
-    for name, grad32 in (grads32 or {}).items():
-        if grads64 is not None and name in grads64 and grads64[name].shape == grad32.shape:
-            error, largest_value = _twin(grad32, grads64[name])
-            if name in found.zero or is_twin(error, largest_value):
-                found.grads[name] = error, largest_value
+        _, grads32 = reader.run(model32, cast_floats(inputs, np.float32), direction if grads64 is not None else None, reduce)
+    _gradient_errors(found, grads32, grads64)
     return found
+
+
+def _output_error(found: Derived, output: Output, value32: np.ndarray, value64: np.ndarray) -> bool:
+    """Whether the two runs are rounding twins at `output`; if so, its own error into found.outputs."""
+    error, largest_value = _twin(value32, value64)
+    twin = is_twin(error, largest_value)
+    if twin:
+        found.outputs[output.call, output.label] = error, largest_value
+    return twin
+
+
+def _gradient_errors(found: Derived, grads32: dict | None, grads64: dict | None) -> None:
+    """Each gradient's own error into found.grads where the two runs are rounding twins or its exact
+    value is 0 (found.zero, from the float64 gradients); the others into found.apart."""
+    found.zero = zero_gradients(grads64 or {})
+    for name, grad64 in (grads64 or {}).items():
+        grad32 = (grads32 or {}).get(name)
+        if grad32 is None or grad32.shape != grad64.shape:
+            continue
+        error, largest_value = _twin(grad32, grad64)
+        if name in found.zero or is_twin(error, largest_value):
+            found.grads[name] = error, largest_value
+        else:
+            found.apart.append(f"grad {name}")
 
 
 def _twin_output(by_key: dict, output: Output) -> tuple[Output, np.ndarray, np.ndarray] | None:
@@ -152,12 +156,3 @@ def _twin_output(by_key: dict, output: Output) -> tuple[Output, np.ndarray, np.n
     if twin is None or twin.value is None or output.value is None or twin.path != output.path or twin.value.shape != output.value.shape:
         return None
     return twin, output.value, twin.value
-
-
-def _cast_floats(inputs: Inputs, dtype) -> Inputs:
-    return map_inputs(inputs, lambda x: np.asarray(x).astype(dtype) if is_float_dtype(np.asarray(x).dtype) else x)
-
-
-def _float64(inputs: Inputs) -> Inputs:
-    """The inputs with every floating array in float64 (exactly: they are float32 values)."""
-    return map_inputs(inputs, lambda x: np.asarray(x).astype(np.float64) if is_float_dtype(np.asarray(x).dtype) else x)

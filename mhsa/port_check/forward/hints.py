@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +23,7 @@ import numpy as np
 
 from mhsa.port_check.core.findings import Hint, Probe, Switch
 from mhsa.port_check.core.records import Row
+from mhsa.port_check.forward.precision import inside
 from mhsa.port_check.forward.rows import output_rows, rejudge
 from mhsa.port_check.readers.protocol import ModuleInfo
 
@@ -56,7 +56,7 @@ def hints(rows: list[Row], call_paths: list[str], source_desc: dict[str, ModuleI
         return []
     at = outputs.index(first)
     last_good = next((row for row in reversed(outputs[:at]) if row.passed), None)
-    found = [Hint("holds", first.module, path=name, how=how) for name, _, how in differing if _inside(name.rpartition(".")[0], first.module)]
+    found = [Hint("holds", first.module, path=name, how=how) for name, _, how in differing if inside(name.rpartition(".")[0], first.module)]
     if last_good is not None:
         parent = ".".join(os.path.commonprefix([last_good.module.split("."), first.module.split(".")]))
         found.append(Hint("enters", first.name, last_good.name, parent))
@@ -86,20 +86,15 @@ def _largest_per_call(rows: list[Row]) -> list[Row]:
     return list(largest.values())
 
 
-def _inside(module: str, parent: str) -> bool:
-    return parent == "" or module == parent or module.startswith(parent + ".")
-
-
 def _unmatched(rows, call_paths, source_desc, before, row) -> list[str]:
-    """Reference modules (paths) without a counterpart called after row `before` (None: the start) and before `row`."""
+    """Reference modules (paths, each once) without a counterpart called after row `before` (None: the start) and before `row`."""
     matched = {other.position for other in rows if other.section == "output"}
     start = before.position + 1 if before is not None else 0
-    return [call_paths[p] for p in range(start, row.position) if call_paths[p] in source_desc and p not in matched]
+    return list(dict.fromkeys(call_paths[p] for p in range(start, row.position) if call_paths[p] in source_desc and p not in matched))
 
 
 def _unmatched_between(rows, call_paths, source_desc, before, row) -> list[Hint]:
-    paths = dict.fromkeys(_unmatched(rows, call_paths, source_desc, before, row))
-    found = [(path, source_desc[path]) for path in paths]
+    found = [(path, source_desc[path]) for path in _unmatched(rows, call_paths, source_desc, before, row)]
     return [Hint("unmatched", row.name, path=path, module_kind=info.kind, settings=tuple(info.settings.items())) for path, info in found]
 
 
@@ -143,7 +138,10 @@ def _probe(first: Row, what: Switch, kind, make, source: Side, target: Side, sid
             source = Side(switched, source.reader, source.inputs, source.desc, derived=source.derived)
         elif kind == "target":
             target = Side(switched, target.reader, target.inputs, target.desc, target.differing, derived=target.derived)
-        with _precision(kind, source, target):
+        with contextlib.ExitStack() as stack:
+            if kind == "precision":  # full float32 matmuls in both frameworks
+                stack.enter_context(source.reader.highest_precision())
+                stack.enter_context(target.reader.highest_precision())
             runs = source.reader.capture(source.model, source.inputs), target.reader.capture(target.model, target.inputs)
     except Exception as error:  # a switched model that cannot run answers nothing
         return Probe(what, "error", error=type(error).__name__), None, source, target
@@ -157,16 +155,6 @@ def _probe(first: Row, what: Switch, kind, make, source: Side, target: Side, sid
     return Probe(what, "closes", first.name, first.abs_diff, row.abs_diff, None if rest is None else rest.name), probed, source, target
 
 
-@contextlib.contextmanager
-def _precision(kind: str, source: Side, target: Side) -> Iterator[None]:
-    """Full float32 matmuls in both frameworks for the precision probe; nothing for the others."""
-    if kind != "precision":
-        yield
-        return
-    with source.reader.highest_precision(), target.reader.highest_precision():
-        yield
-
-
 def _setting(desc: dict[str, ModuleInfo], path: str, key: str) -> Any:
     """The setting `key` of the module at `path` as the lint read it; None where it has none."""
     info = desc.get(path)
@@ -174,26 +162,26 @@ def _setting(desc: dict[str, ModuleInfo], path: str, key: str) -> Any:
 
 
 def _switches(first, last_good, rows, call_paths, source: Side, target: Side):
-    """(Switch, "source" or "target", make) for each likely cause at or before `first`; make()
-    builds the switched copy (None where the switch does not apply: a kernel that is not square),
-    one at a time, so that a large model is not copied once per candidate up front."""
-    if first.section != "output":
-        return
+    """(Switch, "source" or "target", make) for each likely cause at or before `first`, a failing
+    output; make() builds the switched copy (None where the switch does not apply: a kernel that is
+    not square), one at a time, so that a large model is not copied once per candidate up front."""
+
+    def make(side: Side, *how):
+        return lambda: side.reader.switched(side.model, *how)
+
     if first.kind == "Linear":  # a square kernel: a transposed one has the right shape and wrong values
-        yield Switch("transpose", first.target_module), "target", lambda: target.reader.switched(target.model, "transpose", first.target_module)
+        yield Switch("transpose", first.target_module), "target", make(target, "transpose", first.target_module)
     eps, other = _setting(source.desc, first.module, "eps"), _setting(target.desc, first.target_module, "eps")
     if eps is not None and other is not None and eps != other:  # a norm of the library's or written by hand
-        yield Switch("eps", first.target_module, eps, other), "target", lambda: target.reader.switched(target.model, "eps", first.target_module, eps)
+        yield Switch("eps", first.target_module, eps, other), "target", make(target, "eps", first.target_module, eps)
     padding, other = _setting(source.desc, first.module, "padding"), _setting(target.desc, first.target_module, "padding")
     if first.kind == "Conv" and isinstance(padding, tuple) and other is not None and padding != other:  # 'SAME' at stride 2, say
-        switch = Switch("padding", first.target_module, padding, other)
-        yield switch, "target", lambda: target.reader.switched(target.model, "padding", first.target_module, padding)
-    fixes = {mapped: value for name, (mapped, value) in (target.differing or {}).items() if _inside(name.rpartition(".")[0], first.module)}
+        yield Switch("padding", first.target_module, padding, other), "target", make(target, "padding", first.target_module, padding)
+    fixes = {mapped: value for name, (mapped, value) in (target.differing or {}).items() if inside(name.rpartition(".")[0], first.module)}
     if fixes:  # the port's own parameters that differ, in the failing module: all of them at once
-        yield Switch("load", names=tuple(fixes)), "target", lambda: target.reader.switched(target.model, "load", "", fixes)
-    for path in dict.fromkeys(_unmatched(rows, call_paths, source.desc, last_good, first)):
+        yield Switch("load", names=tuple(fixes)), "target", make(target, "load", "", fixes)
+    for path in _unmatched(rows, call_paths, source.desc, last_good, first):
         info = source.desc[path]
         if info.kind == "GELU":
             approximate = "tanh" if info.settings.get("approximate") == "none" else "none"
-            switch = Switch("approximate", path, approximate)
-            yield switch, "source", lambda path=path, approximate=approximate: source.reader.switched(source.model, "approximate", path, approximate)
+            yield Switch("approximate", path, approximate), "source", make(source, "approximate", path, approximate)

@@ -26,7 +26,8 @@ NAMES = {3: "float64", 2: "float32"}  # the ranks with tolerances (shared/tolera
 SHOWN = 4  # modules named per side; the rest are counted
 
 
-def _inside(path: str, module: str) -> bool:
+def inside(path: str, module: str) -> bool:
+    """Whether the module at `path` is `module` or one of its submodules ("": the model, every one)."""
     return module == "" or path == module or path.startswith(module + ".")
 
 
@@ -48,7 +49,7 @@ def floors(outputs: list[Output], asked: str, desc: dict) -> dict[int, int]:
     for output in outputs:
         if output.value is not None:
             floor = min(floor, RANKS.get(output.dtype, floor))
-        floor = min([floor] + [rank for module, rank in modules.items() if _inside(output.path, module)])
+        floor = min([floor] + [rank for module, rank in modules.items() if inside(output.path, module)])
         found[output.call] = floor
     return found
 
@@ -69,7 +70,7 @@ def rounding(outputs: list[Output], asked: str, side: str) -> list[Precision]:
     entries: list[Output] = []
     for call, output in low.items():
         upstream = output.upstream if output.upstream >= 0 else 0
-        inner = any(_inside(entry.path, output.path) for entry in entries)  # a parent returning its child's value
+        inner = any(inside(entry.path, output.path) for entry in entries)  # a parent returning its child's value
         if RANKS.get(output.dtype, 3) >= RANKS[asked] and not inner and not any(upstream >> other & 1 for other in low if other != call):
             entries.append(output)
     names = list(dict.fromkeys(output.path for output in entries))
@@ -97,11 +98,11 @@ def findings(outputs: list[Output], asked: str, desc: dict, side: str) -> list[P
     named: dict[str, Precision] = {}  # path -> finding, in the order their first calls return
     cast_seen = False
     for output in outputs:
-        holder = next((module for module in attributes if _inside(output.path, module) and module not in named), None)
+        holder = next((module for module in attributes if inside(output.path, module) and module not in named), None)
         if holder is not None:
             named[holder] = Precision("holds", side, asked, holder, attributes=tuple(attributes[holder].items()))
         below = output.value is not None and RANKS.get(output.dtype, 3) < RANKS[asked]
-        if below and not cast_seen and not any(_inside(output.path, module) for module in attributes):
+        if below and not cast_seen and not any(inside(output.path, module) for module in attributes):
             cast_seen = True
             named[output.path] = Precision("computes", side, asked, output.path, output.dtype)
     return _shown(list(named.values()), side, asked)
