@@ -127,9 +127,8 @@ def with_gradients(program: Program, arrays, rebuild, labels: list, top: list[Ou
     mask = program.differentiated
 
     def objective(differentiated, others, arrays, weights):
-        leaves, d, o = [], iter(differentiated), iter(others)
-        for is_param in mask:
-            leaves.append(next(d) if is_param else next(o))
+        d, o = iter(differentiated), iter(others)
+        leaves = [next(d) if is_param else next(o) for is_param in mask]
         calls, output = program.call(leaves, rebuild(arrays))
         terms = [jnp.sum(value * weights[label].astype(value.dtype)) for label, value in flatten(output, is_array) if label in weights]
         return sum(terms), record(calls, labels)

@@ -64,7 +64,7 @@ def flow(closed: core.ClosedJaxpr, marks: list[int]) -> list[tuple[layouts.Axes 
     known = _walk(jaxpr, inputs, own)
     results = []
     for atom in jaxpr.outvars:
-        axes, bits, floor = known.get(atom, (None, 0, None)) if _is_var(atom) else (None, 0, None)
+        axes, bits, floor = _of(known, atom)
         results.append((axes, bits & ~own.get(atom, 0) if _is_var(atom) else 0, floor))
     return results
 
@@ -75,18 +75,19 @@ def _rank(var) -> int | None:
     return RANKS.get(dtype_name(dtype)) if dtype is not None and is_float_dtype(dtype) else None
 
 
+def _of(known: dict, atom) -> tuple:
+    """(layout, upstream bits, floor) of an operation's argument: a literal's is (None, 0, None)."""
+    return known.get(atom, (None, 0, None)) if _is_var(atom) else (None, 0, None)
+
+
 def _walk(jaxpr: core.Jaxpr, inputs: list, own: dict) -> dict:
     """{var: (layout, upstream bits, floor)} of every variable of the program, from its inputs'
     (one triple per input); `own`: bits a variable adds for the variables computed from it."""
     known: dict = {}
     for var, (axes, bits, floor) in zip(jaxpr.invars, inputs):
         known[var] = (axes, bits | own.get(var, 0), floor)
-
-    def of(atom):
-        return known.get(atom, (None, 0, None)) if _is_var(atom) else (None, 0, None)
-
     for eqn in jaxpr.eqns:
-        ins = [of(atom) for atom in eqn.invars]
+        ins = [_of(known, atom) for atom in eqn.invars]
         bits = 0
         for _, b, _ in ins:
             bits |= b
@@ -94,7 +95,7 @@ def _walk(jaxpr: core.Jaxpr, inputs: list, own: dict) -> dict:
         inner = _inner(eqn)
         if inner is not None:
             found = _walk(inner, ins, {})
-            outs = [found.get(atom, (None, 0, None)) if _is_var(atom) else (None, 0, None) for atom in inner.outvars]
+            outs = [_of(found, atom) for atom in inner.outvars]
         else:
             outs = []
             for out in eqn.outvars:

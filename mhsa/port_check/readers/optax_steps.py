@@ -79,8 +79,7 @@ def probe(
         steps = []
         for g in gradients:
             updates, params, state = update(_filled(template, g), state, params)
-            steps.append({kind: _first(neutral(tree)) for kind, tree in (("update", updates), ("param", params))})
-            steps[-1]["moment"] = _first(moments(state))
+            steps.append({"update": _first(neutral(updates)), "param": _first(neutral(params)), "moment": _first(moments(state))})
         runs.append(steps)
     return runs, sum(leaf.size for leaf in jax.tree.leaves(template))
 

@@ -6,8 +6,8 @@ The neutral form is the exchange convention (DESIGN.md): parameters named and la
 torch's state_dict, so Dense/Linear kernels are transposed here (in, out) -> (out, in), Conv
 kernels (k..., in, out) -> (out, in, k...), scale -> weight, embedding -> weight, BatchNorm's
 mean/var -> running_mean/running_var, and settings are given in torch's conventions (BatchNorm
-momentum 1 - Flax's). NumPy in, NumPy out. NNX outputs are captured by wrapping the submodules'
-classes' __call__ for one call (restored even on error), Linen's by an interceptor.
+momentum 1 - Flax's). NumPy in, NumPy out. NNX outputs are captured through a recording subclass of
+each submodule's class, Linen's by an interceptor.
 """
 
 from __future__ import annotations
@@ -28,12 +28,9 @@ from mhsa.port_check.core.cotangents import Direction
 from mhsa.port_check.core.padding import resolve_same
 from mhsa.port_check.core.structure import Inputs, Output, Traced, dtype_name, flatten
 from mhsa.port_check.readers import jax_program
-from mhsa.port_check.readers.protocol import ModuleInfo
+from mhsa.port_check.readers.protocol import Model, ModuleInfo
 
 DTYPES = {"float32": jnp.float32, "float64": jnp.float64}
-
-# what this port reads: an nnx.Module, or a Linen (module, variables) pair
-Model = Any
 
 # module class -> the neutral type name the other side's port module uses too
 TYPES = (
@@ -57,7 +54,7 @@ TYPES = (
 
 # neutral type -> {Flax variable name: (torch name, layout)}; a variable of a type not listed
 # keeps its own name and layout
-LAYOUTS = {
+LAYOUTS: dict[str, dict[str, tuple[str, str | None]]] = {
     "Linear": {"kernel": ("weight", "linear"), "bias": ("bias", None)},
     "Embedding": {"embedding": ("weight", None)},
     "LayerNorm": {"scale": ("weight", None), "bias": ("bias", None)},
@@ -100,12 +97,11 @@ def _dtypes(module) -> dict[str, str]:
     else:
         items = list(vars(module).items())
     # param_dtype only says how parameters are created: the check casts them itself
-    found = {
+    return {
         name: dtype_name(jnp.dtype(value))
         for name, value in items
         if not name.startswith("_") and name != "param_dtype" and not isinstance(value, str) and _is_float_dtype(value)
     }
-    return found
 
 
 # where a norm written by hand keeps its epsilon (Flax's spelling, torch's, a library's RMSNorm)
@@ -179,7 +175,7 @@ def _join(path) -> str:
 
 def parameters(model: Model) -> dict[str, np.ndarray]:
     """Every parameter and batch statistic, named and laid out as torch's state_dict would."""
-    return {name: jax_program.numpy(value) for name, value in _neutral(model, _variables(model)).items()}
+    return {name: jax_program.numpy(value) for name, value in neutral(variable_names(model), _variables(model)).items()}
 
 
 def _variables(model) -> dict:
@@ -206,14 +202,29 @@ def _flat(tree, prefix=()) -> dict[tuple, Any]:
     return out
 
 
-def _neutral(model, tree) -> dict[str, object]:
-    """A nested dict shaped like the model's variables (the variables, or their gradients) ->
-    neutral names and layout."""
+def variable_names(model: Model) -> dict[tuple, tuple[str, str | None]]:
+    """Flax variable path -> (neutral name, layout) for every parameter and batch statistic."""
     types = _types(model)
+    return {path: _named(types, path) for path in _flat(_variables(model))}
+
+
+def _named(types: dict[str, str], path: tuple) -> tuple[str, str | None]:
+    """(neutral name, layout) of the variable at `path` (its module's keys, then its own name), by
+    its module's neutral type in `types` (LAYOUTS); a variable of a type not listed keeps its own."""
+    own, layout = LAYOUTS.get(types.get(_join(path[:-1]), ""), {}).get(str(path[-1]), (str(path[-1]), None))
+    return _join(path[:-1] + (own,)), layout
+
+
+def neutral(names: dict[tuple, tuple[str, str | None]], tree) -> dict[str, np.ndarray]:
+    """A tree shaped like (part of) the model's variables (the variables, their gradients, a moment)
+    -> {neutral name: array in torch's layout}, `names` as variable_names gives them; a leaf that is
+    no array (optax.MaskedNode) is left out."""
+    pure = nnx.to_pure_dict(tree) if isinstance(tree, nnx.State) else tree
     out = {}
-    for path, value in _flat(tree).items():
-        name, layout = _neutral_name(types.get(_join(path[:-1]), ""), str(path[-1]))
-        out[_join(path[:-1] + (name,))] = _to_torch(np.asarray(value), layout)
+    for path, value in _flat(pure).items():
+        if path in names and hasattr(value, "shape"):
+            name, layout = names[path]
+            out[name] = _to_torch(np.asarray(value), layout)
     return out
 
 
@@ -237,10 +248,6 @@ def _types(model) -> dict[str, str]:
     return types
 
 
-def _neutral_name(kind, name):
-    return LAYOUTS.get(kind, {}).get(name, (name, None))
-
-
 def _to_torch(value, layout):
     if layout == "linear":
         return value.T
@@ -259,24 +266,13 @@ def _from_torch(value, layout):
     return value
 
 
-def _native_paths(model) -> dict[str, tuple]:
-    """neutral name -> (path of the Flax variable, layout)."""
-    types = _types(model)
-    native = {}
-    for path in _flat(_variables(model)):
-        name, layout = _neutral_name(types.get(_join(path[:-1]), ""), str(path[-1]))
-        native[_join(path[:-1] + (name,))] = (path, layout)
-    return native
-
-
 def load_parameters(model: Model, arrays: dict[str, np.ndarray]) -> Model:
     """Write neutral arrays (already matched and shape-checked by the caller) into `model`, each
     in the dtype of the variable it replaces; returns the model (for Linen a new pair)."""
-    native = _native_paths(model)
+    native = {name: (path, layout) for path, (name, layout) in variable_names(model).items()}
     if _is_linen(model):
         module, variables = model
-        variables = jax.tree.map(lambda leaf: leaf, dict(variables))
-        variables = {collection: _unfreeze(tree) for collection, tree in variables.items()}
+        variables = _unfreeze(dict(variables))  # fresh dicts to write into: the caller's pair is left as it was
         for name, value in arrays.items():
             path, layout = native[name]
             collection = "params" if _has(variables.get("params", {}), path) else "batch_stats"
@@ -377,14 +373,13 @@ def _is_float_dtype(value) -> bool:
 
 
 def capture(model: Model, inputs: Inputs) -> list[Output]:
-    """Call the model once and return every leaf of every submodule call's output (core/structure.py),
-    in the order the calls return (a child before its parent; the model itself last, path ""),
-    each with its layout (readers/jaxpr.py). NNX: each submodule of a throwaway copy records its
-    calls through a subclass of its own class (no class is patched); Linen: an interceptor that records each module's
-    __call__. The call is traced once and compiled (eagerly, every operation compiles on its own
-    for each new shape and dtype, several times slower for a first call); a model that cannot be
-    traced, say one that reads a value with float(), runs eagerly instead, its layouts unknown. A
-    module called through a method other than __call__ is not seen."""
+    """Reader.capture (readers/protocol.py), each leaf with its layout (readers/jaxpr.py). NNX: each
+    submodule of a throwaway copy records its calls through a subclass of its own class (no class is
+    patched); Linen: an interceptor records each module's __call__. A module called through a method
+    other than __call__ is not seen. The call is traced once and compiled (eagerly, every operation
+    compiles on its own for each new shape and dtype, several times slower for a first call); a
+    model that cannot be traced, say one that reads a value with float(), runs eagerly instead, its
+    layouts unknown."""
     return run(model, inputs)[0]
 
 
@@ -403,17 +398,12 @@ def _key(entry) -> Any:
 
 def _program(model) -> jax_program.Program:
     types = _types(model)
-
-    def neutral(path: tuple) -> tuple[str, str | None]:
-        name, layout = _neutral_name(types.get(_join(path[:-1]), ""), str(path[-1]))
-        return _join(path[:-1] + (name,)), layout
-
     if _is_linen(model):
         module, variables = model
         variables = _unfreeze(dict(variables))
         flat, treedef = jax.tree_util.tree_flatten_with_path(variables)
         paths = [tuple(_key(entry) for entry in path) for path, _ in flat]
-        named = [neutral(path[1:]) if path[0] in ("params", "batch_stats") else (None, None) for path in paths]
+        named = [_named(types, path[1:]) if path[0] in ("params", "batch_stats") else (None, None) for path in paths]
         program = jax_program.Program(
             [leaf for _, leaf in flat], [n for n, _ in named], [layout for _, layout in named], [path[0] == "params" for path in paths], None
         )
@@ -433,7 +423,7 @@ def _program(model) -> jax_program.Program:
         for path, leaf in flat:
             keys = tuple(_key(entry) for entry in path)
             keys = keys[:-1] if keys and keys[-1] == "value" else keys
-            name, layout = neutral(keys) if kind is not None else (None, None)
+            name, layout = _named(types, keys) if kind is not None else (None, None)
             leaves.append(leaf)
             names.append(name)
             layouts.append(layout)
@@ -476,12 +466,10 @@ def trace(model: Model, inputs: Inputs) -> Traced:
 def run(
     model: Model, inputs: Inputs, grads: Direction | None = None, each=None, traced: Traced | None = None
 ) -> tuple[list[Output], dict[str, np.ndarray] | None]:
-    """(capture's outputs, with `grads` d <r, output> / d every parameter too, r the direction
-    `grads` gives the output's leaves: forward/cotangents.py), computed as one compiled program (the
-    forward pass once, its outputs and the gradients). Each recorded leaf goes through
-    `each(output) -> Output` once the program has run (to reduce it and keep only the result).
-    traced: what trace() gave for this model and these inputs (its variables' values may have
-    changed since, not their shapes): its program is compiled instead of tracing the model again."""
+    """Reader.run (readers/protocol.py) as one compiled program (the forward pass once, its outputs
+    and the gradients), each recorded leaf through `each` once the program has run. traced: what
+    trace() gave for this model and these inputs (its variables' values may have changed since, not
+    their shapes): its program is compiled instead of tracing the model again."""
     traced = trace(model, inputs) if traced is None else traced
     arrays, rebuild = _arrays(model, inputs)
     if traced.program is None:  # eager: nothing is known before the model runs
@@ -497,22 +485,16 @@ def run(
             values = jax_program.record(calls, labels)
         gradients = None
     else:
-        values, gradients = _with_gradients(program, arrays, rebuild, labels, traced.outputs, grads, eager=compiled is None)
+        if traced.outputs is not None:
+            top = jax_program.model_outputs(labels, traced.outputs)
+        else:  # run eagerly: the model's own output leaves are known once it has run
+            _, output = program.call(program.leaves, rebuild(arrays))
+            top = [
+                Output(-1, "", label, None, dtype_name(v.dtype) if jax_program.is_array(v) else "", tuple(getattr(v, "shape", ())))
+                for label, v in flatten(output, jax_program.is_array)
+            ]
+        values, gradients = jax_program.with_gradients(program, arrays, rebuild, labels, top, grads, eager=compiled is None)
     return jax_program.outputs(program, labels, values, gradients, traced, each, _to_torch)
-
-
-def _with_gradients(program: jax_program.Program, arrays, rebuild, labels: list, structure, direction: Direction, eager: bool):
-    """jax_program.with_gradients, with the model's own output leaves read off `structure` (trace()'s
-    outputs), or, for a model run eagerly, off one run of it (they are known once it has run)."""
-    if structure is None:
-        calls, output = program.call(program.leaves, rebuild(arrays))
-        top = [
-            Output(-1, "", label, None, dtype_name(v.dtype) if jax_program.is_array(v) else "", tuple(getattr(v, "shape", ())))
-            for label, v in flatten(output, jax_program.is_array)
-        ]
-    else:
-        top = jax_program.model_outputs(labels, structure)
-    return jax_program.with_gradients(program, arrays, rebuild, labels, top, direction, eager)
 
 
 @contextlib.contextmanager
@@ -628,19 +610,16 @@ def switched(model: Model, switch: str, path: str, value: Any = None) -> Model |
     if switch == "transpose" and kind == "Linear":
         name = f"{path}.weight" if path else "weight"
         kernel = parameters(model)[name]
-        if kernel.shape[0] != kernel.shape[1]:
-            return None
-        return load_parameters(model if _is_linen(model) else nnx.clone(model), {name: kernel.T})
-    if switch == "padding" and kind == "Conv" and not _is_linen(model):
-        copy = nnx.clone(model)
-        _modules(copy)[path].padding = value  # ((low, high), ...) per spatial axis, as the reader gives it
+        return switched(model, "load", path, {name: kernel.T}) if kernel.shape[0] == kernel.shape[1] else None
+    if _is_linen(model) or switch not in ("padding", "eps"):
+        return None
+    copy = nnx.clone(model)
+    module: Any = _modules(copy).get(path)  # any layer: its padding or eps is looked up by name
+    if switch == "padding" and kind == "Conv":
+        module.padding = value  # ((low, high), ...) per spatial axis, as the reader gives it
         return copy
-    if switch == "eps" and not _is_linen(model):
-        copy = nnx.clone(model)
-        module = _modules(copy).get(path)
-        eps = next((name for name in EPS_NAMES if isinstance(getattr(module, name, None), float)), None)
-        if eps is None:
-            return None
+    eps = next((name for name in EPS_NAMES if isinstance(getattr(module, name, None), float)), None)
+    if switch == "eps" and eps is not None:
         setattr(module, eps, value)
         return copy
     return None

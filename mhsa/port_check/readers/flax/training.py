@@ -5,16 +5,12 @@ training/records.py; run the transformation on the lint's probe gradients.
 A step is the functional form of `nnx.Optimizer(model, tx, wrt=nnx.Param)` with
 `nnx.value_and_grad`: the model split into parameters, batch statistics and the rest, the loss
 and gradients by jax.value_and_grad, then tx.update and optax.apply_updates, compiled as one
-function. The optimizer's moments are found in the optax state by type, inside chains and
-wrappers: optax.ScaleByAdamState (mu, nu), ScaleByAmsgradState (mu, nu, nu_max), TraceState
-(trace), and given torch's names for them (exp_avg, exp_avg_sq, max_exp_avg_sq,
-momentum_buffer). Every tree is read in the exchange convention through the same layout rules
-as flax_reader.parameters: kernels transposed back to torch's (out, in).
+function. The optimizer's moments are found in the optax state as readers/optax_steps.py finds
+them. Every tree is read in the exchange convention as flax_reader.parameters reads the model's
+variables (flax_reader.neutral): kernels transposed back to torch's (out, in).
 """
 
 from __future__ import annotations
-
-from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -41,50 +37,11 @@ def check_setup(setup: dict) -> None:
             )
 
 
-def neutral_names(model: nnx.Module) -> dict[tuple, tuple[str, str | None]]:
-    """Flax variable path -> (neutral name, layout) for every parameter and batch statistic:
-    the names and layouts flax_reader.parameters gives."""
-    types = {path: flax_reader.module_type(module) for path, module in nnx.iter_modules(model)}
-    names = {}
-    for path in _flat(nnx.to_pure_dict(nnx.state(model, nnx.Any(nnx.Param, nnx.BatchStat)))):
-        layouts = cast(dict, flax_reader.LAYOUTS.get(types.get(path[:-1], ""), {}))  # {Flax name: (torch name, layout)}
-        own, layout = layouts.get(str(path[-1]), (str(path[-1]), None))
-        names[path] = (".".join(str(key) for key in path[:-1] + (own,)), layout)
-    return names
-
-
-def _flat(tree, prefix=()) -> dict[tuple, Any]:
-    out: dict[tuple, Any] = {}
-    for key, value in tree.items():
-        out.update(_flat(value, prefix + (key,)) if hasattr(value, "items") else {prefix + (key,): value})
-    return out
-
-
-def neutral(names: dict, tree) -> dict[str, np.ndarray]:
-    """A tree shaped like (part of) the model's variables -> {neutral name: array in torch's layout}."""
-    pure = nnx.to_pure_dict(tree) if isinstance(tree, nnx.State) else tree
-    out = {}
-    for path, value in _flat(pure).items():
-        if path in names and hasattr(value, "shape"):
-            name, layout = names[path]
-            out[name] = _to_torch(np.asarray(value), layout)
-    return out
-
-
-def _to_torch(value: np.ndarray, layout: str | None) -> np.ndarray:
-    if layout == "linear":
-        return value.T
-    if layout == "conv":  # Flax (k..., in, out) -> torch (out, in, k...)
-        return value.transpose(value.ndim - 1, value.ndim - 2, *range(value.ndim - 2))
-    return value
-
-
 def moments(names: dict, state) -> dict[tuple[str, str], np.ndarray]:
-    found = {}
-    for kind, tree in optax_steps.moment_trees(state, (nnx.State,)):
-        for name, value in neutral(names, tree).items():  # a masked-out leaf (optax.MaskedNode) has no shape and is left out
-            found[(kind, name)] = value
-    return found
+    """{(torch's moment name, neutral name): array} of every moment in the optax `state`, `names` as
+    flax_reader.variable_names gives them (a masked-out leaf is left out)."""
+    trees = optax_steps.moment_trees(state, (nnx.State,))
+    return {(kind, name): value for kind, tree in trees for name, value in flax_reader.neutral(names, tree).items()}
 
 
 class Trainer:
@@ -98,7 +55,7 @@ class Trainer:
             self._start(setup, flax_reader.cast(model, dtype)[0])
 
     def _start(self, setup, model):
-        self.names = neutral_names(model)
+        self.names = flax_reader.variable_names(model)
         self.graphdef, self.params, self.stats, self.rest = nnx.split(model, nnx.Param, nnx.BatchStat, ...)
         self.tx = setup["optimizer"]
         self.opt_state = jax.jit(self.tx.init)(self.params)  # one program, not one per leaf shape
@@ -109,14 +66,11 @@ class Trainer:
 
     def step(self, batch: tuple) -> StepRecord:
         with optax_steps.x64(self.x64):
-            return self._step_once(batch)
-
-    def _step_once(self, batch: tuple) -> StepRecord:
-        # NumPy in: the compiled step takes the arrays as they are, without an eager conversion each
-        arrays = tuple(np.asarray(x, dtype=self.dtype) if np.issubdtype(np.asarray(x).dtype, np.floating) else np.asarray(x) for x in batch)
-        loss, grads, self.params, self.stats, self.rest, self.opt_state = self._step(self.params, self.stats, self.rest, self.opt_state, arrays)
-        params = neutral(self.names, self.params) | neutral(self.names, self.stats)
-        return StepRecord(float(loss), neutral(self.names, grads), params, moments(self.names, self.opt_state))
+            # NumPy in: the compiled step takes the arrays as they are, without an eager conversion each
+            arrays = tuple(np.asarray(x, dtype=self.dtype) if np.issubdtype(np.asarray(x).dtype, np.floating) else np.asarray(x) for x in batch)
+            loss, grads, self.params, self.stats, self.rest, self.opt_state = self._step(self.params, self.stats, self.rest, self.opt_state, arrays)
+            params = flax_reader.neutral(self.names, self.params) | flax_reader.neutral(self.names, self.stats)
+            return StepRecord(float(loss), flax_reader.neutral(self.names, grads), params, moments(self.names, self.opt_state))
 
 
 def _step_function(graphdef, tx, loss_fn, model_inputs):
@@ -138,6 +92,8 @@ def probe(setup: dict, model: nnx.Module, scenarios: list[tuple[float, list[floa
     the model's own parameter tree (so masks and labels apply). Returns (per scenario, per step:
     {"update": {name: value}, "param": {name: value after the step}, "moment": {(moment, name):
     value}}, the number of elements of all parameters together), read at the first element."""
-    names = neutral_names(model)
+    names = flax_reader.variable_names(model)
     template = nnx.state(model, nnx.Param)
-    return optax_steps.probe(setup["optimizer"], template, lambda tree: neutral(names, tree), lambda state: moments(names, state), scenarios)
+    return optax_steps.probe(
+        setup["optimizer"], template, lambda tree: flax_reader.neutral(names, tree), lambda state: moments(names, state), scenarios
+    )

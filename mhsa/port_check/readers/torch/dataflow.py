@@ -80,27 +80,22 @@ class Dataflow(TorchFunctionMode):
         super().__init__()
         self._known: dict[int, tuple[weakref.ref, Flow]] = {}
 
-    def _get(self, tensor) -> Flow:
+    def flow(self, tensor) -> Flow:
         known = self._known.get(id(tensor))
         return known[1] if known is not None and known[0]() is tensor else Flow()
 
     def of(self, tensor) -> layouts.Axes | None:
-        return self._get(tensor).axes
-
-    def flow(self, tensor) -> Flow:
-        return self._get(tensor)
+        return self.flow(tensor).axes
 
     def mark(self, tensor, call: int) -> None:
-        if isinstance(tensor, torch.Tensor):
-            known = self._get(tensor)
-            self._known[id(tensor)] = (weakref.ref(tensor), known._replace(upstream=known.upstream | (1 << call)))
+        known = self.flow(tensor)
+        self._set(tensor, known._replace(upstream=known.upstream | (1 << call)))
 
     def data(self, tensors) -> None:
         """The model's inputs, parameters and buffers: what its outputs are computed from."""
         for tensor in tensors:
             if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():
-                known = self._get(tensor)
-                self._known[id(tensor)] = (weakref.ref(tensor), known._replace(floor=RANKS.get(dtype_name(tensor.dtype), 3)))
+                self._set(tensor, self.flow(tensor)._replace(floor=RANKS.get(dtype_name(tensor.dtype), 3)))
 
     def _set(self, tensor, flow: Flow) -> None:
         if isinstance(tensor, torch.Tensor):
@@ -116,7 +111,7 @@ class Dataflow(TorchFunctionMode):
         inputs += [value for value in _flat(list(kwargs.values())) if isinstance(value, torch.Tensor)]
         upstream, floors = 0, []
         for tensor in inputs:
-            known = self._get(tensor)
+            known = self.flow(tensor)
             upstream |= known.upstream
             if known.floor is not None:
                 floors.append(known.floor)
@@ -126,7 +121,7 @@ class Dataflow(TorchFunctionMode):
                 if floors:  # computed from the model's data: as precise as its least precise step
                     floor = min(floors + ([RANKS.get(dtype_name(result.dtype), 3)] if result.is_floating_point() else []))
                 axes = self._layout(name, args, kwargs, inputs, result)
-                self._set(result, Flow(axes, upstream | self._get(result).upstream, floor))
+                self._set(result, Flow(axes, upstream | self.flow(result).upstream, floor))
         return output
 
     def _layout(self, name, args, kwargs, inputs, result) -> layouts.Axes | None:
@@ -162,7 +157,7 @@ def _permuted(name, axes, rest, kwargs, ndim):
         dims = kwargs.get("dims", dims)
         return layouts.transposed(axes, [int(d) % ndim for d in dims])
     if name in ("transpose", "swapaxes", "swapdims"):
-        a, b = (list(rest) + [kwargs.get("dim0"), kwargs.get("dim1")])[:2] if len(rest) >= 2 else (kwargs.get("dim0"), kwargs.get("dim1"))
+        a, b = rest[:2] if len(rest) >= 2 else (kwargs.get("dim0"), kwargs.get("dim1"))
         return layouts.swapped(axes, int(a), int(b))
     source = rest[0] if rest else kwargs.get("source")
     destination = rest[1] if len(rest) > 1 else kwargs.get("destination")

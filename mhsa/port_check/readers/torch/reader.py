@@ -23,7 +23,19 @@ from torch.nn.utils import parametrize
 from mhsa import registry
 from mhsa.port_check.core import cotangents
 from mhsa.port_check.core.cotangents import Direction
-from mhsa.port_check.core.structure import Inputs, Output, Traced, as_inputs, dtype_name, flatten, is_float_dtype, leaves, map_inputs
+from mhsa.port_check.core.structure import (
+    Inputs,
+    Output,
+    Traced,
+    as_inputs,
+    dtype_name,
+    flatten,
+    is_float_dtype,
+    leaves,
+    map_inputs,
+    split_arrays,
+    to_numpy,
+)
 from mhsa.port_check.readers.protocol import ModuleInfo
 from mhsa.port_check.readers.torch.dataflow import Dataflow
 
@@ -69,8 +81,7 @@ def describe(model: nn.Module, inputs: Inputs, traced: Traced | None = None) -> 
 def _dtypes(module) -> dict[str, str]:
     """{attribute: dtype name} for attributes holding a floating dtype (a compute
     dtype kept on the module: `.to()` casts parameters, not these); {} when there are none."""
-    found = {name: dtype_name(value) for name, value in vars(module).items() if isinstance(value, torch.dtype) and value.is_floating_point}
-    return found
+    return {name: dtype_name(value) for name, value in vars(module).items() if isinstance(value, torch.dtype) and value.is_floating_point}
 
 
 # where a norm written by hand keeps its epsilon (torch's own, a library's RMSNorm, Flax's spelling)
@@ -142,10 +153,8 @@ def _neutral_names(model: nn.Module) -> dict[str, str]:
             base = f"{prefix}parametrizations.{tensor}."
             weight_norm = len(chain) == 1 and type(chain[0]).__name__ == "_WeightNorm"
             for key in chain.state_dict():
-                if weight_norm and key in ("original0", "original1"):
-                    names[base + key] = f"{prefix}{tensor}_{'g' if key == 'original0' else 'v'}"
-                else:
-                    names[base + key] = None
+                original = weight_norm and key in ("original0", "original1")
+                names[base + key] = f"{prefix}{tensor}_{'g' if key == 'original0' else 'v'}" if original else None
     return {key: name for key in model.state_dict() if (name := names.get(key, key)) is not None}
 
 
@@ -195,7 +204,7 @@ def parameters(model: nn.Module) -> dict[str, np.ndarray]:
 def _view(tensor: torch.Tensor) -> np.ndarray:
     tensor = tensor.detach().cpu()
     if tensor.dtype not in (torch.float32, torch.float64):
-        return _numpy(tensor)
+        return to_numpy(tensor)
     array = tensor.numpy()
     array.flags.writeable = False
     return array
@@ -279,7 +288,7 @@ def run(
         array = known[1]() if known is not None and known[0]() is tensor and known[2] == tensor._version else None
         if array is not None:
             return array
-        array = _numpy(tensor)
+        array = to_numpy(tensor)
         copied[id(tensor)] = (weakref.ref(tensor), weakref.ref(array), tensor._version)
         return array
 
@@ -301,11 +310,14 @@ def run(
         with torch.set_grad_enabled(grads is not None):
             for p in saved:
                 p.grad = None
-            args, kwargs = _tensors(model, inputs)
+            tensors = _tensors(model, inputs)
             with flow, parametrize.cached():  # a parametrized weight computed once, its gradient kept
-                flow.data([*_flat_tensors(args), *_flat_tensors(list(kwargs.values())), *model.parameters(), *model.buffers()])
-                computed = {name: _retained(getattr(module, tensor), grads is not None) for name, module, tensor in _computed(model)}
-                output = model(*args, **kwargs)
+                flow.data([*split_arrays(tensors)[0], *model.parameters(), *model.buffers()])
+                computed = {name: getattr(module, tensor) for name, module, tensor in _computed(model)}
+                for weight in computed.values():
+                    if grads is not None and weight.requires_grad:
+                        weight.retain_grad()
+                output = model(*tensors.args, **tensors.kwargs)
             for handle in handles:
                 handle.remove()
             if grads is None:
@@ -315,35 +327,13 @@ def run(
             objective.backward()
             del objective
             names = _neutral_names(model)
-            found = {
-                names[name]: _view(p.grad if p.grad is not None else torch.zeros_like(p)) for name, p in model.named_parameters() if name in names
-            }
-            found.update({name: _view(weight.grad if weight.grad is not None else torch.zeros_like(weight)) for name, weight in computed.items()})
-            return calls, found
+            weights = {names[name]: p for name, p in model.named_parameters() if name in names} | computed
+            return calls, {name: _view(weight.grad if weight.grad is not None else torch.zeros_like(weight)) for name, weight in weights.items()}
     finally:
         for handle in handles:
             handle.remove()
         for p, grad in saved.items():
             p.grad = grad
-
-
-def _flat_tensors(values) -> list:
-    """The tensors inside nested tuples, lists and dicts."""
-    found = []
-    for value in values:
-        if isinstance(value, torch.Tensor):
-            found.append(value)
-        elif isinstance(value, (tuple, list)):
-            found += _flat_tensors(value)
-        elif isinstance(value, dict):
-            found += _flat_tensors(list(value.values()))
-    return found
-
-
-def _retained(weight: torch.Tensor, grads: bool) -> torch.Tensor:
-    if grads and weight.requires_grad:
-        weight.retain_grad()
-    return weight
 
 
 def _objective(output, direction: Direction, flow: Dataflow) -> torch.Tensor:
@@ -361,15 +351,9 @@ def _is_tensor(value) -> bool:
     return isinstance(value, torch.Tensor)
 
 
-def _numpy(tensor: torch.Tensor) -> np.ndarray:
-    # NumPy has no bfloat16: it comes as float32, which holds every bfloat16 value exactly
-    tensor = tensor.detach().cpu()
-    return (tensor.float() if tensor.dtype == torch.bfloat16 else tensor).numpy().copy()
-
-
-def _tensors(model, inputs: Inputs) -> tuple[list, dict]:
-    """(args, kwargs) as tensors: floating arrays take the model's dtype, integer ones (token ids)
-    stay as they are, other values pass through."""
+def _tensors(model, inputs: Inputs) -> Inputs:
+    """The inputs with every array as a tensor: floating arrays take the model's dtype, integer ones
+    (token ids) stay as they are, other values pass through."""
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
 
     def tensor(x):
@@ -378,8 +362,7 @@ def _tensors(model, inputs: Inputs) -> tuple[list, dict]:
         x = np.asarray(x)
         return torch.as_tensor(x, dtype=dtype) if is_float_dtype(x.dtype) else torch.as_tensor(x)
 
-    converted = map_inputs(as_inputs(inputs), tensor)
-    return list(converted.args), converted.kwargs
+    return map_inputs(as_inputs(inputs), tensor)
 
 
 def switched(model: nn.Module, switch: str, path: str, value: float | str | None = None) -> nn.Module | None:

@@ -140,8 +140,7 @@ def _describe(value) -> str:
 def settings(optimizer: torch.optim.Optimizer) -> tuple[str, str | None, list[dict]]:
     """(class name, the name the lint reads it by or None, each param group's settings)."""
     groups = [{key: _plain(group[key]) for key in SETTINGS if key in group} for group in optimizer.param_groups]
-    behaves_as = _behaves_as(optimizer)
-    read = READ.get(type(optimizer)) or (READ.get(behaves_as) if behaves_as is not None else None)
+    read = READ.get(type(optimizer)) or READ.get(_behaves_as(optimizer) or type(optimizer))
     return type(optimizer).__name__, read, groups
 
 
