@@ -121,6 +121,15 @@ def pytest_unconfigure(config):
         _session_cache["lock"].close()
 
 
+def _restore_environment(before: dict) -> None:
+    for key in set(os.environ) | set(before):
+        if key != "PYTEST_CURRENT_TEST" and os.environ.get(key) != before.get(key):
+            if key in before:
+                os.environ[key] = before[key]
+            else:
+                del os.environ[key]
+
+
 @pytest.fixture(autouse=True)
 def _environment_restored():
     """What a test's command line run in this process sets in os.environ (XLA_FLAGS for --threads 1
@@ -129,12 +138,16 @@ def _environment_restored():
     what a later test compiles would depend on which tests ran before it in that worker."""
     before = dict(os.environ)
     yield
-    for key in set(os.environ) | set(before):
-        if key != "PYTEST_CURRENT_TEST" and os.environ.get(key) != before.get(key):
-            if key in before:
-                os.environ[key] = before[key]
-            else:
-                del os.environ[key]
+    _restore_environment(before)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _environment_restored_after_the_module():
+    """The same for a command line run by a module-scoped fixture (set up before a test's own
+    snapshot): what it sets ends with its module."""
+    before = dict(os.environ)
+    yield
+    _restore_environment(before)
 
 
 @pytest.fixture

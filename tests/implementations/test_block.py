@@ -101,11 +101,13 @@ def test_qkv_proj_holds_q_k_and_v_in_that_order_each_split_into_heads(backend):
         np.testing.assert_array_equal(trace[name], heads(trace["qkv"][..., index * D : (index + 1) * D]), err_msg=name)  # a reshape, exactly
 
 
-def test_every_parameter_gets_a_finite_nonzero_gradient(autodiff_backend):
+def test_every_parameter_gets_a_finite_nonzero_gradient_even_with_a_fully_masked_row(autodiff_backend):
     backend = autodiff_backend
     arrays = init_weights(SMALL, 6, "float64")
+    keep = np.ones((B, 1, T, T), dtype=bool)
+    keep[0, 0, 1, :] = False  # query 1 of sequence 0 may attend to nothing
     tokens = tokens_for(8)
-    loss, grads = backend.loss_and_grads(tokens, tokens, arrays, SMALL)
+    loss, grads = backend.loss_and_grads(tokens, tokens, arrays, SMALL, mask=keep)
     assert np.isfinite(loss)
     assert set(grads) == set(arrays)
     for name, grad in grads.items():
@@ -125,15 +127,6 @@ def test_padding_mask_broadcast_from_b_1_1_t(backend):
     short = backend.forward(tokens_for()[:, :3], arrays, SMALL)
     full = backend.forward(tokens_for(), arrays, SMALL, mask=keep)
     np.testing.assert_allclose(full[1, :3], short[1], atol=1e-12)
-
-
-def test_gradients_stay_finite_with_a_fully_masked_row(autodiff_backend):
-    arrays = init_weights(SMALL, 11, "float64")
-    keep = np.ones((B, 1, T, T), dtype=bool)
-    keep[0, 0, 1, :] = False
-    tokens = tokens_for(12)
-    _, grads = autodiff_backend.loss_and_grads(tokens, tokens, arrays, SMALL, mask=keep)
-    assert all(np.isfinite(grad).all() for grad in grads.values())
 
 
 def test_nan_input_propagates_within_its_sequence_and_never_crashes(backend):

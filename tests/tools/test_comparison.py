@@ -8,7 +8,7 @@ from mhsa.comparison import RESULT, Comparison, held, table
 from mhsa.parity.rows import Row as ParityRow
 from mhsa.port_check.core.records import Row as PortRow
 from mhsa.port_check.core.training_records import TrainRow
-from shared.tolerances import K, UNIT_ROUNDOFF
+from shared.tolerances import UNIT_ROUNDOFF, K
 
 ROWS = {  # each tool's row with one gap of 3e-6
     "parity": lambda: ParityRow("stage", "scores", {"torch-numpy": 3e-6, "jax-numpy": None}),

@@ -24,16 +24,27 @@ from tests.commands import run_cli
 TRAINERS = names("train")
 
 
-@pytest.fixture(scope="module")
-def default_runs(tmp_path_factory):
-    """The default float32 run of each backend, with a user's flags and nothing else."""
-    folder = tmp_path_factory.mktemp("default")
+def runs_of_every_backend(folder, *flags) -> dict:
+    """backend: (its train command's result, its History, folder) of `train FLAGS --history --save` in folder."""
     runs = {}
     for backend in TRAINERS:
-        result = run_cli(backend, "--history", f"{backend}.json", "--save", f"{backend}.safetensors", cwd=folder)
+        result = run_cli(backend, *flags, "--history", f"{backend}.json", "--save", f"{backend}.safetensors", cwd=folder)
         assert result.returncode == 0, result.stderr
         runs[backend] = (result, History.load(folder / f"{backend}.json"), folder)
     return runs
+
+
+@pytest.fixture(scope="module")
+def default_runs(tmp_path_factory):
+    """The default float32 run of each backend, with a user's flags and nothing else."""
+    return runs_of_every_backend(tmp_path_factory.mktemp("default"))
+
+
+@pytest.fixture(scope="module")
+def short_runs(tmp_path_factory):
+    """Two steps of the default model in each backend: its weights file and its heatmap, whose
+    triangle is the causal mask's, trained or not."""
+    return runs_of_every_backend(tmp_path_factory.mktemp("short"), "--epochs", "1", "--n-sequences", "64")
 
 
 @pytest.mark.slow  # a default training in every backend
@@ -58,8 +69,8 @@ def test_the_output_and_the_history_schema_are_the_same_for_every_backend(defaul
     assert len(heatmap_rows) == 12
 
 
-def test_the_saved_weights_reload_and_the_heatmap_shows_the_causal_triangle(default_runs):
-    for backend, (result, _, folder) in default_runs.items():
+def test_the_saved_weights_reload_and_the_heatmap_shows_the_causal_triangle(short_runs):
+    for backend, (result, _, folder) in short_runs.items():
         arrays, config = weights.load(folder / f"{backend}.safetensors")
         assert config == ModelConfig()
         rows = [line.split("|")[1] for line in result.stdout.splitlines() if line.count("|") == 2 and line.strip()[:1].isdigit()]
