@@ -80,15 +80,26 @@ if TYPE_CHECKING:  # the model's module imports this one
 
 def zeros_model(model_class: type[TinyLM], block_class: type, config: ModelConfig, dtype: str) -> TinyLM:
     """model_class(config, dtype=dtype) with every parameter zero, for from_exchange to fill:
-    nnx.eval_shape gives the structure, and what is not a parameter (the causal mask) comes from
-    the real constructor, compiled once per config with the initializers cut away (_buffers)."""
-    # two filters give three parts; the stub types split's result as a variadic tuple
-    graphdef, params, rest = nnx.split(nnx.eval_shape(lambda: model_class(config, dtype=dtype, rngs=nnx.Rngs(0))), nnx.Param, ...)  # type: ignore[misc]
+    the structure is traced once per config (_structure), and what is not a parameter (the causal
+    mask) comes from the real constructor, compiled once per config with the initializers cut
+    away (_buffers)."""
+    graphdef, shapes, rest = _structure(model_class, block_class, config, dtype)
     # jax.device_put, not jnp.asarray: on an nnx.State leaf the latter compiles a program per shape
-    params = jax.tree.map(lambda leaf: jax.device_put(np.zeros(leaf.shape, leaf.dtype)), params)
+    params = jax.tree.map(lambda leaf: jax.device_put(np.zeros(leaf.shape, leaf.dtype)), shapes)
     # fresh arrays for every model: a trainer donates its state, which deletes the buffers
+    rest = jax.tree.map(lambda leaf: leaf, rest)  # a State of its own to fill: the cached one stays a structure
     nnx.replace_by_pure_dict(rest, jax.tree.map(lambda buffer: jax.device_put(buffer.copy()), _buffers(model_class, block_class, config, dtype)))
     return nnx.merge(graphdef, params, rest)
+
+
+@functools.lru_cache(maxsize=64)
+def _structure(model_class: type, block_class: type, config: ModelConfig, dtype: str) -> tuple[Any, Any, Any]:
+    """(graph definition, the parameters' shapes, the other variables' shapes) of a model, from
+    nnx.eval_shape: tracing the constructor costs more than the copy it saves, so it is done once
+    per config (block_class in the key, as for _buffers)."""
+    # two filters give three parts; the stub types split's result as a variadic tuple
+    graphdef, params, rest = nnx.split(nnx.eval_shape(lambda: model_class(config, dtype=dtype, rngs=nnx.Rngs(0))), nnx.Param, ...)  # type: ignore[misc]
+    return graphdef, params, rest
 
 
 @functools.lru_cache(maxsize=64)

@@ -170,11 +170,10 @@ def eqx_mlp():
     return EqxMLP(), activations()
 
 
-PREBUILT = EqxMLP()  # built while equinox is importable: the missing-equinox test hides it afterwards
-
-
+@functools.cache
 def prebuilt():
-    return PREBUILT, activations()
+    """An EqxMLP built once: the missing-equinox tests build it first, then hide equinox."""
+    return EqxMLP(), activations()
 
 
 def torch_twice():

@@ -172,7 +172,7 @@ def test_no_class_and_not_the_model_is_changed_by_a_run_even_one_that_raises():
 
 
 def test_without_equinox_an_equinox_model_is_refused_in_one_line_that_says_how_to_install_it(monkeypatch):
-    model = em.PREBUILT
+    model, _ = em.prebuilt()
     monkeypatch.setitem(sys.modules, "equinox", None)  # import equinox now fails, as where it is not installed
     with pytest.raises(PortCheckError) as refused:
         reader_of(model)
@@ -180,6 +180,7 @@ def test_without_equinox_an_equinox_model_is_refused_in_one_line_that_says_how_t
 
 
 def test_without_equinox_the_command_says_how_to_install_it_and_exits_2(monkeypatch, capsys):
+    em.prebuilt()  # built while equinox is there, the factory's result kept
     monkeypatch.setitem(sys.modules, "equinox", None)
     monkeypatch.delitem(sys.modules, "examples.equinox_block", raising=False)  # a user's port that imports equinox
     assert mhsa(["port-check", f"{M}:torch_mlp", f"{M}:prebuilt"]) == 2  # a model built while it was there

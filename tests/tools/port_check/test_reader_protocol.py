@@ -37,8 +37,10 @@ def test_every_reader_satisfies_the_protocol(side):
     assert mismatches(importlib.import_module(READERS[side])) == []
 
 
-@pytest.mark.parametrize("model", [models.TorchMLP(), models.NNXMLP(), models.linen(models.LinenNamedBlock())], ids=["torch", "nnx", "linen"])
-def test_describe_gives_a_module_info_per_submodule(model):
+# built in the test, not at collection (every worker collects every module)
+@pytest.mark.parametrize("build", [models.TorchMLP, models.NNXMLP, lambda: models.linen(models.LinenNamedBlock())], ids=["torch", "nnx", "linen"])
+def test_describe_gives_a_module_info_per_submodule(build):
+    model = build()
     _, reader = reader_of(model)
     described = reader.describe(model, as_inputs(models.activations()))
     assert described and all(isinstance(info, ModuleInfo) for info in described.values()), described
