@@ -49,8 +49,11 @@ def moved(axes: Axes | None, source, destination) -> Axes | None:
     if axes is None:
         return None
     n = len(axes)
-    order = np.moveaxis(np.arange(n), source, destination)
-    return transposed(axes, [int(axis) for axis in order])
+    source, destination = ([int(axis) % n for axis in np.atleast_1d(given)] for given in (source, destination))
+    order = [axis for axis in range(n) if axis not in source]  # the axes that stay, then each moved one at its place (np.moveaxis)
+    for place, axis in sorted(zip(destination, source)):
+        order.insert(place, axis)
+    return transposed(axes, order)
 
 
 def channels_last(axes: Axes | None) -> bool:

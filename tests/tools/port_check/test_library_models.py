@@ -7,10 +7,13 @@ is still named where it is."""
 
 import numpy as np
 import pytest
+import torch
 from flax import nnx
 
 from mhsa.port_check import check_port, format_report
 from mhsa.port_check.core.findings import Note, Untied
+from mhsa.port_check.core.structure import as_inputs
+from mhsa.port_check.readers.torch import reader as torch_reader
 from mhsa.port_check.report.findings import line
 from shared.tolerances import K
 from tests.tools.port_check import library_models as lib
@@ -74,6 +77,26 @@ def test_at_c_equal_h_equal_w_layouts_come_from_what_computed_each_output_not_fr
         assert report.passed and not report.lint, format_report(report)
     else:  # the second conv reads its map with H and W swapped: same shape, other values
         assert report.first_failure.name == parts_at, format_report(report)
+
+
+class TorchKeywordPermutations(torch.nn.Module):
+    """A conv map permuted by arguments given by keyword, as library code may write them."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(lib.C, 5, 3)
+
+    def forward(self, x):
+        y = self.conv(x)
+        keyword = (y.transpose(1, dim1=3), torch.swapaxes(y, 1, axis1=3), y.movedim(1, destination=3), torch.permute(y, dims=(0, 2, 3, 1)))
+        positional = (y.transpose(1, 3), torch.swapaxes(y, 1, 3), y.movedim(1, 3), y.permute(0, 2, 3, 1))
+        return keyword + positional
+
+
+def test_a_permutation_given_by_keyword_is_followed_as_its_positional_twin():
+    outputs = [output for output in torch_reader.capture(TorchKeywordPermutations(), as_inputs(lib.images())) if output.path == ""]
+    layouts = [output.layout for output in outputs]
+    assert len(layouts) == 8 and layouts[:4] == layouts[4:] and None not in layouts, layouts
 
 
 def test_a_frozen_sinusoidal_table_a_fresh_port_holds_too_is_no_evidence_of_a_conversion():

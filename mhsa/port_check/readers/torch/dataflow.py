@@ -148,20 +148,32 @@ def _name(func) -> str:
     return name
 
 
+# torch's keyword names of each permutation's arguments after the tensor, in their positional order
+KEYWORDS = {
+    "permute": ("dims",),
+    "transpose": ("dim0", "dim1"),
+    "swapdims": ("dim0", "dim1"),
+    "swapaxes": ("axis0", "axis1"),
+    "movedim": ("source", "destination"),
+    "moveaxis": ("source", "destination"),
+}
+
+
 def _permuted(name, axes, rest, kwargs, ndim):
-    """The layout after one of torch's axis permutations, from its arguments as given."""
+    """The layout after one of torch's axis permutations, from its arguments as given: positional
+    first, the rest by keyword (x.transpose(1, dim1=3)); None where they cannot be read."""
     if axes is None:
         return None
+    if name == "permute" and "dims" not in kwargs and not (len(rest) == 1 and isinstance(rest[0], (tuple, list))):
+        rest = (tuple(rest),)  # x.permute(0, 2, 1): the dims as separate arguments
+    given = [*rest, *(kwargs.get(key) for key in KEYWORDS[name][len(rest) :])]
+    if len(given) != len(KEYWORDS[name]) or any(value is None for value in given):
+        return None
     if name == "permute":
-        dims = rest[0] if len(rest) == 1 and isinstance(rest[0], (tuple, list)) else rest
-        dims = kwargs.get("dims", dims)
-        return layouts.transposed(axes, [int(d) % ndim for d in dims])
-    if name in ("transpose", "swapaxes", "swapdims"):
-        a, b = rest[:2] if len(rest) >= 2 else (kwargs.get("dim0"), kwargs.get("dim1"))
-        return layouts.swapped(axes, int(a), int(b))
-    source = rest[0] if rest else kwargs.get("source")
-    destination = rest[1] if len(rest) > 1 else kwargs.get("destination")
-    return layouts.moved(axes, source, destination)
+        return layouts.transposed(axes, [int(d) % ndim for d in given[0]])
+    if name in ("movedim", "moveaxis"):
+        return layouts.moved(axes, *given)
+    return layouts.swapped(axes, int(given[0]), int(given[1]))
 
 
 def _flat(value):
