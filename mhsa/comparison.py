@@ -47,8 +47,8 @@ class Comparison:
     @property
     def closeness(self) -> float:
         """How near the row is to its tolerance: its largest gap / tolerance (a tolerance of 0: 0 or inf)."""
-        ratios = [(gap, self.tol_of(key)) for key, gap in self.gaps().items() if gap is not None]
-        return max((gap / tol if tol > 0 else (0.0 if gap == 0 else float("inf")) for gap, tol in ratios), default=0.0)
+        held_to = [(gap, self.tol_of(key)) for key, gap in self.gaps().items() if gap is not None]
+        return max((gap / tol if tol > 0 else (0.0 if gap == 0 else float("inf")) for gap, tol in held_to), default=0.0)
 
     def error_cell(self) -> str:
         """The own error the tolerance is derived from: the reference's, or the port's marked '*'

@@ -451,7 +451,7 @@ leave_busy_threads(130)
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="the server's ranks are found in /proc")
 def test_an_interrupted_command_ends_the_rank_a_lane_is_starting_before_it_can_print_a_traceback():
     # the rank would read its process object from a process that is gone: an EOFError's traceback
-    # on the terminal, after the command's one line (seen once in CI, in mhsa parity's data-parallel lane)
+    # on the terminal, after the command's one line (a data-parallel lane of mhsa parity starts ranks so)
     child = subprocess.Popen(
         [sys.executable, "-c", A_RANK_BEING_STARTED], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
