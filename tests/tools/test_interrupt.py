@@ -305,8 +305,18 @@ def test_ctrl_c_later_in_python_m_impl_train_prints_one_line_and_exits_130(delay
 # --- Ctrl-C and SIGTERM as a terminal and `timeout` send them: to every process of the group ------
 
 
-def live_members(group: int) -> list[str]:
-    """The processes of process group `group` still running (zombies aside): '(pid) command'."""
+def live_members(group: int, within: float = 5.0) -> list[str]:
+    """The processes of process group `group` still running (zombies aside) once they have had
+    `within` seconds to end: '(pid) command'. A process killed a moment ago is still exiting on a
+    busy machine (its state not yet Z), and is not one the command left behind."""
+    deadline = time.monotonic() + within
+    while (found := _running(group)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return found
+
+
+def _running(group: int) -> list[str]:
+    """The processes of process group `group` running now (zombies aside): '(pid) command'."""
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -334,9 +344,6 @@ def signalled_group(argv, signum, wait_for):
             seen += line
         os.killpg(child.pid, signum)
         _, err = child.communicate(timeout=120)
-        deadline = time.monotonic() + 5
-        while live_members(child.pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
         return child.returncode, err, live_members(child.pid)
     finally:
         child.kill()
@@ -405,9 +412,6 @@ def test_ctrl_c_to_the_group_of_mhsa_parity_prints_one_line_exits_130_at_once_an
         with contextlib.suppress(OSError):  # EIO once every writer has closed it
             while select.select([leader], [], [], 1.0)[0] and (chunk := os.read(leader, 4096)):
                 rest += chunk
-        deadline = time.monotonic() + 5
-        while live_members(child.pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
         left = live_members(child.pid)
     finally:
         os.close(leader)
