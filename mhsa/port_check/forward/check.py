@@ -235,9 +235,7 @@ def _port_fails(error: Exception, what: str, source: Side, target, target_reader
     finds not to fit."""
     if isinstance(error, PortCheckError):
         return error
-    _running(
-        f"running the reference ({sides[0]}) on the inputs ({describe_inputs(source.inputs)})", source.reader.capture, source.model, source.inputs
-    )
+    _running(f"running the reference ({sides[0]}) on the inputs ({describe_inputs(source.inputs)})", source.reader.run, source.model, source.inputs)
     source_desc = source.reader.describe(source.model, source.inputs)
     target_desc = {} if isinstance(target, tuple) else target_reader.describe(target, Inputs())
     pairing = weights.pair_parameters(
@@ -379,7 +377,7 @@ def _why_apart(side: Side, outputs: list[Output]) -> str:
     """Why a deterministic-looking model's float64 run is no rounding twin of its float32 one, as
     far as can be told: "random" (two float32 runs differ: a random layer) or "deterministic"."""
     try:
-        again = side.reader.capture(side.model, side.inputs)
+        again, _ = side.reader.run(side.model, side.inputs)
     except Exception:  # the first run succeeded; a second that fails says nothing about randomness
         return "deterministic"
     first = {(output.call, output.label): output.value for output in outputs if output.value is not None}
@@ -443,7 +441,7 @@ def _shape_advice(pairing: Transfer) -> str:
 def _order(reader, model, inputs, params) -> list[str]:
     """Module paths in call order (first calls), or in parameter order when the model does not run."""
     try:
-        outputs = reader.capture(model, inputs)
+        outputs, _ = reader.run(model, inputs)
     except Exception:  # the names are the problem being reported; the order is a nicety
         outputs = []
     order = [output.path for output in outputs]

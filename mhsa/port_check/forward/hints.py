@@ -142,7 +142,7 @@ def _probe(first: Row, what: Switch, kind, make, source: Side, target: Side, sid
             if kind == "precision":  # full float32 matmuls in both frameworks
                 stack.enter_context(source.reader.highest_precision())
                 stack.enter_context(target.reader.highest_precision())
-            runs = source.reader.capture(source.model, source.inputs), target.reader.capture(target.model, target.inputs)
+            runs = source.reader.run(source.model, source.inputs)[0], target.reader.run(target.model, target.inputs)[0]
     except Exception as error:  # a switched model that cannot run answers nothing
         return Probe(what, "error", error=type(error).__name__), None, source, target
     probed, *_ = output_rows(*runs, source.desc, target.desc, asked, sides, name_map, source.derived and source.derived.outputs)

@@ -76,19 +76,9 @@ class Reader(Protocol):
         per compute-dtype attribute changed."""
         ...
 
-    def capture(self, model: Model, inputs: Inputs) -> list[Output]:
-        """Every leaf of every submodule call's output, in the order the calls return (a child
-        before its parent; the model itself last, path "")."""
-        ...
-
     def trace(self, model: Model, inputs: Inputs) -> Traced:
         """What can be known before a run: the variables the forward pass reads, the modules as
         called, each output's layout."""
-        ...
-
-    def gradients(self, model: Model, inputs: Inputs, direction: Direction = ...) -> dict[str, np.ndarray]:
-        """d <r, output> / d every parameter, r the direction `direction` gives the output's leaves
-        (core/cotangents.py): neutral names and layouts."""
         ...
 
     def run(
@@ -99,9 +89,11 @@ class Reader(Protocol):
         each: Callable[[Output], Output] | None = None,
         traced: Traced | None = None,
     ) -> tuple[list[Output], dict[str, np.ndarray] | None]:
-        """capture's outputs (each through `each` as it is recorded, to reduce it) and, with
-        `grads`, the gradients, from one forward (and backward) pass; `traced` is trace()'s record
-        of this model on these inputs, to reuse."""
+        """Every leaf of every submodule call's output, in the order the calls return (a child
+        before its parent; the model itself last, path ""), each through `each` as it is recorded
+        (to reduce it), and with `grads` d <r, output> / d every parameter, r the direction `grads`
+        gives the output's leaves (core/cotangents.py), in neutral names and layouts; from one
+        forward (and backward) pass. `traced`: trace()'s record of this model on these inputs, to reuse."""
         ...
 
     def switched(self, model: Model, switch: str, path: str, value: Any = None) -> Model | None:

@@ -19,6 +19,7 @@ import equinox as eqx  # noqa: E402
 from examples import equinox_block, torch_block  # noqa: E402
 from mhsa.cli import main as mhsa  # noqa: E402
 from mhsa.port_check import PortCheckError, check_port  # noqa: E402
+from mhsa.port_check.core import cotangents  # noqa: E402
 from mhsa.port_check.core.findings import LintDifference  # noqa: E402
 from mhsa.port_check.core.structure import as_inputs  # noqa: E402
 from mhsa.port_check.readers import reader_of  # noqa: E402
@@ -70,8 +71,8 @@ def test_the_probes_switches_give_new_models_with_one_setting_changed_and_the_or
     assert reader.describe(eps, as_inputs(()))["norm"].settings["eps"] == 1e-5
     assert reader.describe(gelu, as_inputs(()))["act"].settings == {"approximate": "none"}
     assert reader.describe(model, as_inputs(()))["norm"].settings["eps"] == 1e-6 and model.act.fn.keywords == {"approximate": True}
-    faithful = reader.capture(em.EqxMLP(), as_inputs(x))[-1].value
-    both = reader.capture(reader.switched(eps, "approximate", "act", "none"), as_inputs(x))[-1].value
+    faithful = reader.run(em.EqxMLP(), as_inputs(x))[0][-1].value
+    both = reader.run(reader.switched(eps, "approximate", "act", "none"), as_inputs(x))[0][-1].value
     np.testing.assert_allclose(both, faithful, rtol=1e-6, atol=1e-6)
     square = em.EqxMLP(hidden=em.D)
     transposed = reader.switched(square, "transpose", "fc1")
@@ -91,7 +92,7 @@ def test_token_ids_go_per_example_to_an_embedding_and_its_table_is_a_torch_weigh
             return jax.vmap(self.wte)(ids)
 
     ids = models.token_ids()
-    outputs = reader.capture(Lookup(model), as_inputs(ids))
+    outputs = reader.run(Lookup(model), as_inputs(ids))[0]
     assert [(output.path, output.shape) for output in outputs] == [("wte", (3, 5, 24)), ("", (3, 5, 24))]
     np.testing.assert_array_equal(outputs[-1].value, np.asarray(model.weight)[ids])
     assert {name: value.shape for name, value in reader.parameters(Lookup(model)).items()} == {"wte.weight": (models.V, em.D)}
@@ -108,7 +109,7 @@ def test_an_array_assigned_twice_is_one_parameter_tied_under_its_second_name():
 
 def test_a_layer_called_twice_and_assigned_twice_gives_one_row_per_call_under_its_first_path():
     model, x = em.Twice(), em.inputs()
-    outputs = reader.capture(model, as_inputs(x))
+    outputs = reader.run(model, as_inputs(x))[0]
     assert [(output.call, output.path, output.shape) for output in outputs] == [(0, "fc", (3, 5, 24)), (1, "fc", (3, 5, 24)), (2, "", (3, 5, 24))]
     weight, bias = np.asarray(model.fc.weight), np.asarray(model.fc.bias)
     first = x @ weight.T + bias
@@ -118,13 +119,13 @@ def test_a_layer_called_twice_and_assigned_twice_gives_one_row_per_call_under_it
 
 def test_a_model_is_called_per_example_unless_it_says_it_takes_the_batch():
     x = em.inputs()
-    summed = reader.capture(em.SumOverFirstAxis(), as_inputs(x))  # per example: x.sum(axis=0) sums the T positions
+    summed = reader.run(em.SumOverFirstAxis(), as_inputs(x))[0]  # per example: x.sum(axis=0) sums the T positions
     assert [(output.path, output.shape) for output in summed] == [("proj", (3, 24)), ("", (3, 24))]
     model = em.SumOverFirstAxis()
     np.testing.assert_allclose(summed[-1].value, x.sum(axis=1) @ np.asarray(model.proj.weight).T + np.asarray(model.proj.bias), rtol=1e-5, atol=1e-5)
     assert not reader.batched(em.EqxMLP()) and reader.batched(em.BatchedMLP())
-    per_example = reader.capture(em.EqxMLP(), as_inputs(x))
-    whole = reader.capture(em.BatchedMLP(), as_inputs(x))  # the same weights, called once on (B, T, D)
+    per_example = reader.run(em.EqxMLP(), as_inputs(x))[0]
+    whole = reader.run(em.BatchedMLP(), as_inputs(x))[0]  # the same weights, called once on (B, T, D)
     assert [(output.path, output.shape) for output in whole] == [(output.path, output.shape) for output in per_example]
     for a, b in zip(per_example, whole):
         np.testing.assert_allclose(a.value, b.value, rtol=1e-6, atol=1e-6)
@@ -132,13 +133,14 @@ def test_a_model_is_called_per_example_unless_it_says_it_takes_the_batch():
 
 def test_calls_inside_a_jit_of_the_model_are_rows_and_inside_a_scan_only_the_caller_is():
     x = em.inputs()
-    jitted = reader.capture(em.Jitted(), as_inputs(x))
-    plain = reader.capture(em.EqxMLP(), as_inputs(x))
+    jitted = reader.run(em.Jitted(), as_inputs(x))[0]
+    plain = reader.run(em.EqxMLP(), as_inputs(x))[0]
     assert [(output.path, output.shape) for output in jitted] == [(output.path, output.shape) for output in plain]
     for a, b in zip(jitted, plain):
         np.testing.assert_allclose(a.value, b.value, rtol=1e-6, atol=1e-6)
-    assert [(output.path, output.shape) for output in reader.capture(em.Scanned(), as_inputs(x))] == [("", (3, 5, 24))]
-    grads = reader.gradients(em.Scanned(), as_inputs(x))  # through the scan, its marks the identity
+    assert [(output.path, output.shape) for output in reader.run(em.Scanned(), as_inputs(x))[0]] == [("", (3, 5, 24))]
+    _, grads = reader.run(em.Scanned(), as_inputs(x), cotangents.reference)  # through the scan, its marks the identity
+    assert grads is not None
     assert sorted(grads) == ["fc.bias", "fc.weight"] and all(np.isfinite(value).all() and np.abs(value).max() > 0 for value in grads.values())
 
 
@@ -146,7 +148,7 @@ def test_outputs_inside_a_library_layer_s_own_vmaps_have_the_batch_axes_first():
     # eqx.nn.MultiheadAttention vmaps its projections itself: under the check's vmap over the batch,
     # the value XLA computes is (D, B, T); it is recorded as (B, T, D), as the torch twin returns it
     model, x = em.Attention(), em.inputs()
-    outputs = {output.path: output for output in reader.capture(model, as_inputs(x))}
+    outputs = {output.path: output for output in reader.run(model, as_inputs(x))[0]}
     assert [(path, output.shape) for path, output in outputs.items()][:3] == [
         ("mha.query_proj", (3, 5, 24)),
         ("mha.key_proj", (3, 5, 24)),

@@ -268,7 +268,7 @@ def test_capture_patches_no_class_while_it_runs_nor_after_even_when_the_model_ra
     originals = nnx.Linear.__dict__["__call__"], Broken.__dict__["__call__"]
     model = Broken()
     with pytest.raises(RuntimeError, match="planted failure"):
-        jax_port.capture(model, (torch_block.example_inputs(),))
+        jax_port.run(model, (torch_block.example_inputs(),))
     assert during and set(during) == {originals}  # the classes' own __call__ while the model ran
     assert (nnx.Linear.__dict__["__call__"], Broken.__dict__["__call__"]) == originals
     assert type(model) is Broken and type(model.fc) is nnx.Linear  # the user's instances untouched
@@ -383,7 +383,7 @@ def test_a_model_that_reads_values_in_python_is_captured_eagerly():
             hidden = self.fc(x)
             return hidden if float(hidden.sum()) > -1e9 else -hidden  # fails under jit
 
-    calls = jax_port.capture(ReadsValues(), (torch_block.example_inputs(),))
+    calls = jax_port.run(ReadsValues(), (torch_block.example_inputs(),))[0]
     assert [output.path for output in calls] == ["fc", ""] and calls[0].value.shape == (3, T, D)
 
 

@@ -94,7 +94,7 @@ class TorchKeywordPermutations(torch.nn.Module):
 
 
 def test_a_permutation_given_by_keyword_is_followed_as_its_positional_twin():
-    outputs = [output for output in torch_reader.capture(TorchKeywordPermutations(), as_inputs(lib.images())) if output.path == ""]
+    outputs = [output for output in torch_reader.run(TorchKeywordPermutations(), as_inputs(lib.images()))[0] if output.path == ""]
     layouts = [output.layout for output in outputs]
     assert len(layouts) == 8 and layouts[:4] == layouts[4:] and None not in layouts, layouts
 

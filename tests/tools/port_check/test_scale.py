@@ -175,9 +175,9 @@ class TorchHead(torch.nn.Module):
 
 def test_a_tensor_several_calls_return_is_copied_once_unless_changed_in_place_in_between():
     x = np.ones((2, 4), dtype=np.float32)
-    head, model = torch_reader.capture(TorchHead(), x)
+    head, model = torch_reader.run(TorchHead(), x)[0]
     assert head.value is model.value
-    head, model = torch_reader.capture(TorchHead(in_place=True), x)
+    head, model = torch_reader.run(TorchHead(in_place=True), x)[0]
     assert np.array_equal(model.value, head.value + 1.0)
 
 
@@ -191,7 +191,7 @@ def test_a_value_several_calls_return_is_one_output_of_the_flax_program():
         def __call__(self, x):
             return self.head(x)
 
-    head, model = flax_reader.capture(FlaxHead(), np.ones((2, 4), dtype=np.float32))
+    head, model = flax_reader.run(FlaxHead(), np.ones((2, 4), dtype=np.float32))[0]
     assert head.value is model.value and head.path == "head" and model.path == ""
 
 

@@ -26,7 +26,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mhsa.port_check.core import cotangents
 from mhsa.port_check.core.cotangents import Direction
 from mhsa.port_check.core.padding import resolve_same
 from mhsa.port_check.core.records import PortCheckError
@@ -319,14 +318,6 @@ def cast(model: Model, dtype: str) -> tuple[Model, list[str]]:
     return tree.rebuild([convert(leaf) for leaf in tree.leaves]), []
 
 
-def capture(model: Model, inputs: Inputs) -> list[Output]:
-    """Call the model once and return every leaf of every submodule call's output (core/structure.py),
-    in the order the calls return (a child before its parent; the model itself last, path ""),
-    each with its layout (readers/jaxpr.py): record.py records them inside the traced program,
-    which is compiled once."""
-    return run(model, inputs)[0]
-
-
 def batched(model: Model) -> bool:
     """Whether the model takes the whole batch (it sets port_check_batched = True) rather than one example."""
     return getattr(model, BATCHED, False) is True
@@ -359,8 +350,9 @@ def trace(model: Model, inputs: Inputs) -> Traced:
 def run(
     model: Model, inputs: Inputs, grads: Direction | None = None, each=None, traced: Traced | None = None
 ) -> tuple[list[Output], dict[str, np.ndarray] | None]:
-    """Reader.run (readers/protocol.py): capture's outputs and, with `grads`, the gradients, from
-    the program trace() compiled (traced, or traced now), run once on the arrays as they are now."""
+    """Reader.run (readers/protocol.py), each leaf with its layout (readers/jaxpr.py): record.py
+    records the outputs inside the program trace() compiled (traced, or traced now), run once on
+    the arrays as they are now, the gradients with them."""
     traced = trace(model, inputs) if traced is None else traced
     arrays, rebuild = _arrays(model, inputs)
     program, compiled, labels = traced.program
@@ -381,14 +373,6 @@ def _arrays(model, inputs: Inputs) -> tuple[list, Any]:
     floats = [leaf for leaf in _leaves(model).leaves if is_float_dtype(leaf.dtype)]
     dtype = floats[0].dtype if floats else jnp.float32
     return jax_program.input_arrays(inputs, dtype)
-
-
-def gradients(model: Model, inputs: Inputs, direction: Direction = cotangents.reference) -> dict[str, np.ndarray]:
-    """d <r, output> / d every parameter (core/cotangents.py), neutral names and layout (compiled as
-    one function, as capture is)."""
-    grads = run(model, inputs, grads=direction, each=lambda output: output._replace(value=None))[1]
-    assert grads is not None
-    return grads
 
 
 def switched(model: Model, switch: str, path: str, value: Any = None) -> Model | None:

@@ -23,7 +23,6 @@ import numpy as np
 from flax import linen as nn
 from flax import nnx
 
-from mhsa.port_check.core import cotangents
 from mhsa.port_check.core.cotangents import Direction
 from mhsa.port_check.core.padding import resolve_same
 from mhsa.port_check.core.structure import Inputs, Output, Traced, dtype_name, flatten
@@ -372,17 +371,6 @@ def _is_float_dtype(value) -> bool:
         return False
 
 
-def capture(model: Model, inputs: Inputs) -> list[Output]:
-    """Reader.capture (readers/protocol.py), each leaf with its layout (readers/jaxpr.py). NNX: each
-    submodule of a throwaway copy records its calls through a subclass of its own class (no class is
-    patched); Linen: an interceptor records each module's __call__. A module called through a method
-    other than __call__ is not seen. The call is traced once and compiled (eagerly, every operation
-    compiles on its own for each new shape and dtype, several times slower for a first call); a
-    model that cannot be traced, say one that reads a value with float(), runs eagerly instead, its
-    layouts unknown."""
-    return run(model, inputs)[0]
-
-
 # what a model that cannot be traced raises while it is
 UNTRACEABLE = (
     jax.errors.ConcretizationTypeError,
@@ -467,9 +455,15 @@ def run(
     model: Model, inputs: Inputs, grads: Direction | None = None, each=None, traced: Traced | None = None
 ) -> tuple[list[Output], dict[str, np.ndarray] | None]:
     """Reader.run (readers/protocol.py) as one compiled program (the forward pass once, its outputs
-    and the gradients), each recorded leaf through `each` once the program has run. traced: what
-    trace() gave for this model and these inputs (its variables' values may have changed since, not
-    their shapes): its program is compiled instead of tracing the model again."""
+    and the gradients), each recorded leaf with its layout (readers/jaxpr.py), through `each` once
+    the program has run. NNX: each submodule of a throwaway copy records its calls through a
+    subclass of its own class (no class is patched); Linen: an interceptor records each module's
+    __call__. A module called through a method other than __call__ is not seen. Eagerly, every
+    operation would compile on its own for each new shape and dtype, several times slower for a
+    first call; a model that cannot be traced, say one that reads a value with float(), runs eagerly
+    all the same, its layouts unknown. traced: what trace() gave for this model and these inputs
+    (its variables' values may have changed since, not their shapes): its program is compiled
+    instead of tracing the model again."""
     traced = trace(model, inputs) if traced is None else traced
     arrays, rebuild = _arrays(model, inputs)
     if traced.program is None:  # eager: nothing is known before the model runs
@@ -588,14 +582,6 @@ def _arrays(model, inputs: Inputs) -> tuple[list, Any]:
     leaves = [leaf for leaf in jax.tree.leaves(_variables(model)) if jnp.issubdtype(jnp.asarray(leaf).dtype, jnp.floating)]
     dtype = jnp.asarray(leaves[0]).dtype if leaves else jnp.float32
     return jax_program.input_arrays(inputs, dtype)
-
-
-def gradients(model: Model, inputs: Inputs, direction: Direction = cotangents.reference) -> dict[str, np.ndarray]:
-    """d <r, output> / d every parameter (forward/cotangents.py), neutral names and layout (compiled as one
-    function, as capture is)."""
-    grads = run(model, inputs, grads=direction, each=lambda output: output._replace(value=None))[1]
-    assert grads is not None
-    return grads
 
 
 def switched(model: Model, switch: str, path: str, value: Any = None) -> Model | None:

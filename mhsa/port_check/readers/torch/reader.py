@@ -21,7 +21,6 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from mhsa import registry
-from mhsa.port_check.core import cotangents
 from mhsa.port_check.core.cotangents import Direction
 from mhsa.port_check.core.structure import (
     Inputs,
@@ -228,7 +227,7 @@ def load_parameters(model: nn.Module, arrays: dict[str, np.ndarray]) -> nn.Modul
 
 def cast(model: nn.Module, dtype: str) -> tuple[nn.Module, list[str]]:
     """`model` itself when every floating-point parameter and buffer is in `dtype` already (the
-    check changes nothing of it: gradients() leaves its .grad as it was), else a copy with every
+    check changes nothing of it: run() leaves its .grad as it was), else a copy with every
     one of them in `dtype`, each converted straight into the copy (no second copy in the old
     dtype); and what was changed beyond them (nothing here: a torch module holds no compute
     dtype of its own)."""
@@ -244,37 +243,23 @@ def cast(model: nn.Module, dtype: str) -> tuple[nn.Module, list[str]]:
     return copy.deepcopy(model, memo), []
 
 
-def capture(model: nn.Module, inputs: Inputs) -> list[Output]:
-    """Call `model(*args, **kwargs)` once and return every leaf of every submodule call's output
-    (core/structure.py), in the order the calls return (a child before its parent; the model itself
-    last, path ""), each with its layout and upstream calls (readers/torch/dataflow.py). Hooks are removed
-    even on error."""
-    return run(model, inputs)[0]
-
-
 def trace(model: nn.Module, inputs: Inputs) -> Traced:
     """What can be known before a run: nothing more than the model itself holds (eager torch reads
     its variables as it runs), so every parameter counts as read."""
     return Traced()
 
 
-def gradients(model: nn.Module, inputs: Inputs, direction: Direction = cotangents.reference) -> dict[str, np.ndarray]:
-    """d <r, output> / d every parameter (forward/cotangents.py), neutral names and layout; a parameter the
-    output does not reach gets zeros."""
-    grads = run(model, inputs, grads=direction, each=lambda output: output._replace(value=None))[1]
-    assert grads is not None
-    return grads
-
-
 def run(
     model: nn.Module, inputs: Inputs, grads: Direction | None = None, each=None, traced: Traced | None = None
 ) -> tuple[list[Output], dict[str, np.ndarray] | None]:
-    """(capture's outputs, with `grads` d <r, output> / d every parameter too, r the direction
-    `grads` gives the output's leaves: forward/cotangents.py) from one forward pass (and one backward):
-    each recorded leaf goes through `each(output) -> Output` as soon as its call returns, to reduce
-    it and keep only the result (a float64 run compared as it goes): its value is then a view of
-    the tensor, valid during that call only, and not kept unless `each` copies it. The model's
-    .grad are left as they were. traced: unused (eager torch has nothing to reuse)."""
+    """Reader.run (readers/protocol.py): `model(*args, **kwargs)` called once, every leaf of every
+    submodule call's output recorded by forward hooks (removed even on error), each with its layout
+    and upstream calls (readers/torch/dataflow.py); with `grads`, the gradients too (a parameter the
+    output does not reach gets zeros), from one backward pass. Each recorded leaf goes through
+    `each(output) -> Output` as soon as its call returns, to reduce it and keep only the result (a
+    float64 run compared as it goes): its value is then a view of the tensor, valid during that call
+    only, and not kept unless `each` copies it. The model's .grad are left as they were. traced:
+    unused (eager torch has nothing to reuse)."""
     calls: list[Output] = []
     count = [0]
     copied: dict[int, tuple] = {}  # id(tensor) -> (weak references to it and to its copy, its version)
