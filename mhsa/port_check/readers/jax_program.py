@@ -4,10 +4,10 @@ its submodules.
 
 A reader builds a `Program` (its model's leaves, their neutral names and layouts, and `call(leaves,
 inputs)`, which runs the model and returns every submodule call's (path, output)); `record` turns
-those calls into the program's outputs, each floating-point array once; `traced_outputs` reads
-what the traced program says of them (readers/jaxpr.py); `with_gradients` runs the forward pass and
-the gradients along a direction as one program; `outputs` hands the values back as `Output`
-records, one at a time.
+those calls into the program's outputs, each floating-point array once; `trace` traces the
+program and reads what it says of them (readers/jaxpr.py); `run` runs it, compiled, with the
+gradients along a direction as one program (`with_gradients`), and hands the values back as
+`Output` records, one at a time (`outputs`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class Program:
     layouts: list[str | None]
     differentiated: list[bool]
     call: Any
-    modules: dict = dataclasses.field(default_factory=dict)  # Linen: {path: module} as last called
+    modules: dict | None = None  # Linen's {path: module} as last called
 
 
 def is_array(value) -> bool:
@@ -82,20 +82,19 @@ def record(calls, labels: list) -> list:
     return values
 
 
-def trace(program: Program, arrays: list, rebuild, labels: list):
-    """The program traced on `arrays` without running it (jax.jit(...).trace): its outputs are
-    every call's floating-point arrays, each once, as `record` gives them (filling `labels`)."""
+def trace(program: Program, arrays: list, rebuild) -> Traced:
+    """The program traced on `arrays` without running it (jax.jit(...).trace; one that cannot be
+    traced raises JAX's error), its outputs every call's floating-point arrays (`record`): the
+    neutral names of the leaves it reads (readers/jaxpr.py: not a converter's leftover the model
+    never reads), the modules as called (Program.modules), every call's output leaves with their
+    shapes and layouts, and (program, trace, labels) for `run` to compile."""
+    labels: list = []
 
     def forward(leaves, arrays):
         calls, _ = program.call(leaves, rebuild(arrays))
         return record(calls, labels)
 
-    return jax.jit(forward).trace(program.leaves, arrays)
-
-
-def traced_outputs(program: Program, traced, labels: list) -> tuple[frozenset[str], list[Output]]:
-    """(the neutral names of the leaves the traced program reads, every call's output leaf with its
-    shape and layout) from `traced` (jax.jit(forward).trace(...)) and the labels its `record` filled."""
+    traced = jax.jit(forward).trace(program.leaves, arrays)
     read = jaxpr.read_inputs(traced.jaxpr)[: len(program.leaves)]
     marks = [0] * len(traced.jaxpr.jaxpr.outvars)
     for call, *_, slot in labels:
@@ -106,15 +105,43 @@ def traced_outputs(program: Program, traced, labels: list) -> tuple[frozenset[st
         Output(call, path, label, None, kind, shape, *(flows[slot] if slot is not None else (None, -1, None)))
         for call, path, label, kind, shape, slot in labels
     ]
-    return frozenset(name for name, used in zip(program.names, read) if name is not None and used), outputs
+    names = frozenset(name for name, used in zip(program.names, read) if name is not None and used)
+    modules = None if program.modules is None else dict(program.modules)
+    program.leaves = []  # the values are read again when the program runs: a fresh port's are not held meanwhile
+    return Traced(names, modules, outputs, (program, traced, labels))
 
 
-def model_outputs(labels: list, structure: list[Output]) -> list[Output]:
-    """The model's own output leaves among trace()'s outputs `structure`: those of the last call
-    recorded at the root path "" (a call is recorded when it returns, so the model's own comes
-    after every call of its submodules)."""
-    model_call = max((call for call, path, *_ in labels if path == ""), default=None)
-    return [output for output in structure if output.call == model_call]
+def run(
+    current: Program, arrays: list, rebuild, traced: Traced, grads: Direction | None, each, to_torch
+) -> tuple[list[Output], dict[str, np.ndarray] | None]:
+    """A JAX reader's run (readers/protocol.py): `traced`'s program compiled and run on `current`'s
+    leaves (the model's values now: changed since the trace, maybe, not their shapes), with `grads`
+    the gradients in the same program; eagerly where the model could not be traced (no program)."""
+    if traced.program is None:  # eager: nothing is known before the model runs
+        program, compiled, labels = current, None, []
+    else:
+        program, compiled, labels = traced.program
+        program = dataclasses.replace(program, leaves=current.leaves)  # the values as they are now
+    if grads is None:
+        if compiled is not None:
+            values = compiled.lower().compile()(program.leaves, arrays)
+        else:
+            calls, _ = program.call(program.leaves, rebuild(arrays))
+            values = record(calls, labels)
+        gradients = None
+    else:
+        if traced.outputs is not None:
+            # the model's own leaves: the last call recorded at the root path "" (a call is recorded when it returns)
+            model_call = max((call for call, path, *_ in labels if path == ""), default=None)
+            top = [output for output in traced.outputs if output.call == model_call]
+        else:  # run eagerly: the model's own output leaves are known once it has run
+            _, output = program.call(program.leaves, rebuild(arrays))
+            top = [
+                Output(-1, "", label, None, dtype_name(v.dtype) if is_array(v) else "", tuple(getattr(v, "shape", ())))
+                for label, v in flatten(output, is_array)
+            ]
+        values, gradients = with_gradients(program, arrays, rebuild, labels, top, grads, eager=compiled is None)
+    return outputs(program, labels, values, gradients, traced, each, to_torch)
 
 
 def with_gradients(program: Program, arrays, rebuild, labels: list, top: list[Output], direction: Direction, eager: bool = False):

@@ -335,16 +335,9 @@ def _program(model) -> jax_program.Program:
 
 
 def trace(model: Model, inputs: Inputs) -> Traced:
-    """The model traced on `inputs` without running it: the arrays its forward pass reads
-    (readers/jaxpr.py: a converter's leftover that the model never reads is not one of them) and
-    every call's output leaves with their shapes and layouts."""
-    program = _program(model)
-    arrays, rebuild = _arrays(model, inputs)
-    labels: list = []
-    traced = jax_program.trace(program, arrays, rebuild, labels)
-    names, outputs = jax_program.traced_outputs(program, traced, labels)
-    program.leaves = []  # the values are read again when the program runs: a fresh port's are not held meanwhile
-    return Traced(names, None, outputs, (program, traced, labels))
+    """The model traced on `inputs` without running it (jax_program.trace): the arrays its forward
+    pass reads and every call's output leaves with their shapes and layouts."""
+    return jax_program.trace(_program(model), *_arrays(model, inputs))
 
 
 def run(
@@ -354,17 +347,7 @@ def run(
     records the outputs inside the program trace() compiled (traced, or traced now), run once on
     the arrays as they are now, the gradients with them."""
     traced = trace(model, inputs) if traced is None else traced
-    arrays, rebuild = _arrays(model, inputs)
-    program, compiled, labels = traced.program
-    program = dataclasses.replace(program, leaves=_program(model).leaves)  # the values as they are now
-    if grads is None:
-        values = compiled.lower().compile()(program.leaves, arrays)
-        gradients = None
-    else:
-        assert traced.outputs is not None  # trace() of an Equinox model always records them
-        top = jax_program.model_outputs(labels, traced.outputs)
-        values, gradients = jax_program.with_gradients(program, arrays, rebuild, labels, top, grads)
-    return jax_program.outputs(program, labels, values, gradients, traced, each, _to_torch)
+    return jax_program.run(_program(model), *_arrays(model, inputs), traced, grads, each, _to_torch)
 
 
 def _arrays(model, inputs: Inputs) -> tuple[list, Any]:

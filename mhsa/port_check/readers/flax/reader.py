@@ -25,7 +25,7 @@ from flax import nnx
 
 from mhsa.port_check.core.cotangents import Direction
 from mhsa.port_check.core.padding import resolve_same
-from mhsa.port_check.core.structure import Inputs, Output, Traced, dtype_name, flatten
+from mhsa.port_check.core.structure import Inputs, Output, Traced, dtype_name
 from mhsa.port_check.readers import jax_program
 from mhsa.port_check.readers.protocol import Model, ModuleInfo
 
@@ -392,9 +392,9 @@ def _program(model) -> jax_program.Program:
         flat, treedef = jax.tree_util.tree_flatten_with_path(variables)
         paths = [tuple(_key(entry) for entry in path) for path, _ in flat]
         named = [_named(types, path[1:]) if path[0] in ("params", "batch_stats") else (None, None) for path in paths]
-        program = jax_program.Program(
-            [leaf for _, leaf in flat], [n for n, _ in named], [layout for _, layout in named], [path[0] == "params" for path in paths], None
-        )
+        leaves = [leaf for _, leaf in flat]
+        differentiated = [path[0] == "params" for path in paths]
+        program = jax_program.Program(leaves, [n for n, _ in named], [layout for _, layout in named], differentiated, None, modules={})
 
         def call_linen(leaves, inputs):
             calls, seen = _linen_run((module, jax.tree_util.tree_unflatten(treedef, leaves)), inputs)
@@ -432,23 +432,19 @@ def _program(model) -> jax_program.Program:
 
 
 def trace(model: Model, inputs: Inputs) -> Traced:
-    """The model traced on `inputs` without running it: the variables its forward pass reads
-    (readers/jaxpr.py: a converter's leftover that the model never reads is not one of them), its
-    submodules as called (Linen) and every call's output leaves with their shapes and layouts.
-    A model that cannot be traced gives what is known without it (every variable read)."""
+    """The model traced on `inputs` without running it (jax_program.trace): the variables its
+    forward pass reads, its submodules as called (Linen) and every call's output leaves with their
+    shapes and layouts. A model that cannot be traced gives what is known without it (every
+    variable read)."""
     program = _program(model)
     arrays, rebuild = _arrays(model, inputs)
-    labels: list = []
     try:
-        traced = jax_program.trace(program, arrays, rebuild, labels)
+        return jax_program.trace(program, arrays, rebuild)
     except UNTRACEABLE:
         if not _is_linen(model):
             return Traced()
         program.call(program.leaves, rebuild(arrays))  # Linen's modules exist only while called: once, eagerly
-        return Traced(modules=dict(program.modules))
-    names, outputs = jax_program.traced_outputs(program, traced, labels)
-    program.leaves = []  # the values are read again when the program runs: a fresh port's are not held meanwhile
-    return Traced(names, dict(program.modules) if _is_linen(model) else None, outputs, (program, traced, labels))
+        return Traced(modules=program.modules)
 
 
 def run(
@@ -466,29 +462,7 @@ def run(
     instead of tracing the model again."""
     traced = trace(model, inputs) if traced is None else traced
     arrays, rebuild = _arrays(model, inputs)
-    if traced.program is None:  # eager: nothing is known before the model runs
-        program, compiled, labels = _program(model), None, []
-    else:
-        program, compiled, labels = traced.program
-        program = dataclasses.replace(program, leaves=_program(model).leaves)  # the values as they are now
-    if grads is None:
-        if compiled is not None:
-            values = compiled.lower().compile()(program.leaves, arrays)
-        else:
-            calls, _ = program.call(program.leaves, rebuild(arrays))
-            values = jax_program.record(calls, labels)
-        gradients = None
-    else:
-        if traced.outputs is not None:
-            top = jax_program.model_outputs(labels, traced.outputs)
-        else:  # run eagerly: the model's own output leaves are known once it has run
-            _, output = program.call(program.leaves, rebuild(arrays))
-            top = [
-                Output(-1, "", label, None, dtype_name(v.dtype) if jax_program.is_array(v) else "", tuple(getattr(v, "shape", ())))
-                for label, v in flatten(output, jax_program.is_array)
-            ]
-        values, gradients = jax_program.with_gradients(program, arrays, rebuild, labels, top, grads, eager=compiled is None)
-    return jax_program.outputs(program, labels, values, gradients, traced, each, _to_torch)
+    return jax_program.run(_program(model), arrays, rebuild, traced, grads, each, _to_torch)
 
 
 @contextlib.contextmanager
