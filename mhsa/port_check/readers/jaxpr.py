@@ -21,19 +21,9 @@ from jax.extend import core
 from mhsa.port_check.core import layouts
 from mhsa.port_check.core.structure import RANKS, dtype_name, is_float_dtype
 
-# primitives that keep the rank and the layout of an input with one
-SAME_RANK = {
-    "reduce_window_sum",
-    "reduce_window_max",
-    "reduce_window_min",
-    "reduce_window",
-    "pad",
-    "slice",
-    "dynamic_slice",
-    "concatenate",
-    "rev",
-    "select_and_gather_add",
-}
+# primitives that keep the rank and the layout of an input with one: the poolings, then paddings, slices, concatenations
+POOLINGS = {"reduce_window_sum", "reduce_window_max", "reduce_window_min", "reduce_window", "select_and_gather_add"}
+SAME_RANK = POOLINGS | {"pad", "slice", "dynamic_slice", "concatenate", "rev"}
 
 
 def _inner(eqn) -> core.Jaxpr | None:

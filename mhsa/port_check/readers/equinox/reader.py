@@ -31,7 +31,7 @@ from mhsa.port_check.core.padding import resolve_same
 from mhsa.port_check.core.records import PortCheckError
 from mhsa.port_check.core.structure import Inputs, Output, Traced, dtype_name, is_float_dtype
 from mhsa.port_check.readers import EXTRAS, jax_program
-from mhsa.port_check.readers.protocol import ModuleInfo
+from mhsa.port_check.readers.protocol import Model, ModuleInfo
 
 try:
     import equinox as eqx
@@ -42,9 +42,6 @@ DTYPES = {"float32": jnp.float32, "float64": jnp.float64}
 INSTALL = EXTRAS["equinox"]
 # the attribute by which a model says it takes the whole batch (docs/port-check.md)
 BATCHED = "port_check_batched"
-
-# what this port reads: an eqx.Module
-Model = Any
 
 # equinox.nn class name -> the neutral type name (by name: equinox is imported only when present)
 TYPES = {

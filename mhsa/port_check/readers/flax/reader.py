@@ -31,24 +31,16 @@ from mhsa.port_check.readers.protocol import Model, ModuleInfo
 
 DTYPES = {"float32": jnp.float32, "float64": jnp.float64}
 
-# module class -> the neutral type name the other side's port module uses too
+# (NNX class, Linen class) -> the neutral type name the other side's port module uses too
 TYPES = (
-    (nnx.Linear, "Linear"),
-    (nn.Dense, "Linear"),
-    (nnx.Embed, "Embedding"),
-    (nn.Embed, "Embedding"),
-    (nnx.LayerNorm, "LayerNorm"),
-    (nn.LayerNorm, "LayerNorm"),
-    (nnx.RMSNorm, "RMSNorm"),
-    (nn.RMSNorm, "RMSNorm"),
-    (nnx.GroupNorm, "GroupNorm"),
-    (nn.GroupNorm, "GroupNorm"),
-    (nnx.BatchNorm, "BatchNorm"),
-    (nn.BatchNorm, "BatchNorm"),
-    (nnx.Conv, "Conv"),
-    (nn.Conv, "Conv"),
-    (nnx.Dropout, "Dropout"),
-    (nn.Dropout, "Dropout"),
+    ((nnx.Linear, nn.Dense), "Linear"),
+    ((nnx.Embed, nn.Embed), "Embedding"),
+    ((nnx.LayerNorm, nn.LayerNorm), "LayerNorm"),
+    ((nnx.RMSNorm, nn.RMSNorm), "RMSNorm"),
+    ((nnx.GroupNorm, nn.GroupNorm), "GroupNorm"),
+    ((nnx.BatchNorm, nn.BatchNorm), "BatchNorm"),
+    ((nnx.Conv, nn.Conv), "Conv"),
+    ((nnx.Dropout, nn.Dropout), "Dropout"),
 )
 
 # neutral type -> {Flax variable name: (torch name, layout)}; a variable of a type not listed

@@ -23,37 +23,11 @@ from torch.overrides import TorchFunctionMode
 from mhsa.port_check.core import layouts
 from mhsa.port_check.core.structure import RANKS, dtype_name
 
-# functions whose output is channels-first whatever their input
+# functions whose output is channels-first whatever their input: convolutions, poolings, norms over channels, resizings
 FIRST = {
-    "conv1d",
-    "conv2d",
-    "conv3d",
-    "conv_transpose1d",
-    "conv_transpose2d",
-    "conv_transpose3d",
-    "batch_norm",
-    "group_norm",
-    "instance_norm",
-    "max_pool1d",
-    "max_pool2d",
-    "max_pool3d",
-    "max_pool1d_with_indices",
-    "max_pool2d_with_indices",
-    "max_pool3d_with_indices",
-    "avg_pool1d",
-    "avg_pool2d",
-    "avg_pool3d",
-    "adaptive_avg_pool1d",
-    "adaptive_avg_pool2d",
-    "adaptive_avg_pool3d",
-    "adaptive_max_pool1d",
-    "adaptive_max_pool2d",
-    "adaptive_max_pool3d",
-    "lp_pool1d",
-    "lp_pool2d",
-    "local_response_norm",
-    "interpolate",
-    "upsample",
+    *(f"{kind}{n}d" for kind in ("conv", "conv_transpose", "max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool") for n in (1, 2, 3)),
+    *(f"max_pool{n}d_with_indices" for n in (1, 2, 3)),
+    *("lp_pool1d", "lp_pool2d", "batch_norm", "group_norm", "instance_norm", "local_response_norm", "interpolate", "upsample"),
 }
 # functions that keep the rank and the layout of their first input with one
 SAME_RANK = {"pad", "__getitem__", "cat", "concat", "concatenate", "narrow", "roll", "flip", "chunk", "split"}
