@@ -22,6 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 from flax import nnx
+from flax.core import unfreeze
+from flax.traverse_util import flatten_dict
 
 from mhsa.port_check.core.cotangents import Direction
 from mhsa.port_check.core.padding import resolve_same
@@ -183,20 +185,10 @@ def _merge(a, b):
     return merged
 
 
-def _flat(tree, prefix=()) -> dict[tuple, Any]:
-    out = {}
-    for key, value in tree.items():
-        if hasattr(value, "items"):
-            out.update(_flat(value, prefix + (key,)))
-        else:
-            out[prefix + (key,)] = value
-    return out
-
-
 def variable_names(model: Model) -> dict[tuple, tuple[str, str | None]]:
     """Flax variable path -> (neutral name, layout) for every parameter and batch statistic."""
     types = _types(model)
-    return {path: _named(types, path) for path in _flat(_variables(model))}
+    return {path: _named(types, path) for path in flatten_dict(_variables(model))}
 
 
 def _named(types: dict[str, str], path: tuple) -> tuple[str, str | None]:
@@ -212,7 +204,7 @@ def neutral(names: dict[tuple, tuple[str, str | None]], tree) -> dict[str, np.nd
     no array (optax.MaskedNode) is left out."""
     pure = nnx.to_pure_dict(tree) if isinstance(tree, nnx.State) else tree
     out = {}
-    for path, value in _flat(pure).items():
+    for path, value in flatten_dict(pure).items():
         if path in names and hasattr(value, "shape"):
             name, layout = names[path]
             out[name] = _to_torch(np.asarray(value), layout)
@@ -226,7 +218,7 @@ def _types(model) -> dict[str, str]:
     if not _is_linen(model):
         return {_join(path): module_type(module) for path, module in nnx.iter_modules(model)}
     types = {}
-    for path, value in _flat(_variables(model)).items():
+    for path, value in flatten_dict(_variables(model)).items():
         module, name = _join(path[:-1]), path[-1]
         if name == "kernel":
             types[module] = "Linear" if np.ndim(value) == 2 else "Conv"
@@ -240,21 +232,13 @@ def _types(model) -> dict[str, str]:
 
 
 def _to_torch(value, layout):
-    if layout == "linear":
-        return value.T
-    if layout == "conv":  # Flax (k..., in, out) -> torch (out, in, k...)
-        n = value.ndim
-        return value.transpose(n - 1, n - 2, *range(n - 2))
-    return value
+    """A kernel in torch's layout: a Dense's (in, out) -> (out, in), a Conv's (k..., in, out) -> (out, in, k...)."""
+    return value.transpose(-1, -2, *range(value.ndim - 2)) if layout in ("linear", "conv") else value
 
 
 def _from_torch(value, layout):
-    if layout == "linear":
-        return value.T
-    if layout == "conv":  # torch (out, in, k...) -> Flax (k..., in, out)
-        n = value.ndim
-        return value.transpose(*range(2, n), 1, 0)
-    return value
+    """A kernel in Flax's layout (_to_torch undone): (out, in, k...) -> (k..., in, out)."""
+    return value.transpose(*range(2, value.ndim), 1, 0) if layout in ("linear", "conv") else value
 
 
 def load_parameters(model: Model, arrays: dict[str, np.ndarray]) -> Model:
@@ -263,7 +247,7 @@ def load_parameters(model: Model, arrays: dict[str, np.ndarray]) -> Model:
     native = {name: (path, layout) for path, (name, layout) in variable_names(model).items()}
     if _is_linen(model):
         module, variables = model
-        variables = _unfreeze(dict(variables))  # fresh dicts to write into: the caller's pair is left as it was
+        variables = unfreeze(dict(variables))  # fresh dicts to write into: the caller's pair is left as it was
         for name, value in arrays.items():
             path, layout = native[name]
             collection = "params" if _has(variables.get("params", {}), path) else "batch_stats"
@@ -277,10 +261,6 @@ def load_parameters(model: Model, arrays: dict[str, np.ndarray]) -> Model:
         variable = _variable(model, path)
         variable[...] = _own(_from_torch(value, layout), variable[...].dtype)
     return model
-
-
-def _unfreeze(tree):
-    return {key: _unfreeze(value) for key, value in tree.items()} if hasattr(tree, "items") else tree
 
 
 def _has(tree, path) -> bool:
@@ -333,7 +313,7 @@ def cast(model: Model, dtype: str) -> tuple[Model, list[str]]:
         if _is_float_dtype(current) and jnp.dtype(current) != jnp.dtype(target):
             changed.append(f"'(the model)' dtype {dtype_name(jnp.dtype(current))} -> {dtype}")
             module = module.clone(dtype=target)
-        return (module, jax.tree.map(convert, _unfreeze(dict(model[1])))), changed
+        return (module, jax.tree.map(convert, unfreeze(dict(model[1])))), changed
     model = nnx.clone(model)
     for path, module in nnx.iter_modules(model):
         for name in ("dtype", "param_dtype"):
@@ -377,50 +357,39 @@ def _key(entry) -> Any:
 
 
 def _program(model) -> jax_program.Program:
+    """The model as a program of its variables: a Linen pair's every collection, an NNX module's
+    parameters, batch statistics and the rest (nnx.split's), the parameters differentiated."""
     types = _types(model)
-    if _is_linen(model):
+    linen = _is_linen(model)
+    graphdef = None
+    if linen:
         module, variables = model
-        variables = _unfreeze(dict(variables))
-        flat, treedef = jax.tree_util.tree_flatten_with_path(variables)
-        paths = [tuple(_key(entry) for entry in path) for path, _ in flat]
-        named = [_named(types, path[1:]) if path[0] in ("params", "batch_stats") else (None, None) for path in paths]
-        leaves = [leaf for _, leaf in flat]
-        differentiated = [path[0] == "params" for path in paths]
-        program = jax_program.Program(leaves, [n for n, _ in named], [layout for _, layout in named], differentiated, None, modules={})
+        tree: Any = unfreeze(dict(variables))
+    else:
+        graphdef, *tree = nnx.split(model, nnx.Param, nnx.BatchStat, ...)
+    flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    paths = [tuple(_key(entry) for entry in path) for path, _ in flat]
+    # a path is (collection, keys...) in Linen, (0 parameters, 1 batch statistics or 2 the rest, keys..., "value") in NNX
+    kinds = [{"params": 0, "batch_stats": 1}.get(path[0], 2) if linen else path[0] for path in paths]
+    keys = [path[1:-1] if not linen and path[-1] == "value" else path[1:] for path in paths]
+    named = [_named(types, key) if kind < 2 else (None, None) for key, kind in zip(keys, kinds)]
+    names, layouts = [name for name, _ in named], [layout for _, layout in named]
+    program = jax_program.Program([leaf for _, leaf in flat], names, layouts, [kind == 0 for kind in kinds], None, modules={} if linen else None)
 
-        def call_linen(leaves, inputs):
-            calls, seen = _linen_run((module, jax.tree_util.tree_unflatten(treedef, leaves)), inputs)
+    def call(leaves, inputs):
+        variables = jax.tree_util.tree_unflatten(treedef, leaves)
+        if linen:
+            calls, seen = _linen_run((module, variables), inputs)
             program.modules.update(seen)
             return calls, calls[-1][1] if calls else None
-
-        program.call = call_linen
-        return program
-    graphdef, *states = nnx.split(model, nnx.Param, nnx.BatchStat, ...)
-    leaves, names, layouts, differentiated, treedefs = [], [], [], [], []
-    for state, kind in zip(states, ("param", "stat", None)):
-        flat, treedef = jax.tree_util.tree_flatten_with_path(state)
-        treedefs.append((treedef, len(flat)))
-        for path, leaf in flat:
-            keys = tuple(_key(entry) for entry in path)
-            keys = keys[:-1] if keys and keys[-1] == "value" else keys
-            name, layout = _named(types, keys) if kind is not None else (None, None)
-            leaves.append(leaf)
-            names.append(name)
-            layouts.append(layout)
-            differentiated.append(kind == "param")
-
-    def call_nnx(leaves, inputs):
-        states, start = [], 0
-        for treedef, count in treedefs:
-            states.append(jax.tree_util.tree_unflatten(treedef, leaves[start : start + count]))
-            start += count
-        instance = nnx.merge(graphdef, *states)
-        calls: list = []
+        instance = nnx.merge(graphdef, *variables)
+        calls = []
         with _wrapped(instance, calls):
             output = instance(*inputs.args, **inputs.kwargs)
         return calls, output
 
-    return jax_program.Program(leaves, names, layouts, differentiated, call_nnx)
+    program.call = call
+    return program
 
 
 def trace(model: Model, inputs: Inputs) -> Traced:
