@@ -7,7 +7,7 @@ inputs)`, which runs the model and returns every submodule call's (path, output)
 those calls into the program's outputs, each floating-point array once; `trace` traces the
 program and reads what it says of them (readers/jaxpr.py); `run` runs it, compiled, with the
 gradients along a direction as one program (`with_gradients`), and hands the values back as
-`Output` records, one at a time (`outputs`).
+`Output` records, one at a time.
 """
 
 from __future__ import annotations
@@ -116,7 +116,8 @@ def run(
 ) -> tuple[list[Output], dict[str, np.ndarray] | None]:
     """A JAX reader's run (readers/protocol.py): `traced`'s program compiled and run on `current`'s
     leaves (the model's values now: changed since the trace, maybe, not their shapes), with `grads`
-    the gradients in the same program; eagerly where the model could not be traced (no program)."""
+    the gradients in the same program (under their neutral names, in torch's layouts: `to_torch`);
+    eagerly where the model could not be traced (no program)."""
     if traced.program is None:  # eager: nothing is known before the model runs
         program, compiled, labels = current, None, []
     else:
@@ -141,7 +142,24 @@ def run(
                 for label, v in flatten(output, is_array)
             ]
         values, gradients = with_gradients(program, arrays, rebuild, labels, top, grads, eager=compiled is None)
-    return outputs(program, labels, values, gradients, traced, each, to_torch)
+    # the Output records in call order, each through `each` as it is made, its array let go once reduced
+    flows = {slot: (output.layout, output.upstream, output.floor) for output, (*_, slot) in zip(traced.outputs or [], labels) if slot is not None}
+    found: list[Output] = []
+    arrays_of: dict[int, np.ndarray | None] = {}
+    last = {slot: index for index, (*_, slot) in enumerate(labels) if slot is not None}
+    for index, (call, path, label, kind, shape, slot) in enumerate(labels):
+        value = None
+        if slot is not None:
+            value = arrays_of.pop(slot) if slot in arrays_of else numpy(values[slot])
+            values[slot] = None  # with `each`, each array is let go once reduced
+            if last[slot] > index:
+                arrays_of[slot] = value
+        output = Output(call, path, label, value, kind, shape, *flows.get(slot, (None, -1, None)))
+        found.append(output if each is None else each(output))
+    if gradients is None:
+        return found, None
+    named = zip(program.names, program.layouts, gradients, program.differentiated)
+    return found, {name: to_torch(numpy(grad), layout) for name, layout, grad, d in named if d and name is not None}
 
 
 def with_gradients(program: Program, arrays, rebuild, labels: list, top: list[Output], direction: Direction, eager: bool = False):
@@ -169,36 +187,6 @@ def with_gradients(program: Program, arrays, rebuild, labels: list, top: list[Ou
     values, grads = (both if eager else jax.jit(both))(differentiated, others, arrays, weights)
     it = iter(grads)
     return values, [next(it) if d else None for d in mask]
-
-
-def outputs(
-    program: Program,
-    labels: list,
-    values: list,
-    gradients: list | None,
-    traced: Traced,
-    each: Callable[[Output], Output] | None,
-    to_torch: Callable[[np.ndarray, str | None], np.ndarray],
-) -> tuple[list[Output], dict[str, np.ndarray] | None]:
-    """The run's Output records in call order (each through `each` as it is made, its array let go
-    once reduced) and the gradients under their neutral names, in torch's layouts (`to_torch`)."""
-    flows = {slot: (output.layout, output.upstream, output.floor) for output, (*_, slot) in zip(traced.outputs or [], labels) if slot is not None}
-    found: list[Output] = []
-    arrays_of: dict[int, np.ndarray | None] = {}
-    last = {slot: index for index, (*_, slot) in enumerate(labels) if slot is not None}
-    for index, (call, path, label, kind, shape, slot) in enumerate(labels):
-        value = None
-        if slot is not None:
-            value = arrays_of.pop(slot) if slot in arrays_of else numpy(values[slot])
-            values[slot] = None  # with `each`, each array is let go once reduced
-            if last[slot] > index:
-                arrays_of[slot] = value
-        output = Output(call, path, label, value, kind, shape, *flows.get(slot, (None, -1, None)))
-        found.append(output if each is None else each(output))
-    if gradients is None:
-        return found, None
-    named = zip(program.names, program.layouts, gradients, program.differentiated)
-    return found, {name: to_torch(numpy(grad), layout) for name, layout, grad, d in named if d and name is not None}
 
 
 def float64_twin(cast: Callable[[Any, str], tuple[Any, list[str]]]) -> Callable[[Any], contextlib.AbstractContextManager]:

@@ -70,7 +70,12 @@ def probe(
     {"update": {name: value}, "param": {name: value after the step}, "moment": {(moment, name):
     value}}, the number of elements of all arrays together), read at the first element;
     `neutral(tree)` and `moments(state)` name a tree's arrays as the reader does."""
-    update = jax.jit(lambda grads, state, params: _apply(tx, grads, state, params))
+
+    @jax.jit
+    def update(grads, state, params):
+        updates, state = tx.update(grads, state, params)
+        return updates, optax.apply_updates(params, updates), state
+
     init = jax.jit(tx.init)
     runs = []
     for p0, gradients in scenarios:
@@ -91,8 +96,3 @@ def _filled(template, value: float):
 
 def _first(arrays: dict) -> dict:
     return {key: float(value.reshape(-1)[0]) for key, value in arrays.items() if value.size}
-
-
-def _apply(tx, grads, state, params):
-    updates, state = tx.update(grads, state, params)
-    return updates, optax.apply_updates(params, updates), state

@@ -248,10 +248,10 @@ def load_parameters(model: Model, arrays: dict[str, np.ndarray]) -> Model:
     if _is_linen(model):
         module, variables = model
         variables = unfreeze(dict(variables))  # fresh dicts to write into: the caller's pair is left as it was
+        params = flatten_dict(variables.get("params", {}))
         for name, value in arrays.items():
             path, layout = native[name]
-            collection = "params" if _has(variables.get("params", {}), path) else "batch_stats"
-            tree = variables[collection]
+            tree = variables["params" if path in params else "batch_stats"]
             for key in path[:-1]:
                 tree = tree[key]
             tree[path[-1]] = _own(_from_torch(value, layout), tree[path[-1]].dtype)
@@ -261,14 +261,6 @@ def load_parameters(model: Model, arrays: dict[str, np.ndarray]) -> Model:
         variable = _variable(model, path)
         variable[...] = _own(_from_torch(value, layout), variable[...].dtype)
     return model
-
-
-def _has(tree, path) -> bool:
-    for key in path:
-        if not hasattr(tree, "items") or key not in tree:
-            return False
-        tree = tree[key]
-    return True
 
 
 def _variable(model, path):
