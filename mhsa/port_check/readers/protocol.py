@@ -45,10 +45,6 @@ class Reader(Protocol):
         """Whether this reader reads `model`."""
         ...
 
-    def module_type(self, module: Any) -> str:
-        """The neutral type name of one submodule (ModuleInfo.kind)."""
-        ...
-
     def describe(self, model: Model, inputs: Inputs, traced: Traced | None = None) -> dict[str, ModuleInfo]:
         """module path -> what the lint reads of it, every submodule (a reader that knows its
         submodules only while the model runs traces it on `inputs`, or reads `traced`)."""

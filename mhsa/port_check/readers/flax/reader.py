@@ -300,8 +300,7 @@ def cast(model: Model, dtype: str) -> tuple[Model, list[str]]:
     changed = []
     if _is_linen(model):
         module = model[0]
-        names = {field.name for field in dataclasses.fields(module)}
-        current = getattr(module, "dtype", None) if "dtype" in names else None
+        current = getattr(module, "dtype", None) if "dtype" in {field.name for field in dataclasses.fields(module)} else None
         if _is_float_dtype(current) and jnp.dtype(current) != jnp.dtype(target):
             changed.append(f"'(the model)' dtype {dtype_name(jnp.dtype(current))} -> {dtype}")
             module = module.clone(dtype=target)
@@ -485,17 +484,15 @@ def _linen_run(model, inputs: Inputs):
         return ".".join(part for part in (roots[id(root)], _join(instance.path)) if part)
 
     def watch(next_fun, args, kwargs, context):
-        outer = context.method_name == "__call__" and not any(seen is context.module for seen, _ in active)
-        if outer:
-            active.append((context.module, path_of(context.module)))
+        if context.method_name != "__call__" or any(seen is context.module for seen, _ in active):  # not a call, or an inner one
+            return next_fun(*args, **kwargs)
+        active.append((context.module, path_of(context.module)))
         try:
             output = next_fun(*args, **kwargs)
         finally:
-            if outer:
-                _, path = active.pop()
-        if outer:
-            modules[path] = context.module
-            calls.append((path, output))
+            _, path = active.pop()
+        modules[path] = context.module
+        calls.append((path, output))
         return output
 
     with nn.intercept_methods(watch):

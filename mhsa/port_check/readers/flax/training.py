@@ -87,11 +87,8 @@ def _step_function(graphdef, tx, loss_fn, model_inputs):
 
 
 def probe(setup: dict, model: nnx.Module, scenarios: list[tuple[float, list[float]]]) -> tuple[list[list[dict]], int]:
-    """Run the transformation on each scenario, as train_torch.probe does: (p0, [g_1, ..., g_n])
-    sets every element of every parameter to p0 and every gradient element at step t to g_t, on
-    the model's own parameter tree (so masks and labels apply). Returns (per scenario, per step:
-    {"update": {name: value}, "param": {name: value after the step}, "moment": {(moment, name):
-    value}}, the number of elements of all parameters together), read at the first element."""
+    """optax_steps.probe of the port's transformation on the model's own parameter tree (so masks
+    and labels apply), its arrays named as the reader names them."""
     names = flax_reader.variable_names(model)
     template = nnx.state(model, nnx.Param)
     return optax_steps.probe(

@@ -58,9 +58,6 @@ class Dataflow(TorchFunctionMode):
         known = self._known.get(id(tensor))
         return known[1] if known is not None and known[0]() is tensor else Flow()
 
-    def of(self, tensor) -> layouts.Axes | None:
-        return self.flow(tensor).axes
-
     def mark(self, tensor, call: int) -> None:
         known = self.flow(tensor)
         self._set(tensor, known._replace(upstream=known.upstream | (1 << call)))
@@ -81,8 +78,7 @@ class Dataflow(TorchFunctionMode):
         kwargs = kwargs or {}
         output = func(*args, **kwargs)
         name = _name(func)
-        inputs = [value for value in _flat(args) if isinstance(value, torch.Tensor)]
-        inputs += [value for value in _flat(list(kwargs.values())) if isinstance(value, torch.Tensor)]
+        inputs = [value for value in _flat([*args, *kwargs.values()]) if isinstance(value, torch.Tensor)]
         upstream, floors = 0, []
         for tensor in inputs:
             known = self.flow(tensor)
@@ -100,7 +96,7 @@ class Dataflow(TorchFunctionMode):
 
     def _layout(self, name, args, kwargs, inputs, result) -> layouts.Axes | None:
         first = inputs[0] if inputs else None
-        axes = self.of(first) if first is not None else None
+        axes = self.flow(first).axes  # None without a first tensor
         if name in FIRST:
             return axes if axes is not None and name in ("interpolate", "upsample") else layouts.channels_first(result.ndim)
         if name in ("T", "mT") and first is not None:  # the properties: every axis reversed, the last two swapped
@@ -108,10 +104,10 @@ class Dataflow(TorchFunctionMode):
         if name in PERMUTE and first is not None:
             return _permuted(name, axes, args[1:], kwargs, first.ndim)
         if name in SAME_RANK or name in ("contiguous", "clone"):
-            return next((self.of(t) for t in inputs if t.ndim == result.ndim and self.of(t) is not None), None)
+            return next((self.flow(t).axes for t in inputs if t.ndim == result.ndim and self.flow(t).axes is not None), None)
         if name == "linear" and first is not None and layouts.channels_last(axes) and result.ndim == first.ndim:
             return axes
-        return next((self.of(t) for t in inputs if tuple(t.shape) == tuple(result.shape) and self.of(t) is not None), None)
+        return next((self.flow(t).axes for t in inputs if tuple(t.shape) == tuple(result.shape) and self.flow(t).axes is not None), None)
 
 
 def _name(func) -> str:

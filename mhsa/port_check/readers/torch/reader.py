@@ -180,10 +180,8 @@ def tied(model: nn.Module) -> dict[str, str]:
         if name is None or not value.is_floating_point() or value.numel() == 0:
             continue
         key = (value.data_ptr(), tuple(value.shape), tuple(value.stride()), value.dtype)
-        if key in first:
+        if first.setdefault(key, name) != name:
             found[name] = first[key]
-        else:
-            first[key] = name
     return found
 
 
@@ -324,7 +322,7 @@ def run(
 def _objective(output, direction: Direction, flow: Dataflow) -> torch.Tensor:
     """<r, output>: each floating-point leaf of the model's output weighted by its direction."""
     found = [(label, value) for label, value in flatten(output, _is_tensor) if _is_tensor(value) and value.is_floating_point()]
-    records = [Output(-1, "", label, None, dtype_name(value.dtype), tuple(value.shape), flow.of(value)) for label, value in found]
+    records = [Output(-1, "", label, None, dtype_name(value.dtype), tuple(value.shape), flow.flow(value).axes) for label, value in found]
     weights = direction(records)
     terms = [(value * torch.as_tensor(weights[label], dtype=value.dtype)).sum() for label, value in found if label in weights]
     if not terms:
