@@ -178,13 +178,10 @@ def with_gradients(program: Program, arrays, rebuild, labels: list, top: list[Ou
         terms = [jnp.sum(value * weights[label].astype(value.dtype)) for label, value in flatten(output, is_array) if label in weights]
         return sum(terms), record(calls, labels)
 
-    def both(differentiated, others, arrays, weights):
-        (_, values), grads = jax.value_and_grad(objective, has_aux=True)(differentiated, others, arrays, weights)
-        return values, grads
-
+    both = jax.value_and_grad(objective, has_aux=True)  # ((<r, output>, the recorded values), the gradients)
     differentiated = [leaf for leaf, d in zip(program.leaves, mask) if d]
     others = [leaf for leaf, d in zip(program.leaves, mask) if not d]
-    values, grads = (both if eager else jax.jit(both))(differentiated, others, arrays, weights)
+    (_, values), grads = (both if eager else jax.jit(both))(differentiated, others, arrays, weights)
     it = iter(grads)
     return values, [next(it) if d else None for d in mask]
 

@@ -97,14 +97,12 @@ class Reader(Protocol):
         ("transpose", "eps", "approximate", "padding", "load"); None where it does not apply."""
         ...
 
-    @property
-    def float64_twin(self) -> Callable[[Model], AbstractContextManager[Model]]:
+    def float64_twin(self, model: Model) -> AbstractContextManager[Model]:
         """A context manager giving `model` in float64 for the block (the tolerances' reference
         run), the model as it was after it, even on error."""
         ...
 
-    @property
-    def highest_precision(self) -> Callable[[], AbstractContextManager[None]]:
+    def highest_precision(self) -> AbstractContextManager[None]:
         """A context manager with full float32 matmuls (no TF32) for the block."""
         ...
 
