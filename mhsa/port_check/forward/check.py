@@ -27,6 +27,9 @@ from shared.config import DTYPES
 from shared.malloc import kept_for_reuse
 from shared.tolerances import tolerance
 
+# the module types every reader names alike: two paired modules of two of them differ in type (a lint finding)
+NEUTRAL = ("Linear", "Embedding", "Conv", "Dropout", "GELU") + NORMS
+
 
 def transfer_weights(source: Any, target: Any, name_map: dict[str, str] | None = None, copy: bool | None = True) -> tuple[Any, Transfer]:
     """Pair the reference's parameters with the port's by name (through name_map) and shape, and
@@ -61,7 +64,7 @@ def lint(source_desc: dict[str, ModuleInfo], target_desc: dict[str, ModuleInfo],
         if other is None:
             continue
         kind, theirs = info.kind, other.settings
-        if kind != other.kind and _neutral(kind) and _neutral(other.kind):
+        if kind != other.kind and kind in NEUTRAL and other.kind in NEUTRAL:
             findings.append(LintDifference(path, kind, "type", kind, other.kind))
             continue
         for key, value in info.settings.items():
@@ -82,10 +85,6 @@ def _untied(tied: dict[str, str], target_params, name_map) -> list[Untied]:
     """Each tied reference parameter whose port counterparts are two parameters."""
     pairs = ((name, shared, map_name(name, name_map), map_name(shared, name_map)) for name, shared in tied.items())
     return [Untied(name, shared) for name, shared, mapped, other in pairs if mapped != other and mapped in target_params and other in target_params]
-
-
-def _neutral(kind: str) -> bool:
-    return kind in ("Linear", "Embedding", "Conv", "Dropout", "GELU") + NORMS
 
 
 def one_line(error: BaseException) -> str:
@@ -117,12 +116,6 @@ def _running(what: str, function, *args, also: str = "") -> Any:
         raise PortCheckError(f"{what} failed: {one_line(error)}" + (f"; {also}" if also else "")) from error
 
 
-def _low_precision_inputs(inputs: Inputs) -> list[str]:
-    """The input dtypes below float32 (bfloat16, float16): cast up, exactly; said in a note."""
-    found = {dtype_name(array.dtype) for array in split_arrays(inputs)[0]}
-    return sorted(name for name in found if RANKS.get(name, 3) < 2)
-
-
 @dataclass
 class Paired:
     """Both models ready to compare: each side (model as cast, reader, inputs, ModuleInfo per
@@ -151,8 +144,8 @@ def pair_models(source, target, inputs, *, target_inputs=None, name_map=None, dt
     if dtype is not None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
-        low = _low_precision_inputs(raw_inputs)
-        if low:
+        low = sorted(name for name in {dtype_name(array.dtype) for array in split_arrays(raw_inputs)[0]} if RANKS.get(name, 3) < 2)
+        if low:  # inputs below float32 (bfloat16, float16): cast up, exactly; said in a note
             notes.append(Note("inputs cast", tuple(low), dtype))
         source, changed = _running(f"casting the reference ({source_name}) to {dtype}", source_reader.cast, source, dtype)
         target, changed_target = _running(f"casting the port ({target_name}) to {dtype}", target_reader.cast, target, dtype)
@@ -166,12 +159,15 @@ def pair_models(source, target, inputs, *, target_inputs=None, name_map=None, dt
         try:
             target_traced = target_reader.trace(target, target_inputs)
         except Exception as error:  # the user's model failing on the inputs: said in one line
-            raise _port_fails(error, running_target, Side(source, source_reader, inputs, {}), target, target_reader, name_map, sides) from error
+            raise _port_fails(
+                error, (running_source, running_target), Side(source, source_reader, inputs, {}), target, target_reader, name_map
+            ) from error
     source_params = _read(source_reader.parameters(source), source_traced, "reference", notes)
     target_params = _read(target_reader.parameters(target), target_traced, "port", notes)
     asked = dtype or _dtype_of(source_params)
-    _require_parameters(f"the reference ({source_name})", source_params, source)
-    _require_parameters(f"the port ({target_name})", target_params, target)
+    for side, params, model in ((f"the reference ({source_name})", source_params, source), (f"the port ({target_name})", target_params, target)):
+        if not params:
+            raise PortCheckError(f"{side} ({_type_name(model)}) has no floating-point parameters: there is nothing to port")
     source_desc = _running(running_source, source_reader.describe, source, inputs, source_traced)
     target_desc = _running(running_target, target_reader.describe, target, target_inputs, target_traced)
     pairing = weights.pair_parameters(source_params, target_params, source_desc, target_desc, name_map, sides)
@@ -229,20 +225,18 @@ def check_port(source, target, inputs, *, target_inputs=None, name_map=None, tra
     return report
 
 
-def _port_fails(error: Exception, what: str, source: Side, target, target_reader, name_map, sides) -> PortCheckError:
+def _port_fails(error: Exception, running: tuple[str, str], source: Side, target, target_reader, name_map) -> PortCheckError:
     """The one line for a port that fails on the inputs: the reference's own failure on them when
     it fails too (the inputs are the reference's), else the port's, with the shapes the pairing
-    finds not to fit."""
+    finds not to fit. running: what running each side on the inputs is called, for the line."""
     if isinstance(error, PortCheckError):
         return error
-    _running(f"running the reference ({sides[0]}) on the inputs ({describe_inputs(source.inputs)})", source.reader.run, source.model, source.inputs)
+    _running(running[0], source.reader.run, source.model, source.inputs)
     source_desc = source.reader.describe(source.model, source.inputs)
     target_desc = {} if isinstance(target, tuple) else target_reader.describe(target, Inputs())
-    pairing = weights.pair_parameters(
-        source.reader.parameters(source.model), target_reader.parameters(target), source_desc, target_desc, name_map, sides
-    )
-    advice = _shape_advice(pairing)
-    return PortCheckError(f"{what} failed: {one_line(error)}" + (f"; {advice}" if advice else ""))
+    pairing = weights.pair_parameters(source.reader.parameters(source.model), target_reader.parameters(target), source_desc, target_desc, name_map)
+    advice = _shape_advice(pairing)  # the misfits alone: no layout line of the pairing is said
+    return PortCheckError(f"{running[1]} failed: {one_line(error)}" + (f"; {advice}" if advice else ""))
 
 
 def _read(params: dict, traced, side: str, notes: list[Note]) -> dict:
@@ -254,11 +248,6 @@ def _read(params: dict, traced, side: str, notes: list[Note]) -> dict:
     if unread:
         notes.append(Note("unread", tuple(unread), side=side))
     return {name: value for name, value in params.items() if name in traced.read}
-
-
-def _require_parameters(side: str, params: dict, model) -> None:
-    if not params:
-        raise PortCheckError(f"{side} ({_type_name(model)}) has no floating-point parameters: there is nothing to port")
 
 
 def _compare(report: PortReport, source: Side, target: Side, asked: str, name_map, grads: bool, probes: bool) -> None:
@@ -276,12 +265,14 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
     if direction is not None and direction.left_out:
         report.notes.append(Note("left out", tuple(direction.left_out)))
     if asked == "float64" and _falls_to_float32(source_outputs, target_outputs, source.desc, target.desc):  # the reference's float32 error there
-        source.derived = _measured(report, source, derived.from_float32_run, source_outputs, source_grads, reference_direction, Note("no float32"))
+        source.derived = _measured(report, source, "float32", source_outputs, source_grads, reference_direction, Note("no float32"))
     tolerances = source.derived or derived.Derived()
     report.rows, report.unmatched_source, report.unmatched_target, skipped = output_rows(
         source_outputs, target_outputs, source.desc, target.desc, asked, sides, name_map, tolerances.outputs
     )
-    _skipped_note(report, skipped)
+    absent = tuple((name, why) for name, why in skipped if why.startswith("None in "))  # a note for these, one for the non-floats
+    other = tuple((name, kind) for name, kind in skipped if not kind.startswith("None in "))
+    report.notes += [Note(kind, pairs) for kind, pairs in (("not floats", other), ("none", absent)) if pairs]
     for outputs, desc, side in ((source_outputs, source.desc, sides[0]), (target_outputs, target.desc, sides[1])):
         report.precision += precision.findings(outputs, asked, desc, side)
     floors = _floors(source_outputs, target_outputs, asked, source.desc, target.desc)
@@ -334,10 +325,8 @@ def _explainer(source_outputs: list[Output], target_outputs: list[Output]):
         a, b = source.get(row.key), target.get(row.target_key)
         if a is None or b is None or a.value is None or b.value is None:
             return ""
-        value = a.value
         permutation = layouts.order(a.layout, b.layout)
-        if permutation is not None:
-            value = value.transpose(permutation)
+        value = a.value if permutation is None else a.value.transpose(permutation)
         how = weights.how_it_differs(value, b.value, row.tol) if value.shape == b.value.shape else None
         if how is None:
             return ""
@@ -352,17 +341,10 @@ def _model_output(outputs: list[Output]) -> list[Output]:
     return [output for output in outputs if output.call == last]
 
 
-def _skipped_note(report: PortReport, skipped: list[tuple[str, str]]) -> None:
-    """One note for the leaves that are no floating-point arrays, one for those None on one side."""
-    absent = tuple((name, why) for name, why in skipped if why.startswith("None in "))
-    other = tuple((name, kind) for name, kind in skipped if not kind.startswith("None in "))
-    report.notes += [Note(kind, pairs) for kind, pairs in (("not floats", other), ("none", absent)) if pairs]
-
-
 def _derive(report: PortReport, source: Side, outputs, grads, direction) -> derived.Derived | None:
     """The float32 rows' tolerances from the reference's float64 run (forward/derived.py); None, with a
     note, when the reference cannot run in float64: its rows then hold the fixed tolerances."""
-    found = _measured(report, source, derived.from_float64_run, outputs, grads, direction, Note("no float64"))
+    found = _measured(report, source, "float64", outputs, grads, direction, Note("no float64"))
     if found is None:
         return None
     if found.fixed:
@@ -380,13 +362,8 @@ def _why_apart(side: Side, outputs: list[Output]) -> str:
         again, _ = side.reader.run(side.model, side.inputs)
     except Exception:  # the first run succeeded; a second that fails says nothing about randomness
         return "deterministic"
-    first = {(output.call, output.label): output.value for output in outputs if output.value is not None}
-    moved = any(
-        output.value is not None
-        and (output.call, output.label) in first
-        and not np.array_equal(first[output.call, output.label], output.value, equal_nan=True)
-        for output in again
-    )
+    first, second = ({(output.call, output.label): output.value for output in run if output.value is not None} for run in (outputs, again))
+    moved = any(not np.array_equal(first[key], value, equal_nan=True) for key, value in second.items() if key in first)
     return "random" if moved else "deterministic"
 
 
@@ -403,12 +380,12 @@ def _falls_to_float32(source_outputs, target_outputs, source_desc, target_desc) 
     return lowest == 2 or any(precision.leaf_floor(output) == 2 for output in source_outputs + target_outputs)
 
 
-def _measured(report: PortReport, side: Side, twin, outputs, grads, direction, note: Note) -> derived.Derived | None:
-    """twin(side's reader, model, inputs, its outputs, grads, direction): a side's own float32 errors
-    from its run in the other dtype (forward/derived.py); None, with `note` and the error, where the
-    model cannot run in that dtype: its rows then keep the fixed tolerances (the port's: the reference's error alone)."""
+def _measured(report: PortReport, side: Side, dtype: str, outputs, grads, direction, note: Note) -> derived.Derived | None:
+    """A side's own float32 errors from its run in `dtype`, the other one (derived.from_twin_run); None, with
+    `note` and the error, where the model cannot run in that dtype: its rows then keep the fixed tolerances (the
+    port's: the reference's error alone)."""
     try:
-        return twin(side.reader, side.model, side.inputs, outputs, grads, direction)
+        return derived.from_twin_run(dtype, side.reader, side.model, side.inputs, outputs, grads, direction)
     except Exception as error:  # a model that cannot compute in the other dtype: said, and checked all the same
         report.notes.append(replace(note, error=one_line(error)))
         return None
@@ -419,8 +396,7 @@ def _port_errors(report: PortReport, target: Side, outputs, grads, direction, as
     joined to the rows' tolerances (the larger of the two sides' errors sets each); said in a note,
     and where it cannot be made."""
     other = "float64" if asked == "float32" else "float32"
-    twin = derived.from_float64_run if other == "float64" else derived.from_float32_run
-    found = _measured(report, target, twin, outputs, grads, direction, Note("port alone", dtype=other))
+    found = _measured(report, target, other, outputs, grads, direction, Note("port alone", dtype=other))
     if found is not None:
         target.derived = found
         report.port_twin = other
@@ -444,9 +420,7 @@ def _order(reader, model, inputs, params) -> list[str]:
         outputs, _ = reader.run(model, inputs)
     except Exception:  # the names are the problem being reported; the order is a nicety
         outputs = []
-    order = [output.path for output in outputs]
-    order += [name.rpartition(".")[0] for name in params]
-    return list(dict.fromkeys(order))
+    return list(dict.fromkeys([output.path for output in outputs] + [name.rpartition(".")[0] for name in params]))
 
 
 def unpaired(report: PortReport) -> str:

@@ -21,6 +21,7 @@ rounding of 0, and its row says so.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -76,52 +77,35 @@ def zero_gradients(grads: dict[str, np.ndarray]) -> set[str]:
     return {name for name, value in largest.items() if value <= ZERO * top}
 
 
-def from_float64_run(reader, model, inputs, outputs32: list[Output], grads32: dict | None, direction=None) -> Derived:
-    """Run `model` (through `reader`) in float64 and measure every float32 row's own error against
-    `outputs32` and `grads32` (its float32 run; the gradients in `direction`, as that run took
-    them). Errors of the float64 run are the caller's to report."""
+def from_twin_run(dtype: str, reader, model, inputs, outputs: list[Output], grads: dict | None, direction=None) -> Derived:
+    """Run `model` (through `reader`) once more in `dtype`, the other precision, and reduce each of
+    that run's output leaves and gradients against its twin in `outputs` and `grads` (the check's
+    run; the gradients in `direction`, as that run took them). "float64" in a float32 check: every
+    row's own error. "float32" in a float64 check: the own error of the rows that fall to float32
+    (a float32 step in the model's code: forward/precision.py), which are then held to K times it,
+    as a float32 check holds every row, not to a fixed number that knows nothing of their size.
+    Errors of the run are the caller's to report."""
     found = Derived()
-    by_key = {(output.call, output.label): output for output in outputs32 if output.value is not None}
+    by_key = {(output.call, output.label): output for output in outputs if output.value is not None}
+    up = dtype == "float64"
 
-    def reduce(output64: Output) -> Output:
-        paired = _twin_output(by_key, output64)
+    def reduce(output: Output) -> Output:
+        paired = _twin_output(by_key, output)
         if paired is not None:
-            twin, value64, value32 = paired
+            twin, value, twin_value = paired
             name = (twin.path or "(model output)") + twin.label
-            if output64.dtype != "float64" or (output64.floor is not None and output64.floor < 3):  # a float32 step inside
+            if up and (output.dtype != "float64" or (output.floor is not None and output.floor < 3)):  # a float32 step inside
                 found.fixed.append(name)
-            elif not _output_error(found, output64, value32, value64):
+            elif not _output_error(found, output, *((twin_value, value) if up else (value, twin_value))):
                 found.apart.append(name)
-        return output64._replace(value=None)
+        return output._replace(value=None)
 
-    grads = direction if grads32 is not None else None
-    with kept_for_reuse(), reader.float64_twin(model) as twin_model:  # its many large blocks reused, not faulted in anew
-        _, grads64 = reader.run(twin_model, cast_floats(inputs, np.float64), grads, reduce)  # exactly: float32 values
-        _gradient_errors(found, grads32, grads64)
-        del grads64
-    return found
-
-
-def from_float32_run(reader, model, inputs, outputs64: list[Output], grads64: dict | None, direction=None) -> Derived:
-    """In a float64 check, the own float32 error of the rows that fall to float32 (a float32 step
-    in the model's code: forward/precision.py): `model` run once more in float32 and each output and
-    gradient reduced against `outputs64` and `grads64`, its run as the check made it. Those rows
-    are then held to K times that error, as a float32 check holds every row, not to a fixed number
-    that knows nothing of their size."""
-    found = Derived()
-    by_key = {(output.call, output.label): output for output in outputs64 if output.value is not None}
-
-    def reduce(output32: Output) -> Output:
-        paired = _twin_output(by_key, output32)
-        if paired is not None:
-            _, value32, value64 = paired
-            _output_error(found, output32, value32, value64)
-        return output32._replace(value=None)
-
-    model32, _ = reader.cast(model, "float32")
-    with kept_for_reuse():
-        _, grads32 = reader.run(model32, cast_floats(inputs, np.float32), direction if grads64 is not None else None, reduce)
-    _gradient_errors(found, grads32, grads64)
+    # in float64 exactly the float32 run's inputs and weights, cast up
+    in_dtype = reader.float64_twin(model) if up else contextlib.nullcontext(reader.cast(model, "float32")[0])
+    with kept_for_reuse(), in_dtype as twin_model:  # its many large blocks reused, not faulted in anew
+        _, twin_grads = reader.run(twin_model, cast_floats(inputs, dtype), direction if grads is not None else None, reduce)
+        _gradient_errors(found, *((grads, twin_grads) if up else (twin_grads, grads)))
+        del twin_grads
     return found
 
 
