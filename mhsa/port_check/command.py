@@ -128,15 +128,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(parser=parser)
 
 
-def _check_sides(source, target) -> None:
-    for model, want, what in ((source, "torch", "TORCH_FACTORY"), (target, "jax", "FLAX_FACTORY")):
-        side, _ = reader_of(model)
-        if (side == "torch") != (want == "torch"):  # the port: any JAX library's reader (Flax, Equinox)
-            raise PortCheckError(
-                f"{what} returned a {'torch' if side == 'torch' else 'Flax'} model; the torch reference comes first, then the Flax port"
-            )
-
-
 def run(args) -> int:
     if args.int_range and not args.input_shape:
         args.parser.error("--int-range goes with --input-shape")
@@ -151,8 +142,7 @@ def run(args) -> int:
     except (ValueError, TypeError, OSError) as error:  # a file or factory it cannot use: one line, no usage
         return _error(str(error))
     try:
-        source_inputs, target_inputs = factories[0][1], factories[1][1]
-        inputs, target_inputs = read_inputs(args, source_inputs, target_inputs, from_file)
+        inputs, target_inputs = read_inputs(args, factories[0][1], factories[1][1], from_file)
         models = [model for model, _ in factories]
         del factories
         report = check_port(
@@ -184,7 +174,9 @@ def _factories(args):
     to be either factory's own source file."""
     source = load_factory(args.torch_factory, "TORCH_FACTORY")
     target = load_factory(args.flax_factory, "FLAX_FACTORY")
-    _check_sides(source[0], target[0])
+    for (model, _), what, reference in ((source, "TORCH_FACTORY", True), (target, "FLAX_FACTORY", False)):
+        if (reader_of(model)[0] == "torch") != reference:  # the port: any JAX library's reader (Flax, Equinox)
+            raise PortCheckError(f"{what} returned a {'Flax' if reference else 'torch'} model; the torch reference comes first, then the Flax port")
     if args.write_map:
         files = [getattr(sys.modules.get(spec.partition(":")[0]), "__file__", None) for spec in (args.torch_factory, args.flax_factory)]
         check_writable(args.write_map, [file for file in files if file])

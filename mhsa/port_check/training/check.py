@@ -47,7 +47,6 @@ OPTIMIZERS = {"reference": "a torch.optim.Optimizer", "port": "an optax Gradient
 def check_setup(setup, which: str) -> dict:
     """A factory's mapping, checked: `which` is "reference" (torch) or "port" (Flax NNX, Equinox). Returns it
     as a dict with "inputs" a list of tuples of arrays; raises ValueError naming what is wrong."""
-    optimizer_kind = OPTIMIZERS[which]
     if not isinstance(setup, Mapping):
         raise ValueError(
             f"the {which} factory returned {type(setup).__name__}; with --train it must return a mapping with the keys {', '.join(REQUIRED)}"
@@ -66,7 +65,7 @@ def check_setup(setup, which: str) -> dict:
             f"the {which} factory's model is a {name} model; the training check takes a torch reference and a Flax NNX port or an Equinox one"
         )
     if not trainer.owns(setup["optimizer"]):
-        raise ValueError(f"the {which} factory's 'optimizer' must be {optimizer_kind}; got {type(setup['optimizer']).__name__}")
+        raise ValueError(f"the {which} factory's 'optimizer' must be {OPTIMIZERS[which]}; got {type(setup['optimizer']).__name__}")
     if not callable(setup["loss"]):
         raise ValueError(f"the {which} factory's 'loss' must be a callable (output, *batch) -> scalar")
     checked = dict(setup, inputs=_batches(setup["inputs"], which))
