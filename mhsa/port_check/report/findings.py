@@ -17,6 +17,11 @@ def line(finding, sides: tuple[str, str] = ("torch", "jax")) -> str:
     return RENDERERS[type(finding)](finding, sides)
 
 
+def differences(what: str, findings: list[str]) -> list[str]:
+    """A lint's lines in either report: 'what: no differences' or 'what: 2 difference(s)', then each finding."""
+    return [f"{what}: " + ("no differences" if not findings else f"{len(findings)} difference(s)")] + [f"  {finding}" for finding in findings]
+
+
 def some(names, shown: int = 4) -> str:
     """ "'a', 'b' and 3 more": the first few of a list of row names, each once."""
     names = list(dict.fromkeys(names))
@@ -31,13 +36,6 @@ def _lint(d: f.LintDifference, sides) -> str:
     if d.setting in ("bias", "active"):
         return f"{where}: {d.kind} {d.setting} in {sides[0] if d.reference else sides[1]} only" + (f" ({why})" if why else "")
     return f"{where}: {d.kind} {d.setting} {d.reference!r} in {sides[0]}, {d.port!r} in {sides[1]}" + (f" ({why})" if why else "")
-
-
-def _untied(u: f.Untied, sides) -> str:
-    return (
-        f"{u.path}: tied to {u.tied_to} in {sides[0]}, a parameter of its own in {sides[1]} "
-        "(untied: equal once copied, they part as soon as either is trained; --grads shows it)"
-    )
 
 
 def _listed(pairs) -> str:
@@ -227,10 +225,6 @@ def _rates(d: f.OptimizerDifference) -> str:
     return f" (torch from step 1: {torch} ...; optax: {optax} ...)"
 
 
-def _optimizer(d: f.OptimizerDifference, sides) -> str:
-    return OPTIMIZER[d.setting](d) + (f" (on {', '.join(d.on)})" if d.on else "")
-
-
 def _setting(s: f.OptimizerSetting, sides) -> str:
     if s.kind == "torch":
         group = f" (param group {s.group})" if s.group is not None else ""
@@ -263,12 +257,15 @@ OPTIMIZER_NOTES = {
 
 RENDERERS: dict[type, Callable[[Any, tuple[str, str]], str]] = {
     f.LintDifference: _lint,
-    f.Untied: _untied,
+    f.Untied: lambda u, sides: (
+        f"{u.path}: tied to {u.tied_to} in {sides[0]}, a parameter of its own in {sides[1]} "
+        "(untied: equal once copied, they part as soon as either is trained; --grads shows it)"
+    ),
     f.Note: lambda n, sides: NOTES[n.kind](n, sides),
     f.Precision: _precision,
     f.Hint: _hint,
     f.Probe: _probe,
-    f.OptimizerDifference: _optimizer,
+    f.OptimizerDifference: lambda d, sides: OPTIMIZER[d.setting](d) + (f" (on {', '.join(d.on)})" if d.on else ""),
     f.OptimizerSetting: _setting,
     f.OptimizerNote: lambda n, sides: OPTIMIZER_NOTES[n.kind].format(n.cls),
     f.OneSided: lambda o, sides: f"{o.moment} (optax {MOMENTS[o.moment]}): kept in {o.side} only, not compared",

@@ -7,7 +7,7 @@ import json
 
 from mhsa.comparison import RESULT, table
 from mhsa.port_check.core.records import PortReport, Row, Transfer
-from mhsa.port_check.report.findings import line
+from mhsa.port_check.report.findings import differences, line
 from shared.tolerances import K
 
 SHOWN = 12  # parameters listed per kind of misfit; the rest are counted
@@ -19,9 +19,8 @@ def format_report(report: PortReport) -> str:
     lines = [report.title, ""]
     if report.stopped:
         return "\n".join(lines + _weights(report.transfer, listed=False) + _stopped(report))
-    lines.append("configuration lint: " + ("no differences" if not report.lint else f"{len(report.lint)} difference(s)"))
-    sides = report.sides
-    lines += [f"  {line(finding, sides)}" for finding in report.lint]
+    a, b = sides = report.sides
+    lines += differences("configuration lint", [line(finding, sides) for finding in report.lint])
     lines += _weights(report.transfer)
     lines += [f"precision: {line(finding, sides)}" for finding in report.precision]
     lines += [f"note: {line(note, sides)}" for note in report.notes]
@@ -29,7 +28,6 @@ def format_report(report: PortReport) -> str:
     if report.rows:
         lines += _table(report)
         lines.append("")
-    a, b = report.sides
     if report.unmatched_source:
         lines.append(f"no counterpart in {b} (compared only through the next matched output): " + ", ".join(report.unmatched_source))
     if report.unmatched_target:

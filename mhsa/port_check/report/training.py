@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from mhsa.comparison import RESULT, table
 from mhsa.port_check.core.training_records import TrainReport, TrainRow
-from mhsa.port_check.report.findings import line
+from mhsa.port_check.report.findings import differences, line
 
 AROUND = 2  # steps shown before and after the first failing one
 DETAIL = 12  # rows of the failing step shown beyond its gradients
@@ -15,8 +15,8 @@ DETAIL = 12  # rows of the failing step shown beyond its gradients
 def format_train_report(report: TrainReport) -> str:
     a, b = report.sides
     lines = [report.title, ""]
-    lines += _listed("configuration lint", [line(finding, report.sides) for finding in report.config_lint])
-    lines += _listed("optimizer lint", [line(finding) for finding in report.lint])
+    lines += differences("configuration lint", [line(finding, report.sides) for finding in report.config_lint])
+    lines += differences("optimizer lint", [line(finding) for finding in report.lint])
     lines += [f"  note: {line(note)}" for note in report.lint_notes]
     lines += ["optimizer settings:"] + [f"  {line(setting)}" for setting in report.settings]
     t = report.transfer
@@ -36,10 +36,6 @@ def format_train_report(report: TrainReport) -> str:
         lines.append("")
     lines.append(_verdict(report))
     return "\n".join(lines)
-
-
-def _listed(what: str, findings: list[str]) -> list[str]:
-    return [f"{what}: " + ("no differences" if not findings else f"{len(findings)} difference(s)")] + [f"  {finding}" for finding in findings]
 
 
 def _not_copied(report: TrainReport) -> dict[str, list[str]]:
@@ -81,12 +77,7 @@ def _step_table(report: TrainReport) -> list[str]:
 
 def _gaps(shown: list[int], steps: int) -> list[tuple[int, int]]:
     """The runs of steps not shown, as (first, last)."""
-    gaps, previous = [], 0
-    for step in [*shown, steps + 1]:
-        if step > previous + 1:
-            gaps.append((previous + 1, step - 1))
-        previous = step
-    return gaps
+    return [(before + 1, after - 1) for before, after in zip([0, *shown], [*shown, steps + 1]) if after > before + 1]
 
 
 def _cells(row: TrainRow) -> tuple[str, str, str]:
