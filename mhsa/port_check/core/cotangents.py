@@ -68,10 +68,8 @@ class PortDirection:
         self.left_out = [f"'{output.label or '(whole)'}' ({self._missing(output.label)})" for output in port if id(output) not in paired]
         directions = {}
         for ref, output in pairs:
-            r = draw(ref.label, ref.shape)
-            permutation = layouts.order(ref.layout, output.layout)
-            if permutation is not None:
-                r = r.transpose(permutation)
+            r, permutation = draw(ref.label, ref.shape), layouts.order(ref.layout, output.layout)
+            r = r if permutation is None else r.transpose(permutation)
             if r.shape != tuple(output.shape):
                 self.left_out.append(f"'{output.label or '(whole)'}' (shape {tuple(output.shape)}, the reference's {tuple(ref.shape)})")
                 continue

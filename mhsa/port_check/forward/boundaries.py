@@ -22,35 +22,31 @@ from mhsa.port_check.core.records import Row
 from mhsa.port_check.core.structure import Output
 
 
-def boundaries(rows: list[Row], outputs: list[Output], explain=None) -> list[Row]:
-    """Mark the failing output rows whose difference the outputs reading them do not carry; returns
-    them. outputs: the reference's run, for what reads what; explain(row) -> str: how the two
-    outputs at a marked row differ (for its note), or ''."""
-    output_rows = [row for row in rows if row.section == "output"]
+def boundaries(rows: list[Row], outputs: list[Output], explain) -> None:
+    """Mark the failing output rows whose difference the outputs reading them do not carry.
+    outputs: the reference's run, for what reads what; explain(row) -> str: how the two outputs at
+    a marked row differ (for its note), or ''."""
     by_call: dict[int, list[Row]] = {}
-    for row in output_rows:
-        by_call.setdefault(row.position, []).append(row)
+    for row in rows:
+        if row.section == "output":
+            by_call.setdefault(row.position, []).append(row)
     calls = sorted(by_call)
     upstream = _upstream(outputs)
-    known = upstream is not None and all(bits >= 0 for bits in upstream.values())
-    marked: list[Row] = []
     for position in reversed(calls):  # a later boundary decides an earlier one
         failing = [row for row in by_call[position] if row.failed and row.status == ""]
         if not failing:
             continue
         later = [p for p in calls if p > position]
-        readers = [p for p in later if upstream.get(p, 0) >> position & 1][:1] if known and upstream is not None else later
+        readers = [p for p in later if upstream.get(p, 0) >> position & 1][:1] if upstream is not None else later
         if not readers or not all(_heals(row, after) for row in failing for p in readers for after in by_call[p]):
             continue
         reader = by_call[readers[0]][0]
         for row in failing:
-            how = explain(row) if explain is not None else ""
+            how = explain(row)
             row.boundary = (
                 f"differs{' (' + how + ')' if how else ''}, but '{reader.name}', computed from it, agrees: "
                 "the two sides split one computation at another module boundary there"
             )
-            marked.append(row)
-    return marked[::-1]
 
 
 HEALS = 100.0  # how much smaller, relative to its values, the difference must be at the output that reads it
@@ -67,18 +63,12 @@ def _heals(row: Row, after: Row) -> bool:
 
 def _upstream(outputs: list[Output]) -> dict[int, int] | None:
     """{call index among the calls with outputs: the calls (bits, in the same indexing) it is
-    computed from}, from the leaves' upstream; None without outputs."""
-    if not outputs:
-        return None
-    order = list(dict.fromkeys(output.call for output in outputs))
-    position_of = {call: position for position, call in enumerate(order)}
+    computed from}, from the leaves' upstream; None where a leaf's is not known."""
+    position_of = {call: position for position, call in enumerate(dict.fromkeys(output.call for output in outputs))}
     found: dict[int, int] = {}
     for output in outputs:
-        position = position_of[output.call]
         if output.upstream < 0:
-            found[position] = -1
-            continue
+            return None
         bits = sum(1 << p for call, p in position_of.items() if output.upstream >> call & 1)  # distinct bits: a sum is their or
-        if found.get(position, 0) >= 0:
-            found[position] = found.get(position, 0) | bits
+        found[position_of[output.call]] = found.get(position_of[output.call], 0) | bits
     return found

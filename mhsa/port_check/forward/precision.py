@@ -33,12 +33,8 @@ def inside(path: str, module: str) -> bool:
 
 def lowered(desc: dict[str, ModuleInfo], asked: str) -> dict[str, dict[str, str]]:
     """module path -> {attribute: dtype} for the attributes that hold a floating dtype below `asked`."""
-    found = {}
-    for path, info in desc.items():
-        low = {name: value for name, value in info.dtypes.items() if RANKS.get(value, 3) < RANKS[asked]}
-        if low:
-            found[path] = low
-    return found
+    below = ({name: value for name, value in info.dtypes.items() if RANKS.get(value, 3) < RANKS[asked]} for info in desc.values())
+    return {path: low for path, low in zip(desc, below) if low}
 
 
 def floors(outputs: list[Output], asked: str, desc: dict) -> dict[int, int]:

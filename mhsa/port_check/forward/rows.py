@@ -19,6 +19,8 @@ Each float32 row is held to K times the larger of the two sides' own float32 err
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 from mhsa.comparison import held
@@ -100,7 +102,7 @@ def output_rows(source_outputs, target_outputs, source_desc, target_desc, asked,
     rows judged in float32 when float32 was asked for (forward/derived.py); every other row holds the
     fixed tolerance of its dtype."""
     source, target = _calls(source_outputs), _calls(target_outputs)
-    counts_s, counts_t = _counts(source), _counts(target)
+    counts_s, counts_t = (Counter(path for path, _, _ in calls) for calls in (source, target))
     index = {(path, call): (position, leaves) for position, (path, call, leaves) in enumerate(target)}
     floor_s, floor_t = precision.floors(source_outputs, asked, source_desc), precision.floors(target_outputs, asked, target_desc)
     rows, unmatched, used, skipped = [], [], set(), []
@@ -137,26 +139,16 @@ def output_rows(source_outputs, target_outputs, source_desc, target_desc, asked,
             row.key, row.target_key = (s.call, s.label), (t.call, t.label)
             _hold(row, "stage", dtype, asked, (derived or {}).get((s.call, s.label)))
             rows.append(row)
-    unmatched_target = [
-        label(path, call, counts_t[path], output.label)
-        for path, call, leaves in target
-        if (path, call) not in used
-        for output in leaves
-        if output.value is not None
-    ]
+    unmatched_target = []
+    for path, call, leaves in target:
+        if (path, call) not in used:
+            unmatched_target += [label(path, call, counts_t[path], output.label) for output in leaves if output.value is not None]
     return rows, unmatched, unmatched_target, skipped
 
 
 def call_paths(outputs: list[Output]) -> list[str]:
     """The module path of every call, in call order: a row's position indexes this list."""
     return [path for path, _, _ in _calls(outputs)]
-
-
-def _counts(calls) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for path, _, _ in calls:
-        counts[path] = counts.get(path, 0) + 1
-    return counts
 
 
 def gradient_rows(source_grads, target_grads, rank, sides, pairs: dict[str, tuple[str, bool]], asked="float64", derived=None, zero=()) -> list[Row]:

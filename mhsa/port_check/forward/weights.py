@@ -40,18 +40,14 @@ def pair_parameters(source_params, target_params, source_desc, target_desc, name
     from the readers' describe (for the layer types of the layout inference); sides: the two
     readers' names, for the report."""
     report = Transfer(sides=sides)
-    candidates = []
-    for name in source_params:
-        mapped = map_name(name, name_map)
-        if mapped not in target_params:
-            report.unconsumed_source.append(name)
-        else:
-            candidates.append((name, mapped))
-    renamed, report.ambiguous = _renamed(report.unconsumed_source, target_params, {mapped for _, mapped in candidates}, source_params, name_map)
+    mapped_names = [(name, map_name(name, name_map)) for name in source_params]
+    candidates = [(name, mapped) for name, mapped in mapped_names if mapped in target_params]
+    unpaired = [name for name, mapped in mapped_names if mapped not in target_params]
+    renamed, report.ambiguous = _renamed(unpaired, target_params, {mapped for _, mapped in candidates}, source_params, name_map)
     candidates += renamed
     kernels = {pair for pair in renamed if pair[1].rpartition(".")[2] == "kernel"}  # Flax's convention: (in, out)
-    paired = {name for name, _ in candidates}
-    report.unconsumed_source = [name for name in report.unconsumed_source if name not in paired]
+    paired = dict(renamed)
+    report.unconsumed_source = [name for name in unpaired if name not in paired]
     consumed = {mapped for _, mapped in candidates}
     report.unconsumed_target = [name for name in target_params if name not in consumed]
     transposed_types = _transposed_types(candidates, source_params, target_params, source_desc, target_desc, report)
@@ -169,7 +165,7 @@ def compare_values(report: Transfer, source_params, target_params, tol: float, k
     keep: the port is kept whatever the evidence (--no-transfer). A fresh port, which is copied
     over, has report.differing left empty and nothing measured beyond the first block that differs.
     no_evidence: the parameters that count for neither side (tables())."""
-    evidence, searched, differing = 0, 0, []
+    evidence, differing = 0, []
     for pair in report.filled:
         name, reference, port = pair.reference, _view(source_params[pair.reference], pair.transposed), target_params[pair.port]
         informative = bool(name not in no_evidence and reference.size > 1 and np.ptp(reference) > 0 and np.ptp(port) > 0)
@@ -178,12 +174,9 @@ def compare_values(report: Transfer, source_params, target_params, tol: float, k
         else:
             differing.append((name, reference, port, informative))
     found = []
-    for name, reference, port, informative in differing:
-        how = None
-        if evidence or searched < SEARCHED:
-            searched += 1
-            how = how_it_differs(reference, port, tol)
-            evidence += informative and how is not None
+    for index, (name, reference, port, informative) in enumerate(differing):
+        how = how_it_differs(reference, port, tol) if evidence or index < SEARCHED else None
+        evidence += informative and how is not None
         found.append((name, reference, port, how))
     if evidence or keep:  # the port is kept: every difference is said, with its size
         for name, reference, port, how in found:
