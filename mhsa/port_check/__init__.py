@@ -25,8 +25,7 @@ from mhsa.port_check.command import add_arguments, load_factory, read_inputs, ru
 from mhsa.port_check.core.records import PortCheckError, PortReport, Row, Transfer, map_name
 from mhsa.port_check.core.structure import Inputs
 from mhsa.port_check.files import read_input_file, read_map
-from mhsa.port_check.forward.check import check_port, lint, transfer_weights
-from mhsa.port_check.forward.copy import copy_weights
+from mhsa.port_check.forward.check import check_port, copy_weights, lint, transfer_weights
 from mhsa.port_check.report.forward import format_report, format_transfer
 
 __all__ = [

@@ -1,9 +1,11 @@
 """check_port: the order of a port check. Read both models, pair their parameters (or stop with a
 proposed name map), copy the weights or keep the port's, lint the settings, run both on one
-batch, compare every output and gradient, then hint and probe."""
+batch, compare every output and gradient, then hint and probe. copy_weights: the same pairing,
+then the copy, for a user who has no converter yet."""
 
 from __future__ import annotations
 
+import json
 import os
 import sysconfig
 import traceback
@@ -225,6 +227,36 @@ def check_port(source, target, inputs, *, target_inputs=None, name_map=None, tra
     return report
 
 
+def copy_weights(reference, port, inputs, *, port_inputs=None, name_map: dict[str, str] | None = None) -> tuple[Any, Transfer]:
+    """Your port holding the reference's weights, and what was done.
+
+    reference: a torch.nn.Module; port: an nnx.Module (changed in place and returned) or a Linen
+    (module, variables) pair (a new pair is returned). inputs: one batch the reference is called
+    with (and the port too, unless port_inputs is given), as check_port takes it: both models are
+    traced on it, to read which variables the port's forward pass reads (a converter's leftover is
+    not paired) and, where names differ, to propose a map by call order. name_map: {reference
+    prefix: port prefix} for names that do not correspond.
+
+    Parameters pair as the check pairs them: by name through name_map, then the conventional
+    renames (weight/kernel/scale/embedding, weight_g/weight_v), each by module type and shape; each
+    is laid out as its module needs (a Linear's (out, in) weight as an (in, out) kernel, a Conv's
+    OIHW as HWIO). Returns (port, Transfer): Transfer.filled lists every pair (reference name, port
+    name, shape, taken transposed), .layouts the layouts inferred, .unconsumed_source and
+    .unconsumed_target what stayed unpaired (an unpaired parameter of the port keeps its own
+    values), .unread_target the port's variables its forward pass never reads. Raises
+    PortCheckError, in one line with the proposed name map, where the names leave more than one
+    pairing or none."""
+    paired = pair_models(reference, port, inputs, target_inputs=port_inputs, name_map=name_map, dtype=None)
+    if isinstance(paired, PortReport):  # names that do not correspond: the user decides
+        then = f"check this map and pass it: name_map={json.dumps(paired.proposed_map)}" if paired.proposed_map else "pass a name_map"
+        raise PortCheckError(f"names do not correspond ({_unpaired(paired)}), so nothing was copied; {then}")
+    transfer, target = paired.report.transfer, paired.target
+    if target.traced.read is not None:
+        transfer.unread_target = [name for name in target.reader.parameters(target.model) if name not in target.traced.read]
+    transfer.copied, transfer.decision = True, "copied by copy_weights"
+    return target.reader.load_parameters(target.model, weights.arrays_to_copy(transfer, paired.params[0])), transfer
+
+
 def _port_fails(error: Exception, running: tuple[str, str], source: Side, target, target_reader, name_map) -> PortCheckError:
     """The one line for a port that fails on the inputs: the reference's own failure on them when
     it fails too (the inputs are the reference's), else the port's, with the shapes the pairing
@@ -291,7 +323,7 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
             source_grads = {name: grad for name, grad in source_grads.items() if name not in frozen}
         pairs = {pair.reference: (pair.port, pair.transposed) for pair in pairing.filled}
         zero = tolerances.zero if source.derived is not None else derived.zero_gradients(source_grads)
-        report.rows += gradient_rows(source_grads, target_grads, min(floors), sides, pairs, asked, tolerances.grads, zero)
+        report.rows += gradient_rows(source_grads, target_grads, min(floors), sides, pairs, tolerances.grads, zero)
     if any(row.failed and row.status == "" and (asked == "float32" or row.reference_error is not None) for row in report.rows):
         _port_errors(report, target, target_outputs, target_grads, direction, asked)
     boundaries(report.rows, source_outputs, _explainer(source_outputs, target_outputs))
@@ -423,14 +455,14 @@ def _order(reader, model, inputs, params) -> list[str]:
     return list(dict.fromkeys([output.path for output in outputs] + [name.rpartition(".")[0] for name in params]))
 
 
-def unpaired(report: PortReport) -> str:
+def _unpaired(report: PortReport) -> str:
     """'3 parameter(s) of torch have no counterpart in jax, and 3 of jax none in torch'."""
     pairing, (a, b) = report.transfer, report.sides
     return f"{len(pairing.unconsumed_source)} parameter(s) of {a} have no counterpart in {b}, and {len(pairing.unconsumed_target)} of {b} none in {a}"
 
 
 def _stopped(report: PortReport, proposal: dict, lines: list[str], name_map) -> PortReport:
-    left = unpaired(report)
+    left = _unpaired(report)
     if proposal:
         report.stopped = (
             f"names do not correspond: {left}. Nothing was compared: the port's unpaired parameters would keep "
