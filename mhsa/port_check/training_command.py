@@ -14,9 +14,8 @@ without loading torch or JAX.
 from __future__ import annotations
 
 import argparse
-import sys
 
-from mhsa.exit_status import TROUBLE
+from mhsa.exit_status import DIFFERENT, OK
 from mhsa.flags import int_flag
 from mhsa.port_check.factories import call_factory
 
@@ -43,29 +42,23 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _given(flag, value) -> str | None:
     """The flag the user gave for a refused attribute's value, or None where it was not given."""
-    if isinstance(flag, dict):
-        return flag.get(value) if value is not None else None
-    return flag if value else None
+    return flag.get(value) if isinstance(flag, dict) else flag if value else None
 
 
 def run_train(args, name_map: dict[str, str] | None = None) -> int:
     """The command with --train N (args as the forward check's parser and add_train_arguments
     give them; name_map: the --map file, already read by the command): the report on stdout, and
-    the exit status the module's docstring gives."""
+    the exit status the module's docstring gives. A factory it cannot load or use, or one that
+    raised, is a ValueError, which command.run says in one line as it says the forward check's."""
     # here, not at the top: `mhsa port-check --help` and the forward check do not start torch and JAX for it
     from mhsa.port_check.report.training import format_train_report
     from mhsa.port_check.training.check import check_setup, check_training
 
-    given = [_given(flag, getattr(args, attribute, None)) for attribute, flag in REFUSED.items()]
-    refused = [flag for flag in given if flag is not None]
+    refused = [given for attribute, flag in REFUSED.items() if (given := _given(flag, getattr(args, attribute, None)))]
     if refused:
         args.parser.error(f"{', '.join(refused)}: not with --train (its batches and weights come from the factories)")
-    try:
-        reference = check_setup(call_factory(args.torch_factory, "TORCH_FACTORY"), "reference")
-        port = check_setup(call_factory(args.flax_factory, "FLAX_FACTORY"), "port")
-        report = check_training(reference, port, args.train, dtype=args.dtype, name_map=name_map, probes=not args.no_probes)
-    except ValueError as error:  # a factory it cannot load or use, or one that raised: one line, as the forward check says it
-        print(f"mhsa port-check: error: {error}", file=sys.stderr)
-        return TROUBLE
+    reference = check_setup(call_factory(args.torch_factory, "TORCH_FACTORY"), "reference")
+    port = check_setup(call_factory(args.flax_factory, "FLAX_FACTORY"), "port")
+    report = check_training(reference, port, args.train, dtype=args.dtype, name_map=name_map, probes=not args.no_probes)
     print(format_train_report(report))
-    return 0 if report.passed else 1
+    return OK if report.passed else DIFFERENT
