@@ -137,7 +137,7 @@ def output_rows(source_outputs, target_outputs, source_desc, target_desc, asked,
                 status = "unjudged"
             row = Row("output", name, target_name, kind, abs_diff, rel_diff, position, path, key[0], status, note=note)
             row.key, row.target_key = (s.call, s.label), (t.call, t.label)
-            _hold(row, "stage", dtype, asked, (derived or {}).get((s.call, s.label)))
+            _hold(row, "stage", dtype, (derived or {}).get((s.call, s.label)))
             rows.append(row)
     unmatched_target = []
     for path, call, leaves in target:
@@ -151,7 +151,7 @@ def call_paths(outputs: list[Output]) -> list[str]:
     return [path for path, _, _ in _calls(outputs)]
 
 
-def gradient_rows(source_grads, target_grads, rank, sides, pairs: dict[str, tuple[str, bool]], asked="float64", derived=None, zero=()) -> list[Row]:
+def gradient_rows(source_grads, target_grads, rank, sides, pairs: dict[str, tuple[str, bool]], derived=None, zero=()) -> list[Row]:
     """One row per paired reference parameter with a gradient on both sides; rank: the lowest
     precision any output reached (a gradient runs through every one of them); pairs: {reference
     parameter: (port parameter, whether its layout is the port's transposed)} (forward/weights.py);
@@ -168,14 +168,14 @@ def gradient_rows(source_grads, target_grads, rank, sides, pairs: dict[str, tupl
         status = "unjudged" if dtype is None and status == "" else status
         row = Row("gradient", name, mapped, "", abs_diff, rel_diff, module=name, target_module=mapped, status=status, note=note)
         row.key, row.target_key = name, mapped
-        _hold(row, "grad", dtype, asked, (derived or {}).get(name))
+        _hold(row, "grad", dtype, (derived or {}).get(name))
         if name in zero and status == "":
             row.zero = True
         rows.append(row)
     return rows
 
 
-def _hold(row: Row, kind: str, dtype: str | None, asked: str, twin: tuple[float, float] | None) -> None:
+def _hold(row: Row, kind: str, dtype: str | None, twin: tuple[float, float] | None) -> None:
     """Set the row's tolerance at `dtype`: derived from the reference's own float32 error where the
     row is judged at float32 and a twin run measured it (its float64 run in a float32 check, its
     float32 run for a float64 check's rows that fall to float32), else fixed."""

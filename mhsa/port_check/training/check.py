@@ -132,7 +132,7 @@ def check_training(reference, port, steps: int, *, dtype: str = "float32", name_
         index = (step - 1) % len(reference["inputs"])
         ref, other = ref32.step(reference["inputs"][index]), port32.step(port["inputs"][index])
         own = (ref64.step(reference["inputs"][index]), port64.step(port["inputs"][index])) if ref64 and port64 else None
-        rows = step_rows(step, (ref, other), own, dtype, name_map)
+        rows = step_rows(step, (ref, other), own, name_map)
         report.summaries.append(StepSummary.of(step, (ref.loss, other.loss), rows))
         if step == 1:
             report.only_one_side = _one_sided(ref, other, sides)
@@ -160,14 +160,12 @@ def _tolerance_note(dtype: str) -> str:
     )
 
 
-def step_rows(
-    step: int, records: tuple[StepRecord, StepRecord], own: tuple[StepRecord, StepRecord] | None, dtype: str, name_map=None
-) -> list[TrainRow]:
+def step_rows(step: int, records: tuple[StepRecord, StepRecord], own: tuple[StepRecord, StepRecord] | None, name_map=None) -> list[TrainRow]:
     """The rows of one step, in the order a step computes them: loss, gradients, moments,
-    parameters. records: (reference, port) in dtype; own: the same step of both in float64
+    parameters. records: (reference, port) in the check's dtype; own: the same step of both in float64
     (None for a float64 check), for the two sides' own errors."""
     ref, port = records
-    rows = [_row(step, "loss", "", "", (ref.loss, port.loss), (own[0].loss, own[1].loss) if own else None, dtype)]
+    rows = [_row(step, "loss", "", "", (ref.loss, port.loss), (own[0].loss, own[1].loss) if own else None)]
     for kind, field in (("grad", "grads"), ("moment", "moments"), ("param", "params")):
         ours, theirs = getattr(ref, field), getattr(port, field)
         for key in _ordered(kind, ours, ref.params):
@@ -176,7 +174,7 @@ def step_rows(
                 continue
             pair64 = (getattr(own[0], field)[key], getattr(own[1], field)[mapped]) if own else None
             name, moment = (key[1], key[0]) if kind == "moment" else (key, "")
-            rows.append(_row(step, kind, name, moment, (ours[key], theirs[mapped]), pair64, dtype))
+            rows.append(_row(step, kind, name, moment, (ours[key], theirs[mapped]), pair64))
     return rows
 
 
@@ -188,8 +186,8 @@ def _ordered(kind: str, found: dict, params: dict) -> list:
     return sorted(found, key=lambda key: (order.get(key[1], len(order)), list(MOMENTS).index(key[0])))
 
 
-def _row(step, kind, name, moment, pair, pair64, dtype) -> TrainRow:
-    """One compared value: pair = (reference, port) in dtype, pair64 = the same in float64 (None
+def _row(step, kind, name, moment, pair, pair64) -> TrainRow:
+    """One compared value: pair = (reference, port) in the check's dtype, pair64 = the same in float64 (None
     for a float64 check, whose rows hold docs/DESIGN.md's float64 trajectory tolerance, fixed:
     there is no higher precision to derive one from)."""
     ours, theirs = (np.asarray(value) for value in pair)
