@@ -18,13 +18,8 @@ def same_pads(kernel: int, stride: int, dilation: int, residue: int) -> tuple[in
 def resolve_same(kernel: tuple, strides: tuple, dilation: tuple) -> tuple | None:
     """((low, high), ...) per axis when 'SAME' pads the same on every input size (every stride 1,
     or a kernel no wider than its stride: a 1x1 conv of stride 2); None when it depends on the size."""
-    pads = []
-    for k, s, d in zip(kernel, strides, dilation):
-        options = {same_pads(k, s, d, residue) for residue in range(s)}
-        if len(options) > 1:
-            return None
-        pads.append(options.pop())
-    return tuple(pads)
+    options = [{same_pads(k, s, d, residue) for residue in range(s)} for k, s, d in zip(kernel, strides, dilation)]
+    return tuple(option.pop() for option in options) if all(len(option) == 1 for option in options) else None
 
 
 def explain_same(kernel: tuple, strides: tuple, dilation: tuple) -> str:

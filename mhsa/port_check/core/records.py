@@ -114,9 +114,7 @@ class Row(Comparison):
 
     @property
     def failed(self) -> bool:
-        if self.boundary:
-            return False
-        return self.status in ("shape", "nan") or (self.status == "" and not super().passed)
+        return not self.boundary and (self.status in ("shape", "nan") or (self.status == "" and not super().passed))
 
 
 @dataclass

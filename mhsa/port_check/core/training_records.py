@@ -44,13 +44,9 @@ class TrainRow(Comparison):
 
     @property
     def label(self) -> str:
-        if self.kind == "loss":
-            return "loss"
-        if self.kind == "grad":
-            return f"grad {self.name}"
         if self.kind == "moment":
             return f"{self.moment} {self.name} (optax {MOMENTS[self.moment]})"
-        return self.name
+        return {"loss": "loss", "grad": f"grad {self.name}"}.get(self.kind, self.name)
 
 
 @dataclass

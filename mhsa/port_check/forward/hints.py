@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
+from itertools import groupby
 from typing import Any
 
 import numpy as np
@@ -63,7 +64,8 @@ def hints(rows: list[Row], call_paths: list[str], source_desc: dict[str, ModuleI
     found += _unmatched_between(rows, call_paths, source_desc, last_good, first)
     if asked == "float64" and first.status == "" and 1e-9 <= first.rel_diff <= 2e-6:
         found.append(Hint("rounding", first.name, ratio=first.rel_diff))
-    calls = _largest_per_call(outputs[at:])  # the leaves of one call are not steps of the computation
+    # one row per call, its largest difference: the leaves of one call are not steps of the computation
+    calls = [max(leaves, key=lambda row: row.abs_diff) for _, leaves in groupby(outputs[at:], key=lambda row: row.position)]
     jumps = [
         (row.abs_diff / before.abs_diff, before, row)
         for before, row in zip(calls, calls[1:])
@@ -75,15 +77,6 @@ def hints(rows: list[Row], call_paths: list[str], source_desc: dict[str, ModuleI
             found.append(Hint("grows", row.name, before.name, ratio=ratio))
             found += _unmatched_between(rows, call_paths, source_desc, before, row)
     return found
-
-
-def _largest_per_call(rows: list[Row]) -> list[Row]:
-    """One row per call (position): the one with the largest difference."""
-    largest: dict[int, Row] = {}
-    for row in rows:
-        if row.position not in largest or row.abs_diff > largest[row.position].abs_diff:
-            largest[row.position] = row
-    return list(largest.values())
 
 
 def _unmatched(rows, call_paths, source_desc, before, row) -> list[str]:

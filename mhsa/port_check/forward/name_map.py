@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import difflib
 
-from mhsa.port_check.core.records import Mismatched, Paired, Transfer, map_name
+from mhsa.port_check.core.records import Transfer, map_name
 
 
 def _split(name: str) -> tuple[str, str]:
@@ -50,20 +50,18 @@ def propose_map(report: Transfer, source_params, target_params, source_order, ta
     for block in matcher.get_matching_blocks():
         for i in range(block.size):
             (s_module, s_group), (t_module, t_group) = source[block.a + i], target[block.b + i]
-            s_params = sorted(s_group, key=lambda item: (sorted(item[1]), item[0]))
-            t_params = sorted(t_group, key=lambda item: (sorted(item[1]), item[0]))
-            pairs.update({s: t for (s, _), (t, _) in zip(s_params, t_params)})
-            leaves_alike = all(_split(s)[1] == _split(t)[1] for (s, _), (t, _) in zip(s_params, t_params))
-            if leaves_alike and s_module and t_module:
+            s_params, t_params = (sorted(group, key=lambda item: (sorted(item[1]), item[0])) for group in (s_group, t_group))
+            paired = {s: t for (s, _), (t, _) in zip(s_params, t_params)}
+            pairs.update(paired)
+            if s_module and t_module and all(_split(s)[1] == _split(t)[1] for s, t in paired.items()):
                 entries[s_module] = t_module
             else:
-                entries.update({s: t for (s, _), (t, _) in zip(s_params, t_params)})
+                entries.update(paired)
             leaves = ", ".join(_split(s)[1] for s, _ in s_group)  # in the reference's own order
             lines.append(f"{s_module or '(the model)'} -> {t_module or '(the model)'} ({len(s_params)} parameters: {leaves})")
     if not entries:
         return {}, []
-    by_name: list[Paired | Mismatched] = [*report.filled, *report.transposed_only, *report.mismatched]
-    kept = {pair.reference: pair.port for pair in by_name}  # paired by name already: a proposal must keep them
+    kept = {pair.reference: pair.port for pair in [*report.filled, *report.transposed_only, *report.mismatched]}  # paired by name: kept
     shortened = _shortened(entries)
     for candidate in (shortened, entries):
         if _consistent({**(name_map or {}), **candidate}, pairs, kept, source_params):
