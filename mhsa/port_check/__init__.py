@@ -12,8 +12,8 @@ backends, so it reaches each framework through a reader of its own (`readers/tor
 state_dict names and layouts). Over the readers sit the forward check (`forward/`) and the check
 through training (`training/`), both on what neither framework knows (`core/`, and
 `mhsa/comparison.py`: the rows, tolerance rule and table they share with `mhsa parity`); the
-text they print is made in `report/`, and `command.py`, `training_command.py`, `factories.py`
-and `files.py` are the command line. The first model is the reference (the source of the
+text they print is made in `report/`, and `command.py`, `factories.py` and `files.py` are the
+command line. The first model is the reference (the source of the
 weights), the second the port.
 
     from mhsa.port_check import check_port, format_report

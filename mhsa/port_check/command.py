@@ -4,6 +4,13 @@ Exit status: 0 the port passes; 1 it fails (or, computing below float32, cannot 
 2 the check could not be made: a bad flag or file (the usage and one line), a factory, model or
 input mistake (one line), or names that do not correspond (the report with a proposed name map);
 130 interrupted (one line).
+
+With --train N, the check through training: each factory returns a mapping (training/check.py).
+The batches come from the factories, so --inputs and --input-shape do not apply; the weights are
+always copied from the reference, so --no-transfer does not either. Exit 0 when every step and
+setting agrees, 1 when the trainings part or a setting differs, 2 as above.
+
+Importing this module starts no framework: `mhsa port-check --help` loads neither torch nor JAX.
 """
 
 from __future__ import annotations
@@ -22,7 +29,6 @@ from mhsa.port_check.files import check_writable, read_input_file, read_map, wri
 from mhsa.port_check.forward.check import check_port
 from mhsa.port_check.readers import reader_of
 from mhsa.port_check.report.forward import format_report
-from mhsa.port_check.training_command import add_train_arguments, run_train
 from mhsa.threads import add_threads_argument
 from shared.config import DTYPES
 
@@ -46,6 +52,16 @@ converter is checked too; a fresh port gets the reference's weights. --transfer 
 exit status: 0 pass; 1 fail (or no verdict: a module computes below float32); 2 the check
 could not be made (a bad flag, file, factory or input: one line; names that do not correspond:
 a proposed name map); 130 interrupted."""
+
+# flags of the forward check that a training check refuses: attribute -> {value given: flag}
+REFUSED = {
+    "input_shape": "--input-shape",
+    "inputs": "--inputs",
+    "int_range": "--int-range",
+    "transfer": {True: "--transfer", False: "--no-transfer"},
+    "grads": "--grads",
+    "write_map": "--write-map",
+}
 
 
 def load_factory(spec: str, what: str):
@@ -124,7 +140,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     weights.add_argument("--no-transfer", dest="transfer", action="store_false", default=None, help="always check the port's own weights")
     parser.add_argument("--no-probes", action="store_true", help="skip the re-runs with likely causes switched")
     parser.add_argument("--seed", type=int_flag("--seed"), default=0, help="seed of --input-shape's inputs (default 0)")
-    add_train_arguments(parser)
+    parser.add_argument(
+        "--train",
+        type=int_flag("port-check --train"),
+        metavar="N",
+        help="train both N steps from the reference's weights and compare every step: each factory returns "
+        "{model, optimizer, loss, inputs} (mhsa.port_check.training.check)",
+    )
     parser.set_defaults(parser=parser)
 
 
@@ -136,7 +158,7 @@ def run(args) -> int:
             check_writable(args.write_map, [args.map, args.inputs])
         name_map = read_map(args.map) if args.map else None
         if args.train is not None:
-            return run_train(args, name_map)
+            return _run_train(args, name_map)
         from_file = read_input_file(args.inputs) if args.inputs else None
         factories = _factories(args)
     except (ValueError, TypeError, OSError) as error:  # a file or factory it cannot use: one line, no usage
@@ -167,6 +189,29 @@ def run(args) -> int:
     if args.write_map:
         print(f"name map written to {args.write_map}")
     return TROUBLE if report.stopped else OK if report.passed else DIFFERENT
+
+
+def _run_train(args, name_map: dict[str, str] | None) -> int:
+    """The command with --train N (name_map: the --map file, already read): the report on stdout
+    and the exit status the module's docstring gives. A factory it cannot load or use, or one that
+    raised, is a ValueError, which run says in one line as it says the forward check's."""
+    # here, not at the top: `mhsa port-check --help` and the forward check do not start torch and JAX for it
+    from mhsa.port_check.report.training import format_train_report
+    from mhsa.port_check.training.check import check_setup, check_training
+
+    refused = [given for attribute, flag in REFUSED.items() if (given := _given(flag, getattr(args, attribute, None)))]
+    if refused:
+        args.parser.error(f"{', '.join(refused)}: not with --train (its batches and weights come from the factories)")
+    reference = check_setup(call_factory(args.torch_factory, "TORCH_FACTORY"), "reference")
+    port = check_setup(call_factory(args.flax_factory, "FLAX_FACTORY"), "port")
+    report = check_training(reference, port, args.train, dtype=args.dtype, name_map=name_map, probes=not args.no_probes)
+    print(format_train_report(report))
+    return OK if report.passed else DIFFERENT
+
+
+def _given(flag, value) -> str | None:
+    """The flag the user gave for a refused attribute's value, or None where it was not given."""
+    return flag.get(value) if isinstance(flag, dict) else flag if value else None
 
 
 def _factories(args):

@@ -1,6 +1,6 @@
 """A factory named on the command line: 'package.module:function', imported from the user's
 working directory (as `python -m` would find their package) and called without arguments. Shared
-by the forward check (command.py) and the check through training (training/command.py)."""
+by the forward check and the check through training (command.py)."""
 
 from __future__ import annotations
 

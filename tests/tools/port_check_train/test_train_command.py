@@ -97,6 +97,6 @@ def test_mhsa_port_check_runs_the_training_check_with_train():
 
 @pytest.mark.slow
 def test_the_commands_parser_takes_the_train_flag_without_starting_a_framework():
-    code = "import sys, mhsa.port_check.training_command; print(sorted(m for m in ('torch', 'jax', 'flax', 'optax') if m in sys.modules))"
+    code = "import sys, mhsa.port_check.command; print(sorted(m for m in ('torch', 'jax', 'flax', 'optax') if m in sys.modules))"
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr
