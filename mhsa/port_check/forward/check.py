@@ -290,7 +290,8 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
     doing = "running and differentiating" if grads else "running"  # one forward (and backward) pass per side
     reference_direction = cotangents.reference if grads else None
     source_outputs, source_grads = _run(f"{doing} the reference ({sides[0]})", source, reference_direction)
-    direction = cotangents.PortDirection(_model_output(source_outputs)) if grads else None
+    last = max((output.call for output in source_outputs if output.path == ""), default=None)  # the model's own output: its last call
+    direction = cotangents.PortDirection([output for output in source_outputs if output.call == last]) if grads else None
     if asked == "float32":  # before the port runs: its outputs and the float64 copy are never held together
         source.derived = _derive(report, source, source_outputs, source_grads, reference_direction)
     target_outputs, target_grads = _run(f"{doing} the port ({sides[1]})", target, direction, None, target.traced, also=_shape_advice(pairing))
@@ -365,12 +366,6 @@ def _explainer(source_outputs: list[Output], target_outputs: list[Output]):
         return f"the port's is the reference's {how}" if how.startswith("scaled") else f"the port's output {how}"
 
     return explain
-
-
-def _model_output(outputs: list[Output]) -> list[Output]:
-    """The leaves of the model's own output: its last call, path ''."""
-    last = max((output.call for output in outputs if output.path == ""), default=None)
-    return [output for output in outputs if output.call == last]
 
 
 def _derive(report: PortReport, source: Side, outputs, grads, direction) -> derived.Derived | None:

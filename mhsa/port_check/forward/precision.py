@@ -69,17 +69,15 @@ def rounding(outputs: list[Output], asked: str, side: str) -> list[Precision]:
         inner = any(inside(entry.path, output.path) for entry in entries)  # a parent returning its child's value
         if RANKS.get(output.dtype, 3) >= RANKS[asked] and not inner and not any(upstream >> other & 1 for other in low if other != call):
             entries.append(output)
-    names = list(dict.fromkeys(output.path for output in entries))
-    return _shown([Precision("rounds", side, asked, path, _lowest(entries, path)) for path in names], side, asked)
+    lowest = {path: min(leaf_floor(output) for output in entries if output.path == path) for path in dict.fromkeys(output.path for output in entries)}
+    return _shown(
+        [Precision("rounds", side, asked, path, dtype_of(rank) or "a precision below float32") for path, rank in lowest.items()], side, asked
+    )
 
 
 def _shown(found: list[Precision], side: str, asked: str) -> list[Precision]:
     """The first SHOWN findings of one side, the rest counted."""
     return found[:SHOWN] + ([Precision("more", side, asked, count=len(found) - SHOWN)] if len(found) > SHOWN else [])
-
-
-def _lowest(entries: list[Output], path: str) -> str:
-    return dtype_of(min(leaf_floor(output) for output in entries if output.path == path)) or "a precision below float32"
 
 
 def dtype_of(rank: int) -> str | None:

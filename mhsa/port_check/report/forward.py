@@ -84,17 +84,13 @@ def _stopped(report: PortReport) -> list[str]:
         lines.append(f"  as JSON: {json.dumps(report.proposed_map)}")
         lines.append("run again with --map FILE holding that JSON (--write-map FILE writes it)")
     t = report.transfer
-    leftover_s = [name for name in t.unconsumed_source if not _mapped(name, report.proposed_map)]
+    leftover_s = [name for name in t.unconsumed_source if not any(name == key or name.startswith(key + ".") for key in report.proposed_map)]
     if leftover_s:
         lines.append(
             f"still without a counterpart in {report.sides[1]}: " + ", ".join(leftover_s[:SHOWN]) + (" ..." if len(leftover_s) > SHOWN else "")
         )
     lines.append("NOT CHECKED: the two models' names do not correspond (see above); nothing was compared")
     return lines
-
-
-def _mapped(name: str, name_map: dict[str, str]) -> bool:
-    return any(name == key or name.startswith(key + ".") for key in name_map)
 
 
 def _result(row: Row) -> str:

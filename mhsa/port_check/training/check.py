@@ -134,8 +134,11 @@ def check_training(reference, port, steps: int, *, dtype: str = "float32", name_
         own = (ref64.step(reference["inputs"][index]), port64.step(port["inputs"][index])) if ref64 and port64 else None
         rows = step_rows(step, (ref, other), own, name_map)
         report.summaries.append(StepSummary.of(step, (ref.loss, other.loss), rows))
-        if step == 1:
-            report.only_one_side = _one_sided(ref, other, sides)
+        if step == 1:  # the kinds of moment one side keeps and the other does not
+            ours, theirs = {moment for moment, _ in ref.moments}, {moment for moment, _ in other.moments}
+            report.only_one_side = [OneSided(moment, sides[0]) for moment in sorted(ours - theirs)] + [
+                OneSided(moment, sides[1]) for moment in sorted(theirs - ours)
+            ]
             report.rows += rows
         if failed_before is None and any(not row.passed for row in rows):
             failed_before = (before, step)
@@ -201,12 +204,6 @@ def _row(step, kind, name, moment, pair, pair64) -> TrainRow:
     row.reference_error, row.port_error = reference[0], None if port is None else port[0]
     row.tol, row.by_port = held(reference, port, 0.0)
     return row
-
-
-def _one_sided(ref: StepRecord, port: StepRecord, sides) -> list[OneSided]:
-    """The kinds of moment one side keeps and the other does not."""
-    ours, theirs = {moment for moment, _ in ref.moments}, {moment for moment, _ in port.moments}
-    return [OneSided(moment, sides[0]) for moment in sorted(ours - theirs)] + [OneSided(moment, sides[1]) for moment in sorted(theirs - ours)]
 
 
 def forward_rows(ref32, port_template, weights, setups, step, dtype, name_map) -> PortReport:
