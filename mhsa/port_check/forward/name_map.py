@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import difflib
 
-from mhsa.port_check.core.records import Transfer, map_name
+from mhsa.port_check.core.records import Mismatched, Paired, Transfer, map_name
 
 
 def _split(name: str) -> tuple[str, str]:
@@ -61,7 +61,8 @@ def propose_map(report: Transfer, source_params, target_params, source_order, ta
             lines.append(f"{s_module or '(the model)'} -> {t_module or '(the model)'} ({len(s_params)} parameters: {leaves})")
     if not entries:
         return {}, []
-    kept = {pair.reference: pair.port for pair in [*report.filled, *report.transposed_only, *report.mismatched]}  # paired by name: kept
+    by_name: list[Paired | Mismatched] = [*report.filled, *report.transposed_only, *report.mismatched]
+    kept = {pair.reference: pair.port for pair in by_name}  # paired by name already: a proposal must keep them
     shortened = _shortened(entries)
     for candidate in (shortened, entries):
         if _consistent({**(name_map or {}), **candidate}, pairs, kept, source_params):
