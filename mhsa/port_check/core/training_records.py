@@ -14,8 +14,6 @@ from mhsa.port_check.core.records import PortReport, Transfer
 
 # torch's name for each optimizer moment -> optax's (the rows say both)
 MOMENTS = {"exp_avg": "mu", "exp_avg_sq": "nu", "max_exp_avg_sq": "nu_max", "momentum_buffer": "trace"}
-# the order of a step's rows: the order in which a training step computes them
-KINDS = ("loss", "grad", "moment", "param")
 
 
 @dataclass
@@ -34,7 +32,7 @@ class TrainRow(Comparison):
     """A row of the training check: the reference against the port at one value of one step."""
 
     step: int  # 1-based
-    kind: str  # one of KINDS
+    kind: str  # "loss", "grad", "moment" or "param": a step's rows in the order a training step computes them
     name: str  # the reference's parameter name ("" for the loss)
     moment: str  # torch's name of the moment ("" unless kind == "moment")
     abs_diff: float

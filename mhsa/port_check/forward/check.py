@@ -197,17 +197,17 @@ def pair_models(source, target, inputs, *, target_inputs=None, name_map=None, dt
 def check_port(source, target, inputs, *, target_inputs=None, name_map=None, transfer=None, dtype="float32", grads=False, probes=True) -> PortReport:
     """Compare a reference model and its port on one batch.
 
-    source: the reference (a torch.nn.Module); target: the port (an nnx.Module, a Linen
-    (module, variables) pair, or an eqx.Module: readers.READERS). inputs: what `source` is called with (structure.as_inputs: an
-    array, a tuple of positional arguments, a dict of keyword arguments, or (args, kwargs)),
-    also given to the port unless target_inputs is. name_map: {reference prefix: port prefix}
-    for module paths and parameter names whose structures do not correspond. transfer: None
-    checks the port as it is when it holds converted weights and copies the reference's into a
-    fresh port (forward/weights.py); True always copies; False never does. dtype: "float32" or
-    "float64", both models and floating inputs cast (None: as they are). grads: also compare
-    d <r, output> / d every parameter, r a fixed random direction (forward/cotangents.py). probes: on a
-    failing output, re-run with likely causes switched. Raises PortCheckError (one line) when the
-    check cannot run: a model without parameters, or one that fails on the inputs.
+    source: the reference (a torch.nn.Module); target: the port (an nnx.Module, a Linen (module,
+    variables) pair, or an eqx.Module: readers.READERS). inputs: what `source` is called with
+    (structure.as_inputs: an array, a tuple of positional arguments, a dict of keyword arguments,
+    or (args, kwargs)), also given to the port unless target_inputs is. name_map: {reference
+    prefix: port prefix} for names that do not correspond. transfer: None checks the port as it
+    is when it holds converted weights and copies the reference's into a fresh port
+    (forward/weights.py); True always copies; False never does. dtype: "float32" or "float64",
+    both models and floating inputs cast (None: as they are). grads: also compare d <r, output> /
+    d every parameter, r a fixed random direction (core/cotangents.py). probes: on a failing
+    output, re-run with likely causes switched. Raises PortCheckError (one line) when the check
+    cannot run: a model without parameters, or one that fails on the inputs.
     """
     paired = pair_models(source, target, inputs, target_inputs=target_inputs, name_map=name_map, dtype=dtype)
     if isinstance(paired, PortReport):  # stopped: names that do not correspond

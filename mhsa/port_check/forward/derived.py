@@ -90,14 +90,18 @@ def from_twin_run(dtype: str, reader, model, inputs, outputs: list[Output], grad
     up = dtype == "float64"
 
     def reduce(output: Output) -> Output:
-        paired = _twin_output(by_key, output)
-        if paired is not None:
-            twin, value, twin_value = paired
-            name = (twin.path or "(model output)") + twin.label
-            if up and (output.dtype != "float64" or (output.floor is not None and output.floor < 3)):  # a float32 step inside
-                found.fixed.append(name)
-            elif not _output_error(found, output, *((twin_value, value) if up else (value, twin_value))):
-                found.apart.append(name)
+        twin = by_key.get((output.call, output.label))  # the check's run there: compared where both hold a value, at one path and shape
+        if twin is None or twin.value is None or output.value is None or twin.path != output.path or twin.value.shape != output.value.shape:
+            return output._replace(value=None)
+        name = (twin.path or "(model output)") + twin.label
+        if up and (output.dtype != "float64" or (output.floor is not None and output.floor < 3)):  # a float32 step inside
+            found.fixed.append(name)
+            return output._replace(value=None)
+        error, largest_value = _twin(*((twin.value, output.value) if up else (output.value, twin.value)))  # (float32, float64)
+        if is_twin(error, largest_value):
+            found.outputs[output.call, output.label] = error, largest_value
+        else:
+            found.apart.append(name)
         return output._replace(value=None)
 
     # in float64 exactly the float32 run's inputs and weights, cast up
@@ -107,15 +111,6 @@ def from_twin_run(dtype: str, reader, model, inputs, outputs: list[Output], grad
         _gradient_errors(found, *((grads, twin_grads) if up else (twin_grads, grads)))
         del twin_grads
     return found
-
-
-def _output_error(found: Derived, output: Output, value32: np.ndarray, value64: np.ndarray) -> bool:
-    """Whether the two runs are rounding twins at `output`; if so, its own error into found.outputs."""
-    error, largest_value = _twin(value32, value64)
-    twin = is_twin(error, largest_value)
-    if twin:
-        found.outputs[output.call, output.label] = error, largest_value
-    return twin
 
 
 def _gradient_errors(found: Derived, grads32: dict | None, grads64: dict | None) -> None:
@@ -131,12 +126,3 @@ def _gradient_errors(found: Derived, grads32: dict | None, grads64: dict | None)
             found.grads[name] = error, largest_value
         else:
             found.apart.append(f"grad {name}")
-
-
-def _twin_output(by_key: dict, output: Output) -> tuple[Output, np.ndarray, np.ndarray] | None:
-    """(twin, output's value, twin's value): the output of the other dtype's run at `output`'s call
-    and label, when the two compare (both hold a value, at the same path, of the same shape)."""
-    twin = by_key.get((output.call, output.label))
-    if twin is None or twin.value is None or output.value is None or twin.path != output.path or twin.value.shape != output.value.shape:
-        return None
-    return twin, output.value, twin.value

@@ -92,12 +92,9 @@ def _unmatched_between(rows, call_paths, source_desc, before, row) -> list[Hint]
 
 
 def run_probes(rows, call_paths, source: Side, target: Side, sides, asked, name_map, steps: int = 4) -> tuple[list[Probe], list[Row] | None]:
-    """(probes, the rows once every closing probe is applied, or None when none closes).
-
-    Each probe switches one likely cause at or before the first failing output and re-runs. A
-    probe that closes the gap there is kept (the other probes of that row are retired) and the
-    search goes on from the next failure with that switch in place, up to `steps` causes: a first
-    port with three classic bugs gets all three named, each by its own evidence."""
+    """(probes, the rows once every closing probe is applied, or None when none closes): the
+    search of the module's docstring, up to `steps` causes, so that a first port with three
+    classic bugs gets all three named, each by its own evidence."""
     lines: list[Probe] = []
     explained = None
     for step in range(steps):

@@ -50,10 +50,12 @@ def pair_parameters(source_params, target_params, source_desc, target_desc, name
     report.unconsumed_source = [name for name in unpaired if name not in paired]
     consumed = {mapped for _, mapped in candidates}
     report.unconsumed_target = [name for name in target_params if name not in consumed]
-    transposed_types = _transposed_types(candidates, source_params, target_params, source_desc, target_desc, report)
-    for name, mapped in candidates:
-        value, expected = source_params[name], target_params[mapped].shape
-        kinds = (_type_of(source_desc, name), _type_of(target_desc, mapped))
+    described = [
+        (name, mapped, source_params[name], target_params[mapped].shape, (_type_of(source_desc, name), _type_of(target_desc, mapped)))
+        for name, mapped in candidates
+    ]
+    transposed_types = _transposed_types(described, report)
+    for name, mapped, value, expected, kinds in described:
         if value.ndim == 2 and (kinds in transposed_types or (name, mapped) in kernels) and value.T.shape == expected:
             report.filled.append(Paired(name, mapped, value.shape, transposed=True))
         elif value.ndim == 2 and kinds in transposed_types:
@@ -105,13 +107,11 @@ def _type_of(desc, name) -> str:
     return info.kind if info is not None else ""
 
 
-def _transposed_types(candidates, source_params, target_params, source_desc, target_desc, report) -> set[tuple[str, str]]:
+def _transposed_types(described, report) -> set[tuple[str, str]]:
     """The (reference type, port type) pairs whose 2-d weights are laid out transposed: a pair
     where one side is not a standard layer and a non-square weight fits only transposed."""
     found = set()
-    for name, mapped in candidates:
-        value, expected = source_params[name], target_params[mapped].shape
-        kinds = (_type_of(source_desc, name), _type_of(target_desc, mapped))
+    for name, mapped, value, expected, kinds in described:
         standard = kinds[0] in STANDARD and kinds[1] in STANDARD
         if not standard and kinds not in found and value.ndim == 2 and value.shape != expected and value.T.shape == expected:
             found.add(kinds)

@@ -98,13 +98,9 @@ def _result(row: Row) -> str:
     'split' (a difference the outputs reading it do not carry), 'skip' (below float32), 'dtype'."""
     if row.boundary:
         return "split"
-    if row.status == "unjudged":
-        return "skip"
-    if row.status == "dtype":
-        return "dtype"
-    if row.passed:
-        return "zero" if row.zero else "PASS"
-    return "FAIL"
+    if row.status in ("unjudged", "dtype"):
+        return {"unjudged": "skip", "dtype": "dtype"}[row.status]
+    return ("zero" if row.zero else "PASS") if row.passed else "FAIL"
 
 
 def _cells(row: Row) -> tuple[str, str, str]:
@@ -203,7 +199,5 @@ def _verdict(report: PortReport) -> str:
         which = f"tolerances derived from {own}" + ("" if derived == len(report.rows) else " (or fixed: see the notes)")
     split = sum(bool(row.boundary) for row in report.rows)
     more = f", {split} split at another module boundary (notes above)" if split else ""
-    warned = ""
-    if report.lint:
-        warned = f"; warning: {len(report.lint)} setting(s) differ (lint above) that no output shows on this batch"
+    warned = f"; warning: {len(report.lint)} setting(s) differ (lint above) that no output shows on this batch" if report.lint else ""
     return f"PASS: all {len(report.rows) - split} comparisons ({outputs - split} outputs) within {which}{lowered}{more}{warned}"
