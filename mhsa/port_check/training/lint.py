@@ -287,8 +287,9 @@ def optimizer_lint(
     plan = scenarios(steps, tiny)
     torch_runs, torch_size = train_torch.probe(reference, plan)
     optax_runs, optax_size = trainer_of(port["model"])[1].probe(port, port_model, plan)
-    if any(group.get("maximize") for group in groups):
-        return _maximize(optax_runs, optax_size, tiny), [OptimizerNote("maximize")], settings
+    if any(group.get("maximize") for group in groups):  # torch climbs: the same as optax only with a negative learning rate
+        climbs = infer(optax_runs, next(iter(optax_runs[0][0]["param"])), optax_size, tiny).lr[0] < 0
+        return [] if climbs else [OptimizerDifference("maximize only")], [OptimizerNote("maximize")], settings
     found: dict[str, tuple[OptimizerDifference, list[str]]] = {}  # by the record's repr: NaN never equals itself
     names = [name for name in torch_runs[0][0]["param"] if map_name(name, name_map) in optax_runs[0][0]["param"]]
     for name in names:
@@ -298,9 +299,3 @@ def optimizer_lint(
         if name == names[0]:
             settings.append(OptimizerSetting("optax", theirs, name))
     return [difference if len(on) == len(names) else replace(difference, on=tuple(on)) for difference, on in found.values()], [], settings
-
-
-def _maximize(optax_runs, size, tiny) -> list[OptimizerDifference]:
-    """A torch optimizer with maximize=True climbs: the same as optax only with a negative learning rate."""
-    name = next(iter(optax_runs[0][0]["param"]))
-    return [] if infer(optax_runs, name, size, tiny).lr[0] < 0 else [OptimizerDifference("maximize only")]
