@@ -50,7 +50,7 @@ class Dataflow(TorchFunctionMode):
     through; `flow(tensor)` reads them, `mark(tensor, call)` records that call `call` returned it,
     `data(tensors)` says which tensors are the model's own (inputs, parameters, buffers)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
         self._known: dict[int, tuple[weakref.ref, Flow]] = {}
 
