@@ -13,7 +13,7 @@ from tests.machinery.xla_flags import QUICK_COMPILE, with_quick_compile, without
     [
         ("", " ".join(QUICK_COMPILE)),
         ("--xla_force_host_platform_device_count=4", " ".join(("--xla_force_host_platform_device_count=4", *QUICK_COMPILE))),
-        ("--xla_backend_optimization_level=3", "--xla_backend_optimization_level=3 --xla_cpu_use_fusion_emitters=false"),
+        ("--xla_backend_optimization_level=3", " ".join(("--xla_backend_optimization_level=3", *QUICK_COMPILE[1:]))),
         (" ".join(QUICK_COMPILE), " ".join(QUICK_COMPILE)),
     ],
 )
