@@ -28,16 +28,9 @@ def module_names(package: str) -> set[str]:
     return {path.stem for path in (ROOT / package).glob("*.py") if path.name != "__init__.py"}
 
 
-# the files one framework needs and the other has nothing to put in: name -> (side, why)
-ONE_SIDED_FILES: dict[str, tuple[str, str]] = {}
 # every file any mirrored package has, against the reference: a file missing on one side
-# is still collected (from the other side) and fails
-PAIRS = [
-    (PACKAGES[0], other, name)
-    for other in PACKAGES[1:]
-    for name in sorted(set().union(*(module_names(p) for p in (PACKAGES[0], other))))
-    if name not in ONE_SIDED_FILES
-]
+# is still collected (from the other side) and fails; no file is one framework's alone
+PAIRS = [(PACKAGES[0], other, name) for other in PACKAGES[1:] for name in sorted(set().union(*(module_names(p) for p in (PACKAGES[0], other))))]
 ASPECTS = ("sections", "signatures", "shapes")
 # a trailing comment that states a shape: `# (B, H, T, d_head)`, `# 3 x (B, T, D)`
 SHAPE_RE = re.compile(r"^#\s*(?:\d+\s*x\s*)?\(.*\)")
@@ -244,13 +237,6 @@ def test_there_is_something_to_mirror():
     for package in PACKAGES:
         assert {"attention", "model"} <= module_names(package), f"{package} lacks attention.py or model.py"
     assert {name for _, _, name in PAIRS} >= {"attention", "model"}
-
-
-@pytest.mark.parametrize("name", sorted(ONE_SIDED_FILES))
-def test_a_one_sided_file_is_on_its_side_only(name):
-    side, _ = ONE_SIDED_FILES[name]
-    having = [package for package in PACKAGES if name in module_names(package)]
-    assert having == (PACKAGES[1:] if side == "right" else PACKAGES[:1]), f"{name}.py is in {having}; ONE_SIDED_FILES says {side} only"
 
 
 @pytest.mark.parametrize("aspect", ASPECTS)
