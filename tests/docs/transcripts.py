@@ -252,7 +252,7 @@ def run(doc: Document, timeout: float = 600, written: list[str] | None = None) -
         folder = Path(scratch) / "work"
         folder.mkdir()
         cache = Path(os.environ.get(SHARED_CACHE) or Path(scratch) / "cache")
-        cache.mkdir(exist_ok=True)
+        cache.mkdir(parents=True, exist_ok=True)  # a folder the caller named may not exist yet
         env = run_environment(cache)
         for command in doc.commands:
             text = VENV_BIN.sub(f"{bin_folder}/", command.text)
