@@ -1,25 +1,26 @@
-"""One computation split at another module boundary: a difference that the outputs reading it do
-not carry is no failure.
+"""One computation split at another module boundary: a difference that the outputs reading it do not
+carry is no failure.
 
-A port may do a step of the reference's module in the module after it, or the other way round:
-a library's torch embedding multiplies by sqrt(d) inside its module, its Flax twin after nn.Embed.
+A port may do a step of the reference's module in the module after it, or the other way round: a
+library's torch embedding multiplies by sqrt(d) inside its module, its Flax twin after nn.Embed.
 That module's output then differs, and every output computed from it agrees again. Such a row is
-marked (Row.boundary, its note naming the module that agrees), not failed, and the first failure,
-if any, is searched after it: a real bug further on is still named where it parts.
+marked (Row.boundary, its note naming the module that agrees), not failed, and the first failure is
+searched after it: a real bug further on is still named where it parts.
 
-Which outputs read a row's output is known from the reference's run (Output.upstream: the calls
-each output is computed from). A failing row is a boundary when the first later call computed
-from it agrees, or is itself such a boundary, and the difference heals there: its relative size
-falls by HEALS at least (a bug's difference flows on at about its own size, and a small one may
-stay within the next row's tolerance without healing). When the reference's run does not say what
-reads what, every later output row must agree and heal. A row whose difference no later output
-reads stays a failure.
+Which outputs read a row's output is known from the reference's run (Output.upstream: the calls each
+output is computed from). A failing row is a boundary when the first later call computed from it
+agrees, or is itself such a boundary, and the difference heals there: its relative size falls by
+HEALS at least (a bug's difference flows on at about its own size, and a small one may stay within
+the next row's tolerance without healing). Where the reference's run does not say what reads what,
+every later output row must agree and heal. A row that no later output reads stays a failure.
 """
 
 from __future__ import annotations
 
 from mhsa.port_check.core.records import Row
 from mhsa.port_check.core.structure import Output
+
+HEALS = 100.0  # how much smaller, relative to its values, the difference must be at the output that reads it
 
 
 def boundaries(rows: list[Row], outputs: list[Output], explain) -> None:
@@ -47,9 +48,6 @@ def boundaries(rows: list[Row], outputs: list[Output], explain) -> None:
                 f"differs{' (' + how + ')' if how else ''}, but '{reader.name}', computed from it, agrees: "
                 "the two sides split one computation at another module boundary there"
             )
-
-
-HEALS = 100.0  # how much smaller, relative to its values, the difference must be at the output that reads it
 
 
 def _heals(row: Row, after: Row) -> bool:

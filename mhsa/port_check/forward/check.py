@@ -120,9 +120,8 @@ def _running(what: str, function, *args, also: str = "") -> Any:
 
 @dataclass
 class Paired:
-    """Both models ready to compare: each side (model as cast, reader, inputs, ModuleInfo per
-    module, Traced) and its parameters the forward pass reads, the report begun (title, notes, the
-    pairing as Transfer), the reference's tied parameters and the dtype the check runs in."""
+    """Both models ready to compare: each Side and the parameters its forward pass reads, the report
+    begun (title, notes, the pairing), the reference's tied parameters and the check's dtype."""
 
     report: PortReport
     source: Side
@@ -133,10 +132,9 @@ class Paired:
 
 
 def pair_models(source, target, inputs, *, target_inputs=None, name_map=None, dtype: str | None = "float32") -> Paired | PortReport:
-    """The first half of check_port, which copy_weights shares: cast both models to `dtype`, trace
-    them on the inputs, read the parameters each forward pass reads and pair them (by name through
-    name_map, conventional renames, module type, layouts). A PortReport that has stopped (its
-    proposed map said) where the names leave no single pairing; else Paired."""
+    """check_port's first half, shared with copy_weights: cast both models to `dtype`, trace them on
+    the inputs, read the parameters each forward pass reads and pair them (forward/weights.py).
+    Paired, or a stopped PortReport (its proposed map said) where names leave no single pairing."""
     (source_name, source_reader), (target_name, target_reader) = reader_of(source), reader_of(target)
     sides = (source_name, target_name)
     raw_inputs = as_inputs(inputs)
@@ -199,16 +197,15 @@ def check_port(source, target, inputs, *, target_inputs=None, name_map=None, tra
 
     source: the reference (a torch.nn.Module); target: the port (an nnx.Module, a Linen (module,
     variables) pair, or an eqx.Module: readers.READERS). inputs: what `source` is called with
-    (structure.as_inputs: an array, a tuple of positional arguments, a dict of keyword arguments,
-    or (args, kwargs)), also given to the port unless target_inputs is. name_map: {reference
-    prefix: port prefix} for names that do not correspond. transfer: None checks the port as it
-    is when it holds converted weights and copies the reference's into a fresh port
-    (forward/weights.py); True always copies; False never does. dtype: "float32" or "float64",
-    both models and floating inputs cast (None: as they are). grads: also compare d <r, output> /
-    d every parameter, r a fixed random direction (core/cotangents.py). probes: on a failing
-    output, re-run with likely causes switched. Raises PortCheckError (one line) when the check
-    cannot run: a model without parameters, or one that fails on the inputs.
-    """
+    (structure.as_inputs: an array, a tuple of positional arguments, a dict of keyword arguments, or
+    (args, kwargs)), also given to the port unless target_inputs is. name_map: {reference prefix:
+    port prefix} for names that do not correspond. transfer: None checks the port as it is when it
+    holds converted weights and copies the reference's into a fresh port (forward/weights.py); True
+    always copies; False never does. dtype: "float32" or "float64", both models and floating inputs
+    cast (None: as they are). grads: also compare d <r, output> / d every parameter, r a fixed
+    random direction (core/cotangents.py). probes: on a failing output, re-run with likely causes
+    switched. Raises PortCheckError (one line) when the check cannot run: a model without
+    parameters, or one that fails on the inputs."""
     paired = pair_models(source, target, inputs, target_inputs=target_inputs, name_map=name_map, dtype=dtype)
     if isinstance(paired, PortReport):  # stopped: names that do not correspond
         return paired
@@ -228,24 +225,18 @@ def check_port(source, target, inputs, *, target_inputs=None, name_map=None, tra
 
 
 def copy_weights(reference, port, inputs, *, port_inputs=None, name_map: dict[str, str] | None = None) -> tuple[Any, Transfer]:
-    """Your port holding the reference's weights, and what was done.
+    """Your port holding the reference's weights, paired and laid out as the check pairs them
+    (forward/weights.py), and what was done.
 
     reference: a torch.nn.Module; port: an nnx.Module (changed in place and returned) or a Linen
-    (module, variables) pair (a new pair is returned). inputs: one batch the reference is called
-    with (and the port too, unless port_inputs is given), as check_port takes it: both models are
-    traced on it, to read which variables the port's forward pass reads (a converter's leftover is
-    not paired) and, where names differ, to propose a map by call order. name_map: {reference
-    prefix: port prefix} for names that do not correspond.
-
-    Parameters pair as the check pairs them: by name through name_map, then the conventional
-    renames (weight/kernel/scale/embedding, weight_g/weight_v), each by module type and shape; each
-    is laid out as its module needs (a Linear's (out, in) weight as an (in, out) kernel, a Conv's
-    OIHW as HWIO). Returns (port, Transfer): Transfer.filled lists every pair (reference name, port
-    name, shape, taken transposed), .layouts the layouts inferred, .unconsumed_source and
+    (module, variables) pair (a new pair is returned). inputs: one batch, as check_port takes it
+    (port_inputs for the port's own): both models are traced on it, to read which variables the
+    port's forward pass reads (a converter's leftover is not paired) and, where names differ, to
+    propose a map by call order. name_map: {reference prefix: port prefix}. Returns (port,
+    Transfer): .filled every pair, .layouts the layouts inferred, .unconsumed_source and
     .unconsumed_target what stayed unpaired (an unpaired parameter of the port keeps its own
-    values), .unread_target the port's variables its forward pass never reads. Raises
-    PortCheckError, in one line with the proposed name map, where the names leave more than one
-    pairing or none."""
+    values), .unread_target what the port's forward pass never reads. Raises PortCheckError, in one
+    line with the proposed name map, where the names leave more than one pairing or none."""
     paired = pair_models(reference, port, inputs, target_inputs=port_inputs, name_map=name_map, dtype=None)
     if isinstance(paired, PortReport):  # names that do not correspond: the user decides
         then = f"check this map and pass it: name_map={json.dumps(paired.proposed_map)}" if paired.proposed_map else "pass a name_map"
@@ -258,9 +249,9 @@ def copy_weights(reference, port, inputs, *, port_inputs=None, name_map: dict[st
 
 
 def _port_fails(error: Exception, running: tuple[str, str], source: Side, target, target_reader, name_map) -> PortCheckError:
-    """The one line for a port that fails on the inputs: the reference's own failure on them when
-    it fails too (the inputs are the reference's), else the port's, with the shapes the pairing
-    finds not to fit. running: what running each side on the inputs is called, for the line."""
+    """The one line for a port that fails on the inputs: the reference's own failure on them when it
+    fails too (the inputs are the reference's), else the port's, with the shapes the pairing finds
+    not to fit. running: each side's run on the inputs, as the line names it."""
     if isinstance(error, PortCheckError):
         return error
     _running(running[0], source.reader.run, source.model, source.inputs)
@@ -283,9 +274,8 @@ def _read(params: dict, traced, side: str, notes: list[Note]) -> dict:
 
 
 def _compare(report: PortReport, source: Side, target: Side, asked: str, name_map, grads: bool, probes: bool) -> None:
-    """Run both models (the reference in float64 too, for float32's tolerances; the port too when
-    a row fails on the reference's error alone), fill the rows, the precision findings, the hints
-    and the probes."""
+    """Run both models (each in the other dtype too where forward/derived.py needs it), fill the
+    rows, the precision findings, the hints and the probes."""
     sides, pairing = report.sides, report.transfer
     doing = "running and differentiating" if grads else "running"  # one forward (and backward) pass per side
     reference_direction = cotangents.reference if grads else None
@@ -342,8 +332,8 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
 
 
 def _run(doing: str, side: Side, *args, also: str = "") -> tuple[list[Output], Any]:
-    """side.reader.run(model, inputs, *args), the large blocks it frees reused and handed back after
-    it (shared/malloc.py); its failure one PortCheckError line (`doing` on the inputs, `also`)."""
+    """side.reader.run(model, inputs, *args) under kept_for_reuse (shared/malloc.py); its failure
+    one PortCheckError line (`doing` on the inputs, `also`)."""
     with kept_for_reuse():
         return _running(f"{doing} on the inputs ({describe_inputs(side.inputs)})", side.reader.run, side.model, side.inputs, *args, also=also)
 
@@ -408,9 +398,9 @@ def _falls_to_float32(source_outputs, target_outputs, source_desc, target_desc) 
 
 
 def _measured(report: PortReport, side: Side, dtype: str, outputs, grads, direction, note: Note) -> derived.Derived | None:
-    """A side's own float32 errors from its run in `dtype`, the other one (derived.from_twin_run); None, with
-    `note` and the error, where the model cannot run in that dtype: its rows then keep the fixed tolerances (the
-    port's: the reference's error alone)."""
+    """A side's own float32 errors from its run in `dtype`, the other one (derived.from_twin_run);
+    None, with `note` and the error, where it cannot run in that dtype (its rows then keep the fixed
+    tolerances; the port's, the reference's error alone)."""
     try:
         return derived.from_twin_run(dtype, side.reader, side.model, side.inputs, outputs, grads, direction)
     except Exception as error:  # a model that cannot compute in the other dtype: said, and checked all the same
@@ -419,9 +409,8 @@ def _measured(report: PortReport, side: Side, dtype: str, outputs, grads, direct
 
 
 def _port_errors(report: PortReport, target: Side, outputs, grads, direction, asked: str) -> None:
-    """The port's own float32 errors, from its float64 run (its float32 run in a float64 check),
-    joined to the rows' tolerances (the larger of the two sides' errors sets each); said in a note,
-    and where it cannot be made."""
+    """The port's own float32 errors, from its run in the other dtype, joined to the rows'
+    tolerances (rows.rejudge); a note says so, or why they cannot be had."""
     other = "float64" if asked == "float32" else "float32"
     found = _measured(report, target, other, outputs, grads, direction, Note("port alone", dtype=other))
     if found is not None:

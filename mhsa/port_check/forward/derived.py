@@ -1,22 +1,14 @@
-"""The float32 rows' tolerances, derived from each side's own error (shared/tolerances.py): a model
-runs once more, in float64, on the same weights (its float32 ones cast up) and inputs, and each
-output leaf and gradient of that run is reduced at once against its float32 twin, to the model's
-own float32 error there and the largest value compared. A row is then held to K times the larger
-of the two sides' errors (the reference's always; the port's when its float64 run is made, which
-happens only when a row fails on the reference's error alone, since its tolerance can only grow),
-with a floor of K float32 roundings of the largest value (an exact stage, an embedding lookup, has
-no error of its own).
-
-Nothing of the float64 run is kept but those two numbers per row: the model is float64 only
-while it runs (a torch model converted in place and back: reader.float64_twin), and its outputs
-live one at a time; meanwhile the memory it frees is kept for its next allocations
-(shared/malloc.py). A leaf that the model computes in float32 even in its float64 run (a
-cast in its code) has no float64 twin: its row keeps the fixed tolerance, and says so; so do all
-rows when the reference cannot run in float64 at all, and a row where the two runs differ by more
-than rounding can (NOT_A_TWIN), which would otherwise loosen its tolerance to whatever the
-difference reaches (forward/check.py finds out why, and says it). A gradient that is 0 in exact
-arithmetic (ZERO: its float64 value is rounding) is neither: both sides' float32 values are
-rounding of 0, and its row says so.
+"""The float32 rows' tolerances, derived from each side's own error (shared/tolerances.py; the
+design is docs/DESIGN.md's "The port check"): a model runs once more in float64 on the same weights
+(its float32 ones cast up) and inputs, and each output leaf and gradient of that run is reduced at
+once against its float32 twin to two numbers, the model's own float32 error there and the largest
+value compared; nothing else of the run is kept. A row is held to K times the larger of the two
+sides' errors (the port's measured only once a row fails on the reference's alone, since its
+tolerance can only grow), at least K float32 roundings of the largest value (an exact stage, an
+embedding lookup, has no error of its own). A leaf computed in float32 even in the float64 run (a
+cast in the model's code) has no twin and keeps the fixed tolerance, as does a row whose two runs
+differ by more than rounding can (NOT_A_TWIN; forward/check.py says why); a gradient that is 0 in
+exact arithmetic (ZERO) is rounding on both sides, and its row says so.
 """
 
 from __future__ import annotations
@@ -34,11 +26,10 @@ from shared.tolerances import reference_error, scale
 
 @dataclass
 class Derived:
-    """One model's own float32 errors: (error, largest value) per output leaf, by (call, leaf
-    label) of its run, and per parameter's gradient; `zero`: the parameters whose gradient is 0 in
-    exact arithmetic; `fixed`: the output leaves computed in float32 in the float64 run; `apart`:
-    the rows whose float64 run differs from the float32 one by more than rounding (NOT_A_TWIN).
-    Rows in `fixed` and `apart` keep the fixed tolerance."""
+    """One model's own float32 errors: (error, largest value) per output leaf, by (call, leaf label)
+    of its run, and per parameter's gradient; `zero`: the parameters whose gradient is 0 in exact
+    arithmetic. Keeping the fixed tolerance: `fixed`, the leaves computed in float32 in the float64
+    run; `apart`, the rows whose two runs differ by more than rounding (NOT_A_TWIN)."""
 
     outputs: dict[tuple[int, str], tuple[float, float]] = field(default_factory=dict)
     grads: dict[str, tuple[float, float]] = field(default_factory=dict)
@@ -78,13 +69,12 @@ def zero_gradients(grads: dict[str, np.ndarray]) -> set[str]:
 
 
 def from_twin_run(dtype: str, reader, model, inputs, outputs: list[Output], grads: dict | None, direction=None) -> Derived:
-    """Run `model` (through `reader`) once more in `dtype`, the other precision, and reduce each of
-    that run's output leaves and gradients against its twin in `outputs` and `grads` (the check's
-    run; the gradients in `direction`, as that run took them). "float64" in a float32 check: every
-    row's own error. "float32" in a float64 check: the own error of the rows that fall to float32
-    (a float32 step in the model's code: forward/precision.py), which are then held to K times it,
-    as a float32 check holds every row, not to a fixed number that knows nothing of their size.
-    Errors of the run are the caller's to report."""
+    """Run `model` (through `reader`) once more in `dtype`, the other precision, reducing each
+    output leaf and gradient against its twin in `outputs` and `grads` (the check's run; the
+    gradients along `direction`, as it took them). "float64" in a float32 check: every row's own
+    error. "float32" in a float64 check: the own error of the rows that fall to float32
+    (forward/precision.py), held to K times it as a float32 check holds every row, not to a fixed
+    number blind to their size. Errors of the run are the caller's to report."""
     found = Derived()
     by_key = {(output.call, output.label): output for output in outputs if output.value is not None}
     up = dtype == "float64"

@@ -1,15 +1,14 @@
 """Where to look, from the evidence: hints read off the rows, and probes that re-run the models
 with one likely cause switched.
 
-Probes only touch what runs at or before the first failing row: the failing module itself (a
-square kernel transposed, a norm's eps or a conv's padding set to the reference's, the port's own parameters there
-that differ given the reference's values) and the reference's modules that ran since the last
-agreeing output without a counterpart in the port (a torch GELU whose port computes the other
-approximation inline), plus matmul precision for the whole run. A probe that closes the gap at
-the first failing row is the explanation: the other probes and every hint about that row are
-retired, and the search goes on from the next failure with that switch in place (up to four
-causes). The hints are then read off the rows with every closing switch in place: what is left
-to explain, if anything.
+Probes touch only what runs at or before the first failing row: the failing module itself (a square
+kernel transposed, a norm's eps or a conv's padding set to the reference's, the port's own
+parameters there that differ given the reference's values), the reference's modules that ran since
+the last agreeing output without a counterpart in the port (a torch GELU whose port computes the
+other approximation inline), and matmul precision for the whole run. A probe that closes the gap at
+the first failing row explains it: the other probes and every hint about that row are retired, and
+the search goes on from the next failure with that switch in place (up to four causes). The hints
+are then read off the rows with every closing switch in place: what is left to explain, if any.
 """
 
 from __future__ import annotations
@@ -40,9 +39,7 @@ class Side:
     # the port only, when its own weights are checked: reference parameter -> (port parameter,
     # the reference's values in the port's layout) for every parameter that differs
     differing: dict | None = None
-    # in a float32 check, the side's own float32 errors from its float64 run (forward/derived.py): always
-    # the reference's, the port's when a row failed on the reference's alone
-    derived: Any = None
+    derived: Any = None  # the side's own float32 errors (forward/derived.py), where measured
     traced: Any = None  # what the reader's trace() gave before the run (structure.Traced)
 
 

@@ -1,14 +1,13 @@
 """A name map proposed by structure, for a port whose names do not correspond to the reference's.
 
-The parameters left over on both sides are grouped by the module that owns them; the modules are
-put in call order (the order their first call returned; modules never called follow in the order
-of their parameters) and aligned by their parameters' shapes (difflib's longest matching blocks),
-so that `norm`/`ln` and `fc1`/`dense1` pair up where they sit in the computation, and twelve
-identical layers pair in order. Each pair becomes one entry {reference path: port path} (one per
-parameter where the parameters' own names differ too); entries that share a renamed prefix
-(`h.0.attn.c_attn` -> `h_0.attn.c_attn`) are shortened to it (`h.0` -> `h_0`) when that changes
-nothing else. The map is advice: the check stops and prints it; the user reads it and runs again
-with `--map`.
+The parameters left over on both sides are grouped by the module that owns them; the modules are put
+in call order (of their first calls; modules never called follow in the order of their parameters)
+and aligned by their parameters' shapes (difflib's longest matching blocks), so that `norm`/`ln` and
+`fc1`/`dense1` pair up where they sit in the computation, and twelve identical layers pair in order.
+Each pair becomes one entry {reference path: port path} (one per parameter where the parameters' own
+names differ too); entries that share a renamed prefix (`h.0.attn.c_attn` -> `h_0.attn.c_attn`) are
+shortened to it (`h.0` -> `h_0`) when that changes nothing else. The map is advice: the check stops
+and prints it, and the user runs again with `--map`.
 """
 
 from __future__ import annotations

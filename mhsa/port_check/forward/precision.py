@@ -1,19 +1,18 @@
 """Which precision each comparison can be held to: the dtype asked for, unless a module computes
 below it (a Flax layer with dtype=float32 whose parameters are float64, a cast in the code).
 
-Two kinds of evidence, both read after the models were cast to the dtype asked for: every
-captured output's dtype, and every module's attributes that hold a floating dtype below it (the
-readers' "dtypes": a Linen field `dtype=float32`, an NNX attribute `compute_dtype`; the casts
-already raise NNX's `dtype` and a Linen model's own `dtype` field, so what remains is what the
-check cannot raise). From the first output below the asked dtype, or the first call inside a
-module with such an attribute, on either side (in call order: what runs later may depend on it),
-the rows are compared at that precision's tolerance: float32's when float64 was asked for. Below
-float32 (bfloat16, float16) the rows are not judged at all: their rounding (about 4e-3 relative
-for bfloat16) is larger than the differences this check exists to find (a LayerNorm eps, a tanh
-GELU), so a tolerance loose enough to pass it would pass those bugs too. The report names each
-module responsible and the attribute that makes it so, or says that none does (a cast in its
-code). A cast that converts back before its module returns leaves no trace in either; the hints
-point at a float32-sized difference in a float64 run instead.
+Two kinds of evidence, read after the models are cast to the dtype asked for: each captured output's
+dtype, and each module attribute holding a floating dtype below it (the readers' "dtypes": a Linen
+field `dtype=float32`, an NNX `compute_dtype`; the casts already raise NNX's `dtype` and a Linen
+model's own `dtype`, so what remains is what the check cannot raise). From the first output below
+the asked dtype, or the first call inside a module with such an attribute, on either side (in call
+order: what runs later may depend on it), rows are held to that precision's tolerance. Below float32
+(bfloat16, float16) rows are not judged: their rounding (about 4e-3 relative for bfloat16) exceeds
+the differences this check exists to find (a LayerNorm eps, a tanh GELU), so a tolerance that passes
+it would pass those bugs too. The report names each module responsible and its attribute, or says
+that none has one (a cast in its code). A cast that converts back before its module returns shows
+only in the dataflow (`rounding`) or, where a reader cannot follow it, as a float32-sized difference
+in a float64 run (a hint).
 """
 
 from __future__ import annotations
@@ -51,17 +50,15 @@ def floors(outputs: list[Output], asked: str, desc: dict) -> dict[int, int]:
 
 
 def leaf_floor(output: Output) -> int:
-    """The lowest precision one output leaf's own computation went through (Output.floor, from the
-    dataflow: a float32 step inside a float64 run that converts back leaves no other trace); 3
-    (float64) where the reader cannot tell."""
+    """The lowest precision rank one output leaf's own computation reached (Output.floor, from the
+    dataflow: a float32 step that converts back leaves no other trace); 3 where it is unknown."""
     return 3 if output.floor is None else output.floor
 
 
 def rounding(outputs: list[Output], asked: str, side: str) -> list[Precision]:
-    """One finding per module of one side where a lower precision than `asked` enters the dataflow
-    while the module's output dtype says `asked` (a cast in its code that converts back): the
-    first outputs computed through it, each named once, not those computed from an earlier one
-    nor a parent returning its child's."""
+    """One finding per module where a precision below `asked` enters the dataflow while its output
+    dtype says `asked` (a cast in its code that converts back): the first outputs computed through
+    it, each once, not those computed from an earlier one nor a parent returning its child's."""
     low = {output.call: output for output in outputs if output.value is not None and leaf_floor(output) < RANKS[asked]}
     entries: list[Output] = []
     for call, output in low.items():

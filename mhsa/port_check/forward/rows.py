@@ -1,20 +1,17 @@
 """The table's rows: every output leaf of every call, paired across the two models, compared; then
 every parameter's gradient.
 
-Calls are paired by module path (through the name map) and call number; within a call, leaves by
-their place in the output ("[0]", "[logits]"), and where the two structures differ but hold the
-same number of floating-point leaves, by position. Two outputs are laid out alike before they are
-compared by what computed them (core/layouts.py: torch's convolutions NCHW, Flax's NHWC), not by their
-shapes, which agree at C = H = W; where one side's layout is unknown (a model run eagerly), the
-channels are moved only when that is the one arrangement whose shapes agree. Shapes that still
-differ are compared after broadcasting where they broadcast (position embeddings computed once for
-the batch, (1, T, D), against per row, (B, T, D)); only shapes that cannot broadcast fail, as a
-shape, never as a number. NaN in either output fails its row, also NaN on both sides at the same
-places. A leaf that one side returns as None and the other as an array is no row: it is skipped
-and named in a note.
-
-Each float32 row is held to K times the larger of the two sides' own float32 errors there
-(forward/derived.py), each row keeping both so that the port's can join once measured (`rejudge`).
+Calls pair by module path (through the name map) and call number; within a call, leaves by their
+place in the output ("[0]", "[logits]"), or by position where the two structures differ but hold as
+many floating-point leaves. Two outputs are laid out alike by what computed them (core/layouts.py:
+torch's convolutions NCHW, Flax's NHWC), not by their shapes, which agree at C = H = W; where one
+side's layout is unknown (a model run eagerly), the channels move only when that is the one
+arrangement whose shapes agree. Shapes that still differ are compared after broadcasting where they
+broadcast (position embeddings computed once for the batch, (1, T, D), against per row, (B, T, D));
+only shapes that cannot broadcast fail, as a shape, never as a number. NaN in either output fails
+its row, also NaN on both sides at the same places. A leaf one side returns as None and the other as
+an array is no row: it is named in a note. Each row keeps both sides' own float32 errors
+(forward/derived.py), so that the port's can join once measured (`rejudge`).
 """
 
 from __future__ import annotations
@@ -96,11 +93,10 @@ def _pair_leaves(source: list[Output], target: list[Output]) -> tuple[list[tuple
 
 def output_rows(source_outputs, target_outputs, source_desc, target_desc, asked, sides, name_map=None, derived=None):
     """(rows in the reference's call order, unmatched reference labels, unmatched port labels,
-    leaves skipped: [(label, why)], not floating-point on either side or None on one).
-    *_desc: the readers' describe, for the module types and the compute dtypes (forward/precision.py).
-    derived: {(call, leaf label) of the reference's run: (its own error, largest value)} for the
-    rows judged in float32 when float32 was asked for (forward/derived.py); every other row holds the
-    fixed tolerance of its dtype."""
+    leaves skipped: [(label, why)], not floating-point on either side or None on one). *_desc: the
+    readers' describe (module types, compute dtypes: forward/precision.py). derived: {(call, leaf
+    label) of the reference's run: (its own error, largest value)} for the rows judged at float32
+    (forward/derived.py); every other row holds its dtype's fixed tolerance."""
     source, target = _calls(source_outputs), _calls(target_outputs)
     counts_s, counts_t = (Counter(path for path, _, _ in calls) for calls in (source, target))
     index = {(path, call): (position, leaves) for position, (path, call, leaves) in enumerate(target)}
@@ -152,12 +148,11 @@ def call_paths(outputs: list[Output]) -> list[str]:
 
 
 def gradient_rows(source_grads, target_grads, rank, sides, pairs: dict[str, tuple[str, bool]], derived=None, zero=()) -> list[Row]:
-    """One row per paired reference parameter with a gradient on both sides; rank: the lowest
-    precision any output reached (a gradient runs through every one of them); pairs: {reference
-    parameter: (port parameter, whether its layout is the port's transposed)} (forward/weights.py);
-    derived: {parameter: (the reference's own error, largest value)}, as output_rows'; zero: the
-    parameters whose exact gradient is 0 (forward/derived.py): their rows say so, and pass while the port's
-    gradient is rounding too."""
+    """One row per paired reference parameter with a gradient on both sides. rank: the lowest
+    precision any output reached (a gradient runs through every one); pairs: {reference parameter:
+    (port parameter, transposed)} (forward/weights.py); derived: as output_rows', by parameter;
+    zero: the parameters whose exact gradient is 0 (forward/derived.py): their rows say so, and pass
+    while the port's gradient is rounding too."""
     dtype = precision.dtype_of(rank)
     rows = []
     for name, value in source_grads.items():
@@ -177,8 +172,7 @@ def gradient_rows(source_grads, target_grads, rank, sides, pairs: dict[str, tupl
 
 def _hold(row: Row, kind: str, dtype: str | None, twin: tuple[float, float] | None) -> None:
     """Set the row's tolerance at `dtype`: derived from the reference's own float32 error where the
-    row is judged at float32 and a twin run measured it (its float64 run in a float32 check, its
-    float32 run for a float64 check's rows that fall to float32), else fixed."""
+    row is judged at float32 and a twin run measured it (forward/derived.py), else fixed."""
     row.dtype = dtype or ""
     if dtype == "float32" and twin is not None:
         row.reference_error, row.scale = twin
@@ -186,11 +180,10 @@ def _hold(row: Row, kind: str, dtype: str | None, twin: tuple[float, float] | No
 
 
 def rejudge(rows: list[Row], port: dict) -> int:
-    """Hold every row judged at float32 to the two sides' own errors (comparison.held), the port's
-    from `port` ({(call, label) of the port's run or port parameter: (its own error, largest
-    value)}): a derived row to K times the larger of the two, a fixed row to K times the port's
-    where that is larger (the reference had no twin of it); returns how many rows the port's
-    error now sets. A float64 row holds its fixed tolerance whatever the port's float32 rounding."""
+    """Hold every float32 row to the two sides' own errors (comparison.held), the port's from `port`
+    ({port key (call, label) or parameter: (own error, largest value)}): a derived row to K times the
+    larger, a fixed row to K times the port's where larger (the reference had no twin); float64 rows
+    keep their fixed tolerance. Returns how many rows the port's error sets."""
     count = 0
     for row in rows:
         twin = port.get(row.target_key) if row.status == "" and row.dtype == "float32" else None

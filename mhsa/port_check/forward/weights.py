@@ -1,20 +1,17 @@
 """The reference's parameters against the port's: paired by name, shape-checked, compared in one
 layout, and either copied into the port or left as the user's converter wrote them.
 
-By default the port is checked as it is, with the user's own converter (`decide`): when at least
-one parameter whose reference values are not constant holds those values, or a recognisable
-transform of them (its transpose, a scaled copy, its rows in another order, a flipped kernel),
-a converter has run, so nothing is overwritten and every parameter that differs is named with how
-it differs. One such parameter is the threshold: copying over a port that a converter filled
-would hide exactly the bugs it may have (a forgotten transpose passes once overwritten), while a
-fresh port holds none of the reference's values. A parameter whose reference values are constant
-(a fresh norm's ones, a zero bias) is no evidence either way: both frameworks start it alike.
+By default the port is checked as it is, with the user's own converter (`decide`), when at least one
+parameter whose reference values are not constant holds them or a recognisable transform of them
+(its transpose, a scaled copy, its rows in another order, a flipped kernel): a converter has run,
+and copying over it would hide exactly the bugs it may have (a forgotten transpose passes once
+overwritten), while a fresh port holds none of the reference's values. A parameter whose reference
+values are constant (a fresh norm's ones, a zero bias) counts for neither: both start it alike.
 
-Layouts: the readers give both sides in torch's state_dict layout. A pair where one side's layer
-is not a standard one (a library's Conv1D that stores a linear weight (in, out), a raw matrix
-used as x @ W) may fit only transposed; when a non-square weight of such a pair of layer types
-fits only transposed, every 2-d weight of that pair of types is taken transposed (square ones
-included), and the report says what it inferred and from which parameter.
+Layouts: the readers give both sides in torch's state_dict layout. Where one side's layer is not a
+standard one (a library's Conv1D that stores a linear weight (in, out), a raw matrix used as x @ W)
+and a non-square weight fits only transposed, every 2-d weight of that pair of layer types is taken
+transposed (square ones included), and the report says what it inferred and from which parameter.
 """
 
 from __future__ import annotations
@@ -27,6 +24,11 @@ from shared.tolerances import max_abs_diff
 
 # the layer types whose layouts the readers convert: a pair of these that fits only transposed is a bug of the port
 STANDARD = ("Linear", "Embedding", "Conv", "LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm")
+# the names one kind of parameter goes by: torch's weight, Flax's kernel, scale and embedding, the
+# gamma and beta of older code; weight norm's two factors
+CONVENTIONAL = (("weight", "kernel", "scale", "embedding", "gamma"), ("bias", "beta"), ("weight_g", "g"), ("weight_v", "v"))
+SEARCHED = 16  # differing parameters searched for a transform while none has shown a converter ran
+SMOOTH = 0.5  # the mean correlation of neighbouring rows above which a table is deterministic
 
 
 def _module(name: str) -> str:
@@ -69,15 +71,10 @@ def pair_parameters(source_params, target_params, source_desc, target_desc, name
     return report
 
 
-# the names one kind of parameter goes by: torch's weight, Flax's kernel, scale and embedding, the
-# gamma and beta of older code; weight norm's two factors
-CONVENTIONAL = (("weight", "kernel", "scale", "embedding", "gamma"), ("bias", "beta"), ("weight_g", "g"), ("weight_v", "v"))
-
-
 def _renamed(unpaired, target_params, consumed, source_params, name_map) -> tuple[list[tuple[str, str]], list[tuple[str, list[str]]]]:
     """([(reference name, port name)] for the parameters left unpaired by name that a conventional
-    rename pairs: in the module the name map gives, the one unpaired port parameter of the same
-    kind (CONVENTIONAL) whose shape fits, as it is or transposed; [(reference name, the port's
+    rename pairs: in the module the name map gives, the one unpaired port parameter of the same kind
+    (CONVENTIONAL) whose shape fits, as it is or transposed; [(reference name, the port's
     candidates)] where there are several: ambiguous, paired by no rule)."""
     left = [name for name in target_params if name not in consumed]
     by_module: dict[str, list[str]] = {}
@@ -126,9 +123,6 @@ def _view(value: np.ndarray, transposed: bool) -> np.ndarray:
     return value.T if transposed else value
 
 
-SEARCHED = 16  # differing parameters searched for a transform while none has shown a converter ran
-
-
 def tables(source_params, frozen: frozenset[str] | set[str]) -> set[str]:
     """The reference's parameters that are no evidence of a conversion, since a fresh port can hold
     their values without one: those the reference does not train (a sinusoidal position table
@@ -137,9 +131,6 @@ def tables(source_params, frozen: frozenset[str] | set[str]) -> set[str]:
     trained = set(source_params) - set(frozen)
     found = set(frozen) & set(source_params) if trained else set()
     return found | {name for name, value in source_params.items() if _smooth(value)}
-
-
-SMOOTH = 0.5  # the mean correlation of neighbouring rows above which a table is deterministic
 
 
 def _smooth(value: np.ndarray) -> bool:
@@ -159,12 +150,10 @@ def _smooth(value: np.ndarray) -> bool:
 def compare_values(report: Transfer, source_params, target_params, tol: float, keep: bool = False, no_evidence=frozenset()) -> int:
     """Fill report.differing with every paired parameter the port holds other values of (and how),
     and return the evidence that a converter ran: how many parameters with non-constant reference
-    values hold those values or a recognisable transform of them. While there is no evidence,
-    only the first SEARCHED differing parameters are searched for a transform: a fresh port of a
-    large model is not searched parameter by parameter (the rest are said to differ by so much).
-    keep: the port is kept whatever the evidence (--no-transfer). A fresh port, which is copied
-    over, has report.differing left empty and nothing measured beyond the first block that differs.
-    no_evidence: the parameters that count for neither side (tables())."""
+    values hold them or a recognisable transform of them. Without evidence, only the first SEARCHED
+    differing parameters are searched for a transform (a fresh large port is not searched parameter
+    by parameter), and report.differing stays empty unless `keep` (--no-transfer: the port is kept
+    whatever the evidence). no_evidence: the parameters that count for neither side (tables())."""
     evidence, differing = 0, []
     for pair in report.filled:
         name, reference, port = pair.reference, _view(source_params[pair.reference], pair.transposed), target_params[pair.port]
