@@ -34,10 +34,9 @@ NEUTRAL = ("Linear", "Embedding", "Conv", "Dropout", "GELU") + NORMS
 
 
 def transfer_weights(source: Any, target: Any, name_map: dict[str, str] | None = None, copy: bool | None = True) -> tuple[Any, Transfer]:
-    """Pair the reference's parameters with the port's by name (through name_map) and shape, and
-    copy them into the port (copy=True), or compare the port's own (copy=False: every parameter
-    that differs is named with how), or decide by the port's values (copy=None: forward/weights.py).
-    Returns (target, Transfer)."""
+    """Pair the reference's parameters with the port's (forward/weights.py) and copy them into the
+    port (copy=True), compare the port's own (False: each that differs named with how), or decide by
+    the port's values (None). Returns (target, Transfer)."""
     (source_name, source_reader), (target_name, target_reader) = reader_of(source), reader_of(target)
     source_params, target_params = source_reader.parameters(source), target_reader.parameters(target)
     types: tuple[dict, dict] = ({}, {})
@@ -50,8 +49,7 @@ def transfer_weights(source: Any, target: Any, name_map: dict[str, str] | None =
 
 
 def _decide(report: Transfer, source_params, target_params, copy: bool | None, frozen: frozenset[str]) -> bool:
-    """Compare the values (unless a copy is forced) and decide whether to copy (forward/weights.py);
-    frozen: the reference's parameters it does not train."""
+    """Whether to copy (weights.decide), the values compared unless a copy is forced; frozen: the reference's untrained parameters."""
     tables = weights.tables(source_params, frozen)
     tol = tolerance("weights", _dtype_of(source_params))
     evidence = 0 if copy else weights.compare_values(report, source_params, target_params, tol, keep=copy is False, no_evidence=tables)
@@ -230,13 +228,12 @@ def copy_weights(reference, port, inputs, *, port_inputs=None, name_map: dict[st
 
     reference: a torch.nn.Module; port: an nnx.Module (changed in place and returned) or a Linen
     (module, variables) pair (a new pair is returned). inputs: one batch, as check_port takes it
-    (port_inputs for the port's own): both models are traced on it, to read which variables the
+    (port_inputs for the port's own), on which both models are traced: to read which variables the
     port's forward pass reads (a converter's leftover is not paired) and, where names differ, to
-    propose a map by call order. name_map: {reference prefix: port prefix}. Returns (port,
-    Transfer): .filled every pair, .layouts the layouts inferred, .unconsumed_source and
-    .unconsumed_target what stayed unpaired (an unpaired parameter of the port keeps its own
-    values), .unread_target what the port's forward pass never reads. Raises PortCheckError, in one
-    line with the proposed name map, where the names leave more than one pairing or none."""
+    propose a map by call order. Returns (port, Transfer: .filled every pair, .layouts those
+    inferred, .unconsumed_source and .unconsumed_target what stayed unpaired, the port's keeping
+    their values, .unread_target what the port never reads). Raises PortCheckError, in one line with
+    the proposed name map, where the names leave more than one pairing or none."""
     paired = pair_models(reference, port, inputs, target_inputs=port_inputs, name_map=name_map, dtype=None)
     if isinstance(paired, PortReport):  # names that do not correspond: the user decides
         then = f"check this map and pass it: name_map={json.dumps(paired.proposed_map)}" if paired.proposed_map else "pass a name_map"
@@ -249,9 +246,8 @@ def copy_weights(reference, port, inputs, *, port_inputs=None, name_map: dict[st
 
 
 def _port_fails(error: Exception, running: tuple[str, str], source: Side, target, target_reader, name_map) -> PortCheckError:
-    """The one line for a port that fails on the inputs: the reference's own failure on them when it
-    fails too (the inputs are the reference's), else the port's, with the shapes the pairing finds
-    not to fit. running: each side's run on the inputs, as the line names it."""
+    """One line for a port that fails on the inputs (`running`: each side's run, as the line names
+    it): the reference's own failure when it fails too, else the port's, with the misfit shapes."""
     if isinstance(error, PortCheckError):
         return error
     _running(running[0], source.reader.run, source.model, source.inputs)
@@ -274,8 +270,7 @@ def _read(params: dict, traced, side: str, notes: list[Note]) -> dict:
 
 
 def _compare(report: PortReport, source: Side, target: Side, asked: str, name_map, grads: bool, probes: bool) -> None:
-    """Run both models (each in the other dtype too where forward/derived.py needs it), fill the
-    rows, the precision findings, the hints and the probes."""
+    """Run both models (in the other dtype too where forward/derived.py needs it); fill the rows, findings, hints, probes."""
     sides, pairing = report.sides, report.transfer
     doing = "running and differentiating" if grads else "running"  # one forward (and backward) pass per side
     reference_direction = cotangents.reference if grads else None
@@ -332,15 +327,13 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
 
 
 def _run(doing: str, side: Side, *args, also: str = "") -> tuple[list[Output], Any]:
-    """side.reader.run(model, inputs, *args) under kept_for_reuse (shared/malloc.py); its failure
-    one PortCheckError line (`doing` on the inputs, `also`)."""
+    """side.reader.run(model, inputs, *args) under kept_for_reuse; its failure one PortCheckError line (`doing`, `also`)."""
     with kept_for_reuse():
         return _running(f"{doing} on the inputs ({describe_inputs(side.inputs)})", side.reader.run, side.model, side.inputs, *args, also=also)
 
 
 def _explainer(source_outputs: list[Output], target_outputs: list[Output]):
-    """explain(row) -> how the port's output differs from the reference's at that row (a scale,
-    a transpose, an order: weights.how_it_differs), or ''."""
+    """explain(row) -> how the port's output differs from the reference's there (weights.how_it_differs), or ''."""
     source = {(output.call, output.label): output for output in source_outputs}
     target = {(output.call, output.label): output for output in target_outputs}
 
@@ -391,16 +384,14 @@ def _floors(source_outputs, target_outputs, asked: str, source_desc, target_desc
 
 
 def _falls_to_float32(source_outputs, target_outputs, source_desc, target_desc) -> bool:
-    """Whether a float64 check judges some row at float32: an output, a module's dtype or a step of
-    either model's code below float64 (forward/precision.py)."""
+    """Whether a float64 check judges some row at float32: an output, a module dtype or a step of either model below float64."""
     lowest = min(_floors(source_outputs, target_outputs, "float64", source_desc, target_desc))
     return lowest == 2 or any(precision.leaf_floor(output) == 2 for output in source_outputs + target_outputs)
 
 
 def _measured(report: PortReport, side: Side, dtype: str, outputs, grads, direction, note: Note) -> derived.Derived | None:
     """A side's own float32 errors from its run in `dtype`, the other one (derived.from_twin_run);
-    None, with `note` and the error, where it cannot run in that dtype (its rows then keep the fixed
-    tolerances; the port's, the reference's error alone)."""
+    None, with `note` and the error, where it cannot run so (its rows keep their tolerances)."""
     try:
         return derived.from_twin_run(dtype, side.reader, side.model, side.inputs, outputs, grads, direction)
     except Exception as error:  # a model that cannot compute in the other dtype: said, and checked all the same

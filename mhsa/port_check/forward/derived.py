@@ -26,10 +26,9 @@ from shared.tolerances import reference_error, scale
 
 @dataclass
 class Derived:
-    """One model's own float32 errors: (error, largest value) per output leaf, by (call, leaf label)
-    of its run, and per parameter's gradient; `zero`: the parameters whose gradient is 0 in exact
-    arithmetic. Keeping the fixed tolerance: `fixed`, the leaves computed in float32 in the float64
-    run; `apart`, the rows whose two runs differ by more than rounding (NOT_A_TWIN)."""
+    """One model's own float32 errors: (error, largest value) per output leaf, by (call, label), and
+    per parameter's gradient; `zero`: the parameters whose exact gradient is 0; keeping the fixed
+    tolerance, `fixed` (leaves computed in float32 in the float64 run) and `apart` (NOT_A_TWIN)."""
 
     outputs: dict[tuple[int, str], tuple[float, float]] = field(default_factory=dict)
     grads: dict[str, tuple[float, float]] = field(default_factory=dict)
@@ -69,12 +68,11 @@ def zero_gradients(grads: dict[str, np.ndarray]) -> set[str]:
 
 
 def from_twin_run(dtype: str, reader, model, inputs, outputs: list[Output], grads: dict | None, direction=None) -> Derived:
-    """Run `model` (through `reader`) once more in `dtype`, the other precision, reducing each
-    output leaf and gradient against its twin in `outputs` and `grads` (the check's run; the
-    gradients along `direction`, as it took them). "float64" in a float32 check: every row's own
-    error. "float32" in a float64 check: the own error of the rows that fall to float32
-    (forward/precision.py), held to K times it as a float32 check holds every row, not to a fixed
-    number blind to their size. Errors of the run are the caller's to report."""
+    """Run `model` through `reader` once more in `dtype`, the other precision, reducing each output
+    leaf and gradient against its twin in `outputs` and `grads` (the check's run, its gradients
+    along `direction`). "float64" in a float32 check: every row's own error. "float32" in a float64
+    check: that of the rows that fall to float32, held to K times it as a float32 check holds every
+    row, not to a fixed number blind to their size. Errors of the run are the caller's to report."""
     found = Derived()
     by_key = {(output.call, output.label): output for output in outputs if output.value is not None}
     up = dtype == "float64"

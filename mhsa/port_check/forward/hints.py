@@ -44,10 +44,9 @@ class Side:
 
 
 def hints(rows: list[Row], call_paths: list[str], source_desc: dict[str, ModuleInfo], asked: str, differing=()) -> list[Hint]:
-    """Where to look: the port's parameters that differ in the failing module, the code between
-    the first failing output and the last agreeing one, the reference modules without a
-    counterpart that ran in between, and the same for the largest growth of the difference after
-    the first failure (a second cause behind the first)."""
+    """Where to look: the port's parameters that differ in the failing module, the code between the
+    last agreeing output and the first failing one and the reference modules without a counterpart
+    that ran there, and the same for the difference's largest growth after it (a second cause)."""
     outputs = [row for row in rows if row.section == "output"]
     first = next((row for row in outputs if row.failed), None)
     if first is None:
@@ -89,9 +88,8 @@ def _unmatched_between(rows, call_paths, source_desc, before, row) -> list[Hint]
 
 
 def run_probes(rows, call_paths, source: Side, target: Side, sides, asked, name_map, steps: int = 4) -> tuple[list[Probe], list[Row] | None]:
-    """(probes, the rows once every closing probe is applied, or None when none closes): the
-    search of the module's docstring, up to `steps` causes, so that a first port with three
-    classic bugs gets all three named, each by its own evidence."""
+    """(probes, the rows with every closing probe applied, or None when none closes): the module
+    docstring's search, up to `steps` causes, so that three classic bugs get all three named."""
     lines: list[Probe] = []
     explained = None
     for step in range(steps):

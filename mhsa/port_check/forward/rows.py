@@ -93,10 +93,9 @@ def _pair_leaves(source: list[Output], target: list[Output]) -> tuple[list[tuple
 
 def output_rows(source_outputs, target_outputs, source_desc, target_desc, asked, sides, name_map=None, derived=None):
     """(rows in the reference's call order, unmatched reference labels, unmatched port labels,
-    leaves skipped: [(label, why)], not floating-point on either side or None on one). *_desc: the
-    readers' describe (module types, compute dtypes: forward/precision.py). derived: {(call, leaf
-    label) of the reference's run: (its own error, largest value)} for the rows judged at float32
-    (forward/derived.py); every other row holds its dtype's fixed tolerance."""
+    leaves skipped: [(label, why)], non-floats or None on one side). *_desc: the readers' describe.
+    derived: {(call, leaf label) of the reference's run: (own error, largest value)} for the rows
+    judged at float32 (forward/derived.py); every other row holds its dtype's fixed tolerance."""
     source, target = _calls(source_outputs), _calls(target_outputs)
     counts_s, counts_t = (Counter(path for path, _, _ in calls) for calls in (source, target))
     index = {(path, call): (position, leaves) for position, (path, call, leaves) in enumerate(target)}
@@ -150,9 +149,8 @@ def call_paths(outputs: list[Output]) -> list[str]:
 def gradient_rows(source_grads, target_grads, rank, sides, pairs: dict[str, tuple[str, bool]], derived=None, zero=()) -> list[Row]:
     """One row per paired reference parameter with a gradient on both sides. rank: the lowest
     precision any output reached (a gradient runs through every one); pairs: {reference parameter:
-    (port parameter, transposed)} (forward/weights.py); derived: as output_rows', by parameter;
-    zero: the parameters whose exact gradient is 0 (forward/derived.py): their rows say so, and pass
-    while the port's gradient is rounding too."""
+    (port parameter, transposed)}; derived: as output_rows', by parameter; zero: the parameters
+    whose exact gradient is 0: their rows say so, and pass while the port's is rounding too."""
     dtype = precision.dtype_of(rank)
     rows = []
     for name, value in source_grads.items():

@@ -37,10 +37,8 @@ def _module(name: str) -> str:
 
 def pair_parameters(source_params, target_params, source_desc, target_desc, name_map=None, sides=("torch", "jax")) -> Transfer:
     """Pair every reference parameter with the port's by name (through name_map) and shape.
-
-    source_params, target_params: {neutral name: array}; *_desc: {module path: {"type": ...}}
-    from the readers' describe (for the layer types of the layout inference); sides: the two
-    readers' names, for the report."""
+    source_params, target_params: {neutral name: array}; *_desc: the readers' describe (the layer
+    types, for the layout inference); sides: the two readers' names, for the report."""
     report = Transfer(sides=sides)
     mapped_names = [(name, map_name(name, name_map)) for name in source_params]
     candidates = [(name, mapped) for name, mapped in mapped_names if mapped in target_params]
@@ -72,8 +70,8 @@ def pair_parameters(source_params, target_params, source_desc, target_desc, name
 
 
 def _renamed(unpaired, target_params, consumed, source_params, name_map) -> tuple[list[tuple[str, str]], list[tuple[str, list[str]]]]:
-    """([(reference name, port name)] for the parameters left unpaired by name that a conventional
-    rename pairs: in the module the name map gives, the one unpaired port parameter of the same kind
+    """([(reference name, port name)] for the parameters unpaired by name that a conventional rename
+    pairs: in the module the name map gives, the one unpaired port parameter of the same kind
     (CONVENTIONAL) whose shape fits, as it is or transposed; [(reference name, the port's
     candidates)] where there are several: ambiguous, paired by no rule)."""
     left = [name for name in target_params if name not in consumed]
@@ -125,9 +123,8 @@ def _view(value: np.ndarray, transposed: bool) -> np.ndarray:
 
 def tables(source_params, frozen: frozenset[str] | set[str]) -> set[str]:
     """The reference's parameters that are no evidence of a conversion, since a fresh port can hold
-    their values without one: those the reference does not train (a sinusoidal position table
-    kept frozen; counted only while it trains others: a model frozen whole says nothing), and those
-    whose rows vary smoothly (a deterministic table: random values do not)."""
+    their values without one: those whose rows vary smoothly, and those it does not train (a frozen
+    sinusoidal position table; only while it trains others: a model frozen whole says nothing)."""
     trained = set(source_params) - set(frozen)
     found = set(frozen) & set(source_params) if trained else set()
     return found | {name for name, value in source_params.items() if _smooth(value)}
@@ -151,9 +148,8 @@ def compare_values(report: Transfer, source_params, target_params, tol: float, k
     """Fill report.differing with every paired parameter the port holds other values of (and how),
     and return the evidence that a converter ran: how many parameters with non-constant reference
     values hold them or a recognisable transform of them. Without evidence, only the first SEARCHED
-    differing parameters are searched for a transform (a fresh large port is not searched parameter
-    by parameter), and report.differing stays empty unless `keep` (--no-transfer: the port is kept
-    whatever the evidence). no_evidence: the parameters that count for neither side (tables())."""
+    differing ones are searched for a transform (a fresh large port is not searched one by one), and
+    report.differing stays empty unless `keep` (--no-transfer). no_evidence: as tables() gives."""
     evidence, differing = 0, []
     for pair in report.filled:
         name, reference, port = pair.reference, _view(source_params[pair.reference], pair.transposed), target_params[pair.port]
@@ -208,8 +204,7 @@ def how_it_differs(reference: np.ndarray, port: np.ndarray, tol: float) -> str |
 
 
 def _scale(reference, port) -> float | None:
-    """The least-squares scale s of port ~ s * reference, when the first block already fits one
-    (a fresh port's random values end there), else None."""
+    """The least-squares s of port ~ s * reference, or None unless the first block fits one (a fresh port's random values end there)."""
     if reference.shape != port.shape or reference.size == 0:
         return None
     first = next(blocks(reference.shape))
