@@ -1,14 +1,9 @@
-"""`mhsa port-check TORCH_FACTORY FLAX_FACTORY`: factories, inputs and the command.
+"""`mhsa port-check TORCH_FACTORY FLAX_FACTORY`: factories, inputs and the command; its exit
+statuses are FACTORIES' last paragraph (the help's epilog; docs/exit-status.md).
 
-Exit status: 0 the port passes; 1 it fails (or, computing below float32, cannot be judged);
-2 the check could not be made: a bad flag or file (the usage and one line), a factory, model or
-input mistake (one line), or names that do not correspond (the report with a proposed name map);
-130 interrupted (one line).
-
-With --train N, the check through training: each factory returns a mapping (training/check.py).
-The batches come from the factories, so --inputs and --input-shape do not apply; the weights are
-always copied from the reference, so --no-transfer does not either. Exit 0 when every step and
-setting agrees, 1 when the trainings part or a setting differs, 2 as above.
+With --train N, the check through training (training/check.py): each factory returns a mapping
+whose batches and weights replace the flags REFUSED names. Exit 0 when every step and setting
+agrees, 1 when the trainings part or a setting differs, 2 as the forward check.
 
 Importing this module starts no framework: `mhsa port-check --help` loads neither torch nor JAX.
 """
@@ -65,9 +60,8 @@ REFUSED = {
 
 
 def load_factory(spec: str, what: str):
-    """'package.module:function' -> (model, Inputs or None): what the function returns. A bad
-    spec or a module that cannot be imported is a ValueError (one line, exit 2); a factory that
-    raises or returns something else than a model or (model, inputs) a PortCheckError."""
+    """(model, Inputs or None) from what the factory `spec` returns (call_factory, whose errors pass
+    on); one that returns neither a model nor (model, inputs) is a PortCheckError."""
     result = call_factory(spec, what)
     if _readable(result):
         return result, None
@@ -91,8 +85,7 @@ def _readable(model) -> bool:
 
 
 def read_inputs(args, source_inputs, target_inputs, from_file=None) -> tuple[Inputs, Inputs | None]:
-    """(inputs for the reference, inputs for the port or None: the same) from --inputs (already
-    read: `from_file`), --input-shape or the factories."""
+    """(the reference's inputs, the port's or None: the same) from --inputs (`from_file`), --input-shape or the factories."""
     if from_file is not None:
         return from_file, None
     if args.input_shape:
@@ -192,9 +185,8 @@ def run(args) -> int:
 
 
 def _run_train(args, name_map: dict[str, str] | None) -> int:
-    """The command with --train N (name_map: the --map file, already read): the report on stdout
-    and the exit status the module's docstring gives. A factory it cannot load or use, or one that
-    raised, is a ValueError, which run says in one line as it says the forward check's."""
+    """The command with --train N (name_map: the --map file, already read): the report on stdout and
+    the exit status. A factory it cannot load or use is a ValueError, which run says in one line."""
     # here, not at the top: `mhsa port-check --help` and the forward check do not start torch and JAX for it
     from mhsa.port_check.report.training import format_train_report
     from mhsa.port_check.training.check import check_setup, check_training
@@ -215,8 +207,7 @@ def _given(flag, value) -> str | None:
 
 
 def _factories(args):
-    """Both factories' (model, inputs), each checked to be on its side; --write-map checked not
-    to be either factory's own source file."""
+    """Both factories' (model, inputs), each checked to be on its side; --write-map not to be either's source file."""
     source = load_factory(args.torch_factory, "TORCH_FACTORY")
     target = load_factory(args.flax_factory, "FLAX_FACTORY")
     for (model, _), what, reference in ((source, "TORCH_FACTORY", True), (target, "FLAX_FACTORY", False)):

@@ -2,13 +2,12 @@
 read: regular files only, bounded in size, never unpickled) and --write-map (written atomically,
 never over an input, never into anything but a regular file).
 
---inputs: a .npy file is one positional argument. A .npz archive holds the arguments by name:
-members `arr_0`, `arr_1`, ... (what np.savez names unnamed arrays) are the positional arguments
-in that order; every other member is a keyword argument of its name (np.savez(f, x,
-attention_mask=m) gives model(x, attention_mask=m)). Every array's declared size (its header's
-shape times its dtype's size) is checked against the bound before anything is allocated, for a
-.npy and for every member of a .npz, and so is the sum of a .npz's members' sizes: a 192-byte
-file whose header declares 4 TiB is refused in one line, and so is a zip bomb.
+--inputs: a .npy file is one positional argument. In a .npz archive, members `arr_0`, `arr_1`, ...
+(np.savez's names for unnamed arrays) are the positional arguments in that order, and every other
+member a keyword argument of its name (np.savez(f, x, attention_mask=m) gives model(x,
+attention_mask=m)). Each array's declared size (its header's shape times its dtype's size), and the
+sum of a .npz's, is checked against the bound before anything is allocated: a 192-byte file whose
+header declares 4 TiB is refused in one line, and so is a zip bomb.
 """
 
 from __future__ import annotations

@@ -14,8 +14,7 @@ SHOWN = 12  # parameters listed per kind of misfit; the rest are counted
 
 
 def format_report(report: PortReport) -> str:
-    """The report as text (see the module's docstring); a check that stopped (names that do not
-    correspond) shows the proposed name map instead of a table."""
+    """The report as text (see the module's docstring); a stopped check shows the proposed name map instead of a table."""
     lines = [report.title, ""]
     if report.stopped:
         return "\n".join(lines + _weights(report.transfer, listed=False) + _stopped(report))

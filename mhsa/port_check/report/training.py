@@ -92,8 +92,7 @@ def _skipped(report: TrainReport, start: int, end: int) -> str:
 
 
 def _detail(report: TrainReport, first: TrainRow) -> list[str]:
-    """The failing step: the forward rows at the reference's weights, the gradients, the update's
-    failing rows, and which of the three parts first."""
+    """The failing step: its forward rows at the reference's weights, gradients, failing update rows, and which part first."""
     lines = [f"step {first.step} in detail:"]
     forward = report.forward
     failing_output = None

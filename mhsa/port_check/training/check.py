@@ -1,9 +1,9 @@
-"""The port check through training: train the reference (torch) and its port (Flax NNX or Equinox, with optax)
-from the same weights on the same batches for N steps, and the reference once more in float64,
-and compare every step: the loss, every gradient, every optimizer moment and every parameter
-after the update, each held to a tolerance derived from the two sides' own float32 errors
-(mhsa/comparison.py: held). The first row beyond its tolerance, in the order a step computes them, is
-where the two trainings part; at that step the per-module forward rows, at the reference's
+"""The port check through training: train the reference (torch) and its port (Flax NNX or Equinox,
+with optax) from the same weights on the same batches for N steps, each side once more in float64,
+and compare every step: the loss, every gradient, every optimizer moment and every parameter after
+the update, each held to a tolerance derived from the two sides' own float32 errors
+(mhsa/comparison.py: held). The first row beyond its tolerance, in the order a step computes them,
+is where the two trainings part; at that step the per-module forward rows, at the reference's
 weights of that step on that step's batch, say whether the forward pass parted first.
 
     from mhsa.port_check.training.check import check_training
@@ -11,13 +11,12 @@ weights of that step on that step's batch, say whether the forward pass parted f
     report = check_training(torch_side, flax_side, steps=20)
     print(format_train_report(report))
 
-Each side is the mapping a `--train` factory returns: "model", "optimizer" (a
-torch.optim.Optimizer over that model's parameters / an optax GradientTransformation), "loss"
-((output, *batch) -> scalar, in its own framework), "inputs" (a list of batches, each a tuple of
-arrays, cycled over the steps); optionally "model_inputs" (the model takes the first that many
-arrays of a batch; default all of them) and, on the torch side, "scheduler" (a torch LR
-scheduler over that optimizer, stepped after it) and "clip" (torch.nn.utils.clip_grad_norm_'s
-max norm, applied before optimizer.step).
+Each side is the mapping a `--train` factory returns: "model", "optimizer" (a torch.optim.Optimizer
+over that model's parameters / an optax GradientTransformation), "loss" ((output, *batch) -> scalar,
+in its own framework), "inputs" (a list of batches, tuples of arrays, cycled over the steps);
+optionally "model_inputs" (the model takes the first that many arrays of a batch; default all) and
+torch's "scheduler" (stepped after the optimizer) and "clip" (clip_grad_norm_'s max norm, applied
+before optimizer.step).
 """
 
 from __future__ import annotations
@@ -95,11 +94,9 @@ def _batches(inputs, which: str) -> list[tuple]:
 
 def check_training(reference, port, steps: int, *, dtype: str = "float32", name_map=None, probes: bool = True) -> TrainReport:
     """Train both sides `steps` steps from the reference's weights and compare every step.
-
     reference, port: the factories' mappings (see the module docstring). dtype: "float32" (the
-    tolerances derived from a float64 run of the reference) or "float64" (fixed tolerances).
-    name_map: {reference prefix: port prefix} for names that do not correspond. probes: run the
-    optimizer lint's probes (otherwise only the settings are listed)."""
+    tolerances derived from each side's float64 run) or "float64" (fixed ones). name_map: {reference
+    prefix: port prefix}. probes: run the optimizer lint's probes (else only list the settings)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
@@ -164,9 +161,8 @@ def _tolerance_note(dtype: str) -> str:
 
 
 def step_rows(step: int, records: tuple[StepRecord, StepRecord], own: tuple[StepRecord, StepRecord] | None, name_map=None) -> list[TrainRow]:
-    """The rows of one step, in the order a step computes them: loss, gradients, moments,
-    parameters. records: (reference, port) in the check's dtype; own: the same step of both in float64
-    (None for a float64 check), for the two sides' own errors."""
+    """One step's rows, in the order a step computes them: loss, gradients, moments, parameters.
+    records: (reference, port) in the check's dtype; own: the same in float64 (None if float64)."""
     ref, port = records
     rows = [_row(step, "loss", "", "", (ref.loss, port.loss), (own[0].loss, own[1].loss) if own else None)]
     for kind, field in (("grad", "grads"), ("moment", "moments"), ("param", "params")):
@@ -190,9 +186,8 @@ def _ordered(kind: str, found: dict, params: dict) -> list:
 
 
 def _row(step, kind, name, moment, pair, pair64) -> TrainRow:
-    """One compared value: pair = (reference, port) in the check's dtype, pair64 = the same in float64 (None
-    for a float64 check, whose rows hold docs/DESIGN.md's float64 trajectory tolerance, fixed:
-    there is no higher precision to derive one from)."""
+    """One compared value: pair = (reference, port) in the check's dtype, pair64 = the same in
+    float64 (None for a float64 check, whose rows hold the fixed float64 trajectory tolerance)."""
     ours, theirs = (np.asarray(value) for value in pair)
     same_shape = ours.shape == theirs.shape
     row = TrainRow(step, kind, name, moment, max_abs_diff(ours, theirs) if same_shape else float("inf"))
@@ -207,8 +202,8 @@ def _row(step, kind, name, moment, pair, pair64) -> TrainRow:
 
 
 def forward_rows(ref32, port_template, weights, setups, step, dtype, name_map) -> PortReport:
-    """The forward check (compare.check_port) at the reference's weights before the failing step,
-    both models holding them, on that step's batch: which module parts first."""
+    """The forward check (check_port) at the reference's weights before the failing step, both
+    models holding them, on that step's batch: which module parts first."""
     reference, port = setups
     index = (step - 1) % len(reference["inputs"])
     report = check_port(

@@ -1,10 +1,10 @@
 """The optimizer lint of the port check through training: read torch's settings, infer optax's by
 probing, and name every difference in the user's terms.
 
-Both optimizers run on the same probes (train_torch.probe, the port's trainer's probe): every element of
-every parameter set to p0 and every gradient element at step t to g_t, on the model's own
-parameters (so param groups, masks and labels apply per parameter). The same inference reads
-each side's settings from what it does, per parameter, from its updates and its moments:
+Both optimizers run on the same probes (train_torch.probe, the port's trainer's probe): every
+element of every parameter set to p0 and every gradient element at step t to g_t, on the model's own
+parameters (so param groups, masks and labels apply per parameter). One inference reads each side's
+settings per parameter from what it does, its updates and its moments:
 
     probe        p0   gradients                exposes
     constant     0    G every step             b1, b2 (moment ratios), the learning rate of every step
@@ -13,10 +13,10 @@ each side's settings from what it does, per parameter, from its updates and its 
     tiny a, b    0    1e4 eps, eps             eps outside the square root against eps_root inside it
     large        0    1000                     gradient clipping and its max norm
 
-The learning rates of the two sides are compared step by step: equal, one step apart (a
-schedule off by one), a constant factor, or the factor of a missing bias correction or of
-Nesterov momentum. Torch's optimizers other than SGD, Adam and AdamW are not read: the two
-trainings are then compared by trajectory only, and the lint says so.
+The learning rates of the two sides are compared step by step: equal, one step apart (a schedule off
+by one), a constant factor, or the factor of a missing bias correction or of Nesterov momentum.
+Torch's optimizers other than SGD, Adam and AdamW are not read: the trainings are then compared by
+trajectory only, and the lint says so.
 """
 
 from __future__ import annotations
@@ -257,8 +257,7 @@ def _rate_difference(t: Inferred, o: Inferred) -> OptimizerDifference | None:
 
 
 def _adam_factors(o: Inferred) -> dict[str, list[float]]:
-    """What optax's apparent learning rate is, as a multiple of torch's, when optax's Adam differs
-    in one rule (report/findings.py's ADAM_FACTORS)."""
+    """Optax's apparent learning rate over torch's where its Adam differs in one rule (report/findings.py's ADAM_FACTORS)."""
     b1, b2, n = o.b1, o.b2, len(o.lr)
     steps = range(1, n + 1)
     return {
