@@ -1,13 +1,11 @@
-"""The Flax half of the port checker (mhsa.port_check): read any Flax NNX module, or a
-Linen module with its variables passed as the pair (module, variables), in the same neutral
-form as readers/torch/reader.py.
+"""The Flax half of the port checker (mhsa.port_check): read any Flax NNX module, or a Linen module
+with its variables as the pair (module, variables), in the neutral form of readers/torch/reader.py.
 
-The neutral form is the exchange convention (DESIGN.md): parameters named and laid out as in
-torch's state_dict, so Dense/Linear kernels are transposed here (in, out) -> (out, in), Conv
-kernels (k..., in, out) -> (out, in, k...), scale -> weight, embedding -> weight, BatchNorm's
-mean/var -> running_mean/running_var, and settings are given in torch's conventions (BatchNorm
-momentum 1 - Flax's). NumPy in, NumPy out. NNX outputs are captured through a recording subclass of
-each submodule's class, Linen's by an interceptor.
+The neutral form is the exchange convention (DESIGN.md): parameters named and laid out as in torch's
+state_dict (Dense/Linear kernels transposed (in, out) -> (out, in), Conv kernels (k..., in, out) ->
+(out, in, k...), scale and embedding -> weight, BatchNorm's mean/var -> running_mean/running_var),
+settings in torch's conventions (BatchNorm momentum 1 - Flax's). NumPy in, NumPy out. NNX outputs
+are captured through a recording subclass of each submodule's class, Linen's by an interceptor.
 """
 
 from __future__ import annotations
@@ -73,18 +71,16 @@ def module_type(module: object) -> str:
 
 
 def describe(model: Model, inputs: Inputs, traced: Traced | None = None) -> dict[str, ModuleInfo]:
-    """module path ("" for the model itself) -> its neutral type, the settings the lint compares
-    in torch's conventions and its compute dtypes. inputs: Linen's submodules exist only
-    while the model is called, so a Linen model is traced once with them (or `traced` is read)."""
+    """Reader.describe (readers/protocol.py): Linen's submodules exist only while the model is called,
+    so a Linen model is traced once on `inputs` (or `traced` is read)."""
     modules = _modules(model, inputs, traced)
     return {path: ModuleInfo(module_type(module), _settings(module), _dtypes(module)) for path, module in modules.items()}
 
 
 def _dtypes(module) -> dict[str, str]:
-    """{attribute: dtype name} for the module's attributes that hold a floating dtype
-    (its compute dtype: Flax layers compute in `dtype` whatever their parameters' dtype); {}
-    when there are none. A Linen module's are its dataclass fields, an NNX module's its
-    attributes; a dtype object only (a string may name anything), and not param_dtype."""
+    """{attribute: dtype name} of the module's floating compute dtypes (Flax layers compute in `dtype`
+    whatever their parameters' dtype): a Linen module's dataclass fields, an NNX module's attributes;
+    dtype objects only (a string may name anything), not param_dtype."""
     if isinstance(module, nn.Module):
         items = [(field.name, getattr(module, field.name, None)) for field in dataclasses.fields(module)]
     else:
@@ -141,8 +137,7 @@ def _per_dim(value, n) -> tuple:
 
 def _padding(value, n, strides, dilation, kernel):
     """Explicit ((low, high), ...) per spatial axis where it does not depend on the input: 'VALID',
-    and 'SAME' where it pads the same on every size (core/padding.py: at stride 1, split low-first as
-    torch's 'same'); otherwise the string."""
+    and 'SAME' where it pads alike on every size (core/padding.py); otherwise the string."""
     if isinstance(value, str):
         if value.upper() == "VALID":
             return ((0, 0),) * n
@@ -281,13 +276,11 @@ def tied(model: Model) -> dict[str, str]:
 
 
 def cast(model: Model, dtype: str) -> tuple[Model, list[str]]:
-    """A copy of `model` with every floating-point variable in `dtype`, and its compute dtype
-    too: a layer built with dtype=float32 would otherwise compute in float32 (a copy of the
-    structure: the arrays already in `dtype` are shared, JAX arrays being immutable). NNX: every
-    submodule's `dtype` and `param_dtype` attributes; Linen (frozen dataclasses): the top
-    module's `dtype` field, which library models hand down to their submodules. Returns the copy
-    and one line per attribute changed. float64 turns on jax_enable_x64, without which JAX
-    silently keeps float32."""
+    """Reader.cast (readers/protocol.py) as a copy (the arrays already in `dtype` shared: JAX arrays
+    are immutable). The compute dtype changes too, else a layer built with dtype=float32 still
+    computes in float32: NNX's in every submodule's `dtype` and `param_dtype`, Linen's (frozen
+    dataclasses) in the top module's `dtype` field, which library models hand down. float64 turns on
+    jax_enable_x64, without which JAX silently keeps float32."""
     if dtype == "float64" and not jax.config.read("jax_enable_x64"):
         jax.config.update("jax_enable_x64", True)
     target = DTYPES[dtype]
@@ -384,10 +377,8 @@ def _program(model) -> jax_program.Program:
 
 
 def trace(model: Model, inputs: Inputs) -> Traced:
-    """The model traced on `inputs` without running it (jax_program.trace): the variables its
-    forward pass reads, its submodules as called (Linen) and every call's output leaves with their
-    shapes and layouts. A model that cannot be traced gives what is known without it (every
-    variable read)."""
+    """Reader.trace (readers/protocol.py) by jax_program.trace, without running the model. A model
+    that cannot be traced gives what is known without it (every variable read)."""
     program = _program(model)
     arrays, rebuild = _arrays(model, inputs)
     try:
@@ -403,15 +394,12 @@ def run(
     model: Model, inputs: Inputs, grads: Direction | None = None, each=None, traced: Traced | None = None
 ) -> tuple[list[Output], dict[str, np.ndarray] | None]:
     """Reader.run (readers/protocol.py) as one compiled program (the forward pass once, its outputs
-    and the gradients), each recorded leaf with its layout (readers/jaxpr.py), through `each` once
-    the program has run. NNX: each submodule of a throwaway copy records its calls through a
-    subclass of its own class (no class is patched); Linen: an interceptor records each module's
-    __call__. A module called through a method other than __call__ is not seen. Eagerly, every
-    operation would compile on its own for each new shape and dtype, several times slower for a
-    first call; a model that cannot be traced, say one that reads a value with float(), runs eagerly
-    all the same, its layouts unknown. traced: what trace() gave for this model and these inputs
-    (its variables' values may have changed since, not their shapes): its program is compiled
-    instead of tracing the model again."""
+    and the gradients), each leaf with its layout (readers/jaxpr.py), through `each` once it has run;
+    calls recorded by _wrapped (NNX) or _linen_run (Linen), a module called through a method other
+    than __call__ unseen. Eagerly, every operation would compile on its own for each new shape and
+    dtype, several times slower for a first call; a model that cannot be traced (say it reads a
+    value with float()) runs eagerly all the same, its layouts unknown. `traced`'s program is
+    compiled, not the model traced again (its variables' values may have changed, not their shapes)."""
     traced = trace(model, inputs) if traced is None else traced
     arrays, rebuild = _arrays(model, inputs)
     return jax_program.run(_program(model), arrays, rebuild, traced, grads, each, _to_torch)
@@ -420,9 +408,8 @@ def run(
 @contextlib.contextmanager
 def _wrapped(model, calls):
     """While open, every call of a submodule of `model` (a throwaway copy: nnx.merge's) appends
-    (path, output) to `calls`, once per call. No class is patched: each submodule instance of the
-    copy is given a recording subclass of its own class for the block (made once per class,
-    _recording) and its class back after it, even on error."""
+    (path, output) to `calls`, once per call. No class is patched: each submodule instance gets a
+    recording subclass of its class (_recording) for the block, its own back after, even on error."""
     modules = list(nnx.iter_modules(model))
     swapped = []
     token = _RECORDING_INTO.set(({id(module): _join(path) for path, module in modules}, calls))
@@ -463,12 +450,11 @@ def _recording(cls: type) -> type:
 
 
 def _linen_run(model, inputs: Inputs):
-    """One Linen apply: ([(path, output)] in return order, {path: module}), recorded by an
-    interceptor on every module's __call__ (once per call: a subclass's __call__ that calls
-    super().__call__ is intercepted twice). A module that the model's code runs with an apply of
-    its own (a library's tied head: `self.decoder.apply({"params": {"kernel": embedding.T}}, x)`)
-    has a path of its own scope's: it is named where it sits, the calling module's path and its
-    name."""
+    """One Linen apply: ([(path, output)] in return order, {path: module}), recorded by an interceptor
+    on every module's __call__ (once per call: a subclass's __call__ calling super().__call__ is
+    intercepted twice). A module that the model's code runs with an apply of its own (a library's tied
+    head: `self.decoder.apply({"params": {"kernel": embedding.T}}, x)`) has paths relative to its own
+    scope: it is named where it sits, the calling module's path and its name."""
     module, variables = model
     calls: list[tuple[str, Any]] = []
     modules: dict[str, nn.Module] = {}
@@ -501,19 +487,17 @@ def _linen_run(model, inputs: Inputs):
 
 
 def _arrays(model, inputs: Inputs) -> tuple[list, Any]:
-    """(the input arrays as JAX arrays, rebuild) as structure.split_arrays gives them: floating
-    inputs take the model's dtype, integer ones (token ids) stay as they are."""
+    """jax_program.input_arrays of `inputs` in the model's dtype (its first floating variable's)."""
     leaves = [leaf for leaf in jax.tree.leaves(_variables(model)) if jnp.issubdtype(jnp.asarray(leaf).dtype, jnp.floating)]
     dtype = jnp.asarray(leaves[0]).dtype if leaves else jnp.float32
     return jax_program.input_arrays(inputs, dtype)
 
 
 def switched(model: Model, switch: str, path: str, value: Any = None) -> Model | None:
-    """A copy of `model` with one likely cause of a difference switched, for the probes:
-    "transpose" the (square) kernel of the Linear at `path`, "eps" = value for the norm at
-    `path`, "padding" = value ((low, high) per axis) for the Conv at `path`, or "load" the
-    parameters of `value` ({neutral name: array}; path unused). None where
-    the switch does not apply (a Linen module's settings are frozen)."""
+    """Reader.switched (readers/protocol.py): "transpose" the (square) kernel of the Linear at `path`,
+    "eps" = value for the norm at `path`, "padding" = value ((low, high) per axis) for the Conv at
+    `path`, "load" the parameters of `value` ({neutral name: array}; path unused); None where the
+    switch does not apply (a Linen module's settings are frozen)."""
     if switch == "load":  # value: {neutral name: array}, the reference's values for parameters that differ
         return load_parameters(model if _is_linen(model) else nnx.clone(model), value)
     kind = _types(model).get(path)
@@ -536,6 +520,4 @@ def switched(model: Model, switch: str, path: str, value: Any = None) -> Model |
 
 
 float64_twin = jax_program.float64_twin(cast)  # a float64 copy for the block, JAX's float64 on for the block only
-
-
 highest_precision = jax_program.highest_precision  # full float32 matmuls for the duration (no TF32)

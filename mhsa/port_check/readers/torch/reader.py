@@ -1,10 +1,8 @@
-"""The PyTorch half of the port checker (mhsa.port_check): read any torch.nn.Module's
-parameters, settings, per-submodule outputs and gradients in one framework-neutral form.
-
-The neutral form is the exchange convention (DESIGN.md): parameters named and laid out as
-in torch's state_dict, so this side needs no conversion. Module types are named as torch
-names them ("Linear", "LayerNorm", "Conv", ...), settings in torch's conventions. NumPy in,
-NumPy out; outputs are captured through forward hooks, removed again even on error.
+"""The PyTorch half of the port checker (mhsa.port_check): read any torch.nn.Module's parameters,
+settings, per-submodule outputs and gradients in one framework-neutral form, the exchange convention
+(DESIGN.md): parameters named and laid out as in torch's state_dict, so this side needs no
+conversion. Module types are named as torch names them ("Linear", "LayerNorm", "Conv", ...),
+settings in torch's conventions. NumPy in, NumPy out; outputs are captured through forward hooks.
 """
 
 from __future__ import annotations
@@ -71,9 +69,7 @@ def _modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 def describe(model: nn.Module, inputs: Inputs, traced: Traced | None = None) -> dict[str, ModuleInfo]:
-    """module path ("" for the model itself) -> its neutral type, the settings the lint compares
-    in torch's conventions and its compute dtypes. inputs, traced: unused here (Linen
-    needs them)."""
+    """Reader.describe (readers/protocol.py); `inputs` and `traced` unused (Linen needs them)."""
     return {path: ModuleInfo(module_type(module), _settings(module), _dtypes(module)) for path, module in _modules(model)}
 
 
@@ -139,10 +135,9 @@ def frozen(model: nn.Module) -> frozenset[str]:
 
 def _neutral_names(model: nn.Module) -> dict[str, str]:
     """state_dict key -> neutral name: the key itself, but for parametrized tensors (torch's
-    weight_norm and spectral_norm): weight_norm's two originals are `W_g` and `W_v`, the names
-    torch's own legacy weight_norm gives them (and the Flax ports and converters of libraries
-    use); any other parametrization's original and state are None, read as the weight they
-    compute instead (computed()), and have no entry here."""
+    weight_norm and spectral_norm): weight_norm's two originals are `W_g` and `W_v` (the names of
+    torch's legacy weight_norm, which Flax ports and library converters use); any other
+    parametrization's original and state are read as the weight they compute (_computed): no entry."""
     names: dict[str, str | None] = {}
     for path, module in model.named_modules():
         if not parametrize.is_parametrized(module):
@@ -186,10 +181,9 @@ def tied(model: nn.Module) -> dict[str, str]:
 
 
 def parameters(model: nn.Module) -> dict[str, np.ndarray]:
-    """Every floating-point parameter and persistent buffer (BatchNorm's running statistics), named
-    and laid out as in state_dict: the neutral form itself, parametrized tensors as
-    _neutral_names says. Read-only views of the tensors (no copy: a large model's weights are not
-    held twice); bfloat16 and float16 as float32 copies."""
+    """Reader.parameters (readers/protocol.py) as state_dict holds them (BatchNorm's running
+    statistics among them), parametrized tensors as _neutral_names says: read-only views (no copy: a
+    large model's weights are not held twice); bfloat16 and float16 as float32 copies."""
     names = _neutral_names(model)
     found = {names[key]: _view(value) for key, value in model.state_dict().items() if value.is_floating_point() and key in names}
     with torch.no_grad():
@@ -208,8 +202,7 @@ def _view(tensor: torch.Tensor) -> np.ndarray:
 
 
 def load_parameters(model: nn.Module, arrays: dict[str, np.ndarray]) -> nn.Module:
-    """Write neutral arrays (already matched and shape-checked by the caller) into `model`, in
-    its dtype; returns the model."""
+    """Reader.load_parameters (readers/protocol.py), in the model's dtype; returns the model."""
     keys = {name: key for key, name in _neutral_names(model).items()}
     computed = {name for name, *_ in _computed(model)}
     state = model.state_dict()
@@ -224,11 +217,10 @@ def load_parameters(model: nn.Module, arrays: dict[str, np.ndarray]) -> nn.Modul
 
 
 def cast(model: nn.Module, dtype: str) -> tuple[nn.Module, list[str]]:
-    """`model` itself when every floating-point parameter and buffer is in `dtype` already (the
-    check changes nothing of it: run() leaves its .grad as it was), else a copy with every
-    one of them in `dtype`, each converted straight into the copy (no second copy in the old
-    dtype); and what was changed beyond them (nothing here: a torch module holds no compute
-    dtype of its own)."""
+    """Reader.cast (readers/protocol.py): `model` itself when every floating-point parameter and
+    buffer is in `dtype` already (the check changes nothing of it: run() leaves its .grad as it
+    was), else a copy, each converted straight into it (no second copy in the old dtype); no line (a
+    torch module holds no compute dtype of its own)."""
     target = DTYPES[dtype]
     tensors = [*model.parameters(), *model.buffers()]
     if all(t.dtype == target for t in tensors if t.is_floating_point()):
@@ -250,14 +242,12 @@ def trace(model: nn.Module, inputs: Inputs) -> Traced:
 def run(
     model: nn.Module, inputs: Inputs, grads: Direction | None = None, each=None, traced: Traced | None = None
 ) -> tuple[list[Output], dict[str, np.ndarray] | None]:
-    """Reader.run (readers/protocol.py): `model(*args, **kwargs)` called once, every leaf of every
-    submodule call's output recorded by forward hooks (removed even on error), each with its layout
-    and upstream calls (readers/torch/dataflow.py); with `grads`, the gradients too (a parameter the
-    output does not reach gets zeros), from one backward pass. Each recorded leaf goes through
-    `each(output) -> Output` as soon as its call returns, to reduce it and keep only the result (a
-    float64 run compared as it goes): its value is then a view of the tensor, valid during that call
-    only, and not kept unless `each` copies it. The model's .grad are left as they were. traced:
-    unused (eager torch has nothing to reuse)."""
+    """Reader.run (readers/protocol.py): `model(*args, **kwargs)` called once, every output leaf
+    recorded by forward hooks (removed even on error) with its layout and upstream calls
+    (readers/torch/dataflow.py); with `grads` the gradients from one backward pass (zeros where the output does
+    not reach a parameter). Each leaf goes through `each` as soon as its call returns (a float64 run
+    compared as it goes): its value is then a view of the tensor, valid during that call only. The
+    model's .grad are left as they were; `traced` unused (eager torch has nothing to reuse)."""
     calls: list[Output] = []
     count = [0]
     copied: dict[int, tuple] = {}  # id(tensor) -> (weak references to it and to its copy, its version)
@@ -349,10 +339,8 @@ def _tensors(model, inputs: Inputs) -> Inputs:
 
 
 def switched(model: nn.Module, switch: str, path: str, value: float | str | None = None) -> nn.Module | None:
-    """A copy of `model` with one likely cause of a difference switched, for the probes:
-    "transpose" the (square) weight of the Linear at `path`, "eps" = value for the norm at
-    `path`, "approximate" = value ('none' or 'tanh') for the GELU at `path`. None where the
-    switch does not apply."""
+    """Reader.switched (readers/protocol.py): "transpose" the (square) weight of the Linear at `path`,
+    "eps" = value for the norm at `path`, "approximate" = value ('none' or 'tanh') for the GELU."""
     model = copy.deepcopy(model)
     module: typing.Any = model.get_submodule(path)  # any layer: its weight or eps is looked up by name
     if switch == "transpose" and module_type(module) == "Linear" and module.weight.shape[0] == module.weight.shape[1]:
@@ -371,14 +359,12 @@ def switched(model: nn.Module, switch: str, path: str, value: float | str | None
 
 @contextlib.contextmanager
 def float64_twin(model: nn.Module) -> Iterator[nn.Module]:
-    """`model` itself in float64 for the block (the tolerances' reference run, forward/derived.py), and
-    back as it was after it, even on error: every floating-point parameter and buffer converted in
-    place, tensor by tensor, so that a large model's float32 weights are let go while its float64
-    ones live (for GPT-2 small's 0.5 GB of float32 weights, 1 GB of float64 ones instead of a copy's
-    1.5 GB of both). Converting back is exact: every value came from the original dtype. The Parameter
-    objects stay the same (an optimizer's references to them hold), and so does each one's .grad;
-    a tensor registered twice (a tied weight) is converted once and stays shared. A model whose
-    tensors share storage otherwise (views of one flat buffer) gets a float64 copy instead:
+    """Reader.float64_twin (readers/protocol.py) as `model` itself, every floating-point parameter and
+    buffer converted in place, tensor by tensor, so that a large model's float32 weights are let go
+    while its float64 ones live (GPT-2 small: 1 GB of float64 instead of a copy's 1.5 GB of both);
+    converting back is exact. The Parameter objects stay the same (an optimizer's references to them
+    hold), and so does each one's .grad; a tied weight is converted once and stays shared. A model
+    whose tensors share storage otherwise (views of one flat buffer) gets a float64 copy instead:
     converted one by one, they would come back apart."""
     if not _owns_storage(model):
         twin, _ = cast(model, "float64")
@@ -428,6 +414,5 @@ def _owns_storage(model: nn.Module) -> bool:
 
 
 def highest_precision() -> contextlib.AbstractContextManager[None]:
-    """Full float32 matmuls for the duration: TF32 off (it is on by default for cuDNN), through
-    the torch backend's own switch."""
+    """Reader.highest_precision: TF32 off (on by default for cuDNN) by the torch backend's switch."""
     return registry.get("torch").module("device").full_precision()
