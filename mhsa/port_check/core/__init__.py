@@ -1,3 +1,3 @@
 """What both checks share and no framework knows: inputs and outputs of any structure
-(`structure.py`), layouts (`layouts.py`), chunked comparison (`chunks.py`), padded batches
-(`padding.py`) and the records a report is made of (`records.py`)."""
+(`structure.py`), layouts (`layouts.py`), chunked comparison (`chunks.py`), Flax's 'SAME'
+padding (`padding.py`) and the records a report is made of (`records.py`)."""

@@ -2,17 +2,14 @@
 array per floating-point leaf of the model's output, drawn once (seeded by the leaf's place in the
 output) and given to both sides in each one's layout.
 
-Not d sum(output)/dθ: a sum is constant under much of what ends a model. The features of a
-LayerNorm whose weight is 1 and bias 0 (how libraries initialise it, and how every fresh model
-starts) sum to 0 in every row, a softmax's rows to 1, a mean-centred output to 0: the exact
-gradient of such a sum is 0, and every gradient row would compare rounding noise. A random
-direction is not orthogonal to what the parameters change, so the exact gradient is a number of
-the size of the output's own sensitivity, which both sides then compute.
+Not d sum(output)/dθ: a sum is constant under much of what ends a model. The features of a LayerNorm
+whose weight is 1 and bias 0 (as libraries initialise it) sum to 0 in every row, a softmax's rows to
+1, a mean-centred output to 0: the exact gradient of such a sum is 0, and every gradient row would
+compare rounding noise. A random direction is not orthogonal to what the parameters change, so the
+exact gradient has the size of the output's own sensitivity, which both sides then compute.
 
-r is standard normal in float32 (exact in float64 too, so a float64 run uses the same numbers).
-A reader calls its side's direction with the leaves of the model's output (their labels, shapes,
-dtypes and layouts) and weights each leaf it is given a direction for; a leaf without one (a port
-leaf with no counterpart in the reference) does not count.
+r is standard normal in float32 (exact in float64 too: a float64 run uses the same numbers); a leaf
+given none (a port leaf with no counterpart in the reference) does not count.
 """
 
 from __future__ import annotations

@@ -6,12 +6,10 @@ compared is decided by what each side computed, never by whether two shapes happ
 C = H = W both layouts have one shape, and comparing them without moving the channels fails a
 faithful port and can let a transposed one pass.
 
-A layout is `axes`: for each logical axis (batch, channels, spatial 1, spatial 2, ...) the physical
-axis that holds it; torch's NCHW is (0, 1, 2, 3), Flax's NHWC (0, 3, 1, 2). The readers follow it
-from the operations that fix it (a convolution, a pooling, a batch norm) through the operations
-that keep it (an elementwise op, a padding, a slice) and move it (a transpose); any other result
-has no layout (None): a reshape, a matmul over its axes, an einsum. Two outputs are compared in one
-order when both have a layout; an output with none is compared as it is.
+A layout is `axes`: for each logical axis (batch, channels, spatial 1, ...) the physical axis that
+holds it; torch's NCHW is (0, 1, 2, 3), Flax's NHWC (0, 3, 1, 2). The readers follow it through each
+operation (readers/jaxpr.py, readers/torch/dataflow.py); a result they cannot follow (a reshape, an
+einsum) has none (None) and is compared as it is.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """A model's inputs and outputs taken apart the same way on both sides, whatever their structure.
 
-Inputs: a model is called as `model(*args, **kwargs)`. What a factory or a caller gives is
-read as (see `as_inputs`): one array (one positional argument); a tuple or list (positional
-arguments); a dict (keyword arguments); or a pair (tuple, dict) of both. Arrays may sit inside
-nested tuples, lists and dicts; any other value (True, None, a string) is passed as it is.
+Inputs: a model is called as `model(*args, **kwargs)`, with what a factory or a caller gives read by
+`as_inputs`. Arrays may sit inside nested tuples, lists and dicts; any other value (True, None, a
+string) is passed as it is.
 
 Outputs: any nesting of tuples, lists, mappings (dicts, a library's ModelOutput, an OrderedDict
 subclass) and dataclasses is flattened into leaves labelled by where they sit: "[0]" for a
@@ -115,9 +114,8 @@ def _shape_of(value) -> str:
 
 
 def flatten(output: Any, leaf: Callable[[Any], bool]) -> list[tuple[str, Any]]:
-    """(label, leaf) for every leaf of `output`, depth first: "" for the output itself when it is a
-    leaf, "[i]" per position of a tuple or list, "[key]" per key of a mapping or field of a
-    dataclass. `leaf(value)`: whether a value is an array of the framework at hand."""
+    """(label, leaf) for every leaf of `output`, depth first, labelled as the module docstring says
+    ("" for a leaf output); `leaf(value)`: whether a value is an array of the framework at hand."""
     if leaf(output) or output is None:
         return [("", output)]
     if isinstance(output, Mapping):
@@ -132,39 +130,27 @@ def flatten(output: Any, leaf: Callable[[Any], bool]) -> list[tuple[str, Any]]:
 
 
 class Output(NamedTuple):
-    """One leaf of one call's output: which call (its index among all the calls recorded), the
-    module path ("" for the model), where the leaf sits in the output ("" or "[0]", "[logits]",
-    ...), its values (None where it is not a floating-point array, or not computed yet; bfloat16
-    comes as float32, which holds it exactly), its dtype name or, for a value that is no array,
-    its type name, its shape, its layout (core/layouts.py: which axis holds the channels of a
-    convolution's output; None where nothing fixes one), `upstream`, the calls whose outputs it
-    is computed from, as bits (1 << call; -1: not known), and `floor`, the lowest precision
-    (RANKS) its computation went through, a float32 step inside a float64 run say (None: not
-    known)."""
+    """One leaf of one call's output."""
 
-    call: int
-    path: str
-    label: str
-    value: np.ndarray | None
-    dtype: str
+    call: int  # the call's index among all the calls recorded
+    path: str  # the module path ("" for the model)
+    label: str  # where the leaf sits in the output ("" or "[0]", "[logits]", ...)
+    value: np.ndarray | None  # None where no floating-point array, or not computed yet; bfloat16 as float32 (exact)
+    dtype: str  # its dtype name, or the type name of a value that is no array
     shape: tuple = ()
-    layout: tuple | None = None
-    upstream: int = -1
-    floor: int | None = None
+    layout: tuple | None = None  # core/layouts.py: which axis holds a convolution output's channels (None: nothing fixes one)
+    upstream: int = -1  # the calls whose outputs it is computed from, as bits (1 << call; -1: not known)
+    floor: int | None = None  # the lowest precision (RANKS) it went through, a float32 step in a float64 run say (None: not known)
 
 
 @dataclasses.dataclass
 class Traced:
-    """What a reader learns of a model from its inputs before running it: `read`, the neutral names
-    of the variables its forward pass reads (None: every variable counts, the reader cannot tell);
-    `modules`, {path: module} as called (Linen builds its submodules only while called; None:
-    the model knows its own); `outputs`, every leaf of every call without values (None: unknown
-    before the run); `program`, the reader's own (a traced program to compile and run)."""
+    """What a reader learns of a model from its inputs before running it."""
 
-    read: frozenset[str] | None = None
-    modules: dict | None = None
-    outputs: list[Output] | None = None
-    program: Any = None
+    read: frozenset[str] | None = None  # neutral names of the variables its forward pass reads (None: every one counts, the reader cannot tell)
+    modules: dict | None = None  # {path: module} as called (Linen builds its submodules only while called; None: the model knows its own)
+    outputs: list[Output] | None = None  # every leaf of every call, without values (None: unknown before the run)
+    program: Any = None  # the reader's own (a traced program to compile and run)
 
 
 def leaves(call: int, path: str, output: Any, leaf: Callable[[Any], bool], convert: Callable[[Any], np.ndarray], flow=None) -> list[Output]:

@@ -1,11 +1,10 @@
 """The port check's readers, one folder per framework: each reads any user's model of its framework
 (its parameters in the exchange convention, its submodules' outputs in call order, its gradients)
-and is the only part of the port check that imports that framework. `torch/` reads a
-`torch.nn.Module`, `flax/` a Flax NNX module or Linen pair, each also with the trainer of `--train`;
-`equinox/` an `eqx.Module` (Equinox, an optional extra).
-Beside the folders, for any JAX library's reader: `jaxpr.py` reads a traced JAX program (what it
-reads, each output's layout), `jax_program.py` runs a model as one program of its arrays (its
-outputs and gradients), `optax_steps.py` what the trainers do with optax alike."""
+and is the only part of the port check that imports that framework: `torch/` a `torch.nn.Module`,
+`flax/` a Flax NNX module or Linen pair, `equinox/` an `eqx.Module` (an optional extra), each with
+the trainer of `--train`. Beside them, for any JAX library's reader: `jaxpr.py` reads a traced JAX
+program (what it reads, each output's layout), `jax_program.py` runs a model as one program of its
+arrays (its outputs and gradients), `optax_steps.py` what the trainers do with optax alike."""
 
 import importlib
 from typing import cast
@@ -38,8 +37,7 @@ def install_hint(module: str | None) -> str:
 
 
 def reader_of(model) -> tuple[str, Reader]:
-    """(side name, its reader) for the reader that can read `model` (a module satisfying Reader:
-    readers/protocol.py)."""
+    """(side name, its reader: a module satisfying Reader, readers/protocol.py) that reads `model`."""
     for name, module in READERS.items():
         reader = importlib.import_module(module)
         if reader.owns(model):

@@ -1,13 +1,9 @@
 """A JAX model as one program of its arrays, for every reader of a JAX library (readers/flax/,
-readers/equinox/): the pieces that do not depend on how the library keeps its variables or calls
-its submodules.
-
-A reader builds a `Program` (its model's leaves, their neutral names and layouts, and `call(leaves,
-inputs)`, which runs the model and returns every submodule call's (path, output)); `record` turns
-those calls into the program's outputs, each floating-point array once; `trace` traces the
-program and reads what it says of them (readers/jaxpr.py); `run` runs it, compiled, with the
-gradients along a direction as one program (`with_gradients`), and hands the values back as
-`Output` records, one at a time.
+readers/equinox/): what does not depend on how the library keeps its variables or calls its
+submodules. A reader builds a `Program`; `record` turns its calls into the program's outputs, each
+floating-point array once; `trace` traces it and reads what it says of them (readers/jaxpr.py);
+`run` runs it compiled, with the gradients along a direction in the same program (`with_gradients`),
+and hands the values back as `Output` records, one at a time.
 """
 
 from __future__ import annotations
@@ -28,16 +24,13 @@ from mhsa.port_check.readers import jaxpr
 
 @dataclasses.dataclass
 class Program:
-    """A model as a function of its arrays: `leaves`, each one's neutral name (None: not a
-    parameter), layout in the neutral form ("linear", "conv" or None) and whether it is
-    differentiated, and `call(leaves, inputs)`, which runs the model on them and returns
-    ([(path, output)] of every call, the model's output)."""
+    """A model as a function of its arrays."""
 
     leaves: list
-    names: list[str | None]
-    layouts: list[str | None]
+    names: list[str | None]  # each leaf's neutral name (None: not a parameter)
+    layouts: list[str | None]  # each leaf's layout in the neutral form ("linear", "conv" or None)
     differentiated: list[bool]
-    call: Any
+    call: Any  # call(leaves, inputs) runs the model on them: ([(path, output)] of every call, the model's output)
     modules: dict | None = None  # Linen's {path: module} as last called
 
 
@@ -83,11 +76,10 @@ def record(calls, labels: list) -> list:
 
 
 def trace(program: Program, arrays: list, rebuild) -> Traced:
-    """The program traced on `arrays` without running it (jax.jit(...).trace; one that cannot be
-    traced raises JAX's error), its outputs every call's floating-point arrays (`record`): the
-    neutral names of the leaves it reads (readers/jaxpr.py: not a converter's leftover the model
-    never reads), the modules as called (Program.modules), every call's output leaves with their
-    shapes and layouts, and (program, trace, labels) for `run` to compile."""
+    """Reader.trace (readers/protocol.py) of `program` on `arrays` by jax.jit(...).trace, without
+    running it (an untraceable one raises JAX's error), its outputs every call's floating-point
+    arrays (`record`): the names it reads (readers/jaxpr.py), the modules as called (Program.modules),
+    every call's output leaves with shapes and layouts, and (program, trace, labels) for `run`."""
     labels: list = []
 
     def forward(leaves, arrays):
@@ -187,9 +179,8 @@ def with_gradients(program: Program, arrays, rebuild, labels: list, top: list[Ou
 
 
 def float64_twin(cast: Callable[[Any, str], tuple[Any, list[str]]]) -> Callable[[Any], contextlib.AbstractContextManager]:
-    """A reader's float64_twin, from its `cast`: a context manager giving a float64 copy of a model
-    for the block (the tolerances' reference run, forward/derived.py), with JAX's float64 on for the
-    block only (a float32 check leaves the process's switch as it was)."""
+    """A reader's float64_twin (readers/protocol.py) from its `cast`: a float64 copy, JAX's float64 on
+    for the block only (a float32 check leaves the process's switch as it was)."""
 
     @contextlib.contextmanager
     def twin(model) -> Iterator[Any]:

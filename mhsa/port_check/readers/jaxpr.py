@@ -1,9 +1,6 @@
-"""What a traced JAX program tells about a model before it runs: which of its inputs it reads, and
-the layout (core/layouts.py) of each of its outputs.
-
-Both, and which recorded outputs each output is computed from, are read off the program's
-jaxpr (`jax.jit(f).trace(...).jaxpr`), which lists every operation
-with its inputs and outputs:
+"""What a traced JAX program tells about a model before it runs: which of its inputs it reads, the
+layout (core/layouts.py) of each of its outputs and which recorded outputs each is computed from,
+read off its jaxpr (`jax.jit(f).trace(...).jaxpr`: every operation with its inputs and outputs):
 - an input is read when an operation that leads to an output uses it (a converter's leftover, a
   variable the model never touches, is not);
 - a convolution's output has the layout its dimension numbers give (Flax's NHWC); a pooling

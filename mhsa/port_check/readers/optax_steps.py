@@ -1,11 +1,7 @@
 """What every JAX library's trainer of `--train` (readers/flax/training.py,
 readers/equinox/training.py) does with optax alike: own an optax transformation, find the
-optimizer's moments in its state by type, turn JAX's 64-bit types on for one block, and run the
-transformation on the lint's probe gradients.
-
-The moments are found inside chains and wrappers: optax.ScaleByAdamState (mu, nu),
-ScaleByAmsgradState (mu, nu, nu_max), TraceState (trace), and given torch's names for them
-(exp_avg, exp_avg_sq, max_exp_avg_sq, momentum_buffer).
+optimizer's moments in its state by type (STATES, under torch's names), turn JAX's 64-bit types on
+for one block, and run the transformation on the lint's probe gradients.
 """
 
 from __future__ import annotations
@@ -64,12 +60,10 @@ def x64(on: bool) -> Iterator[None]:
 def probe(
     tx, template, neutral: Callable[[Any], dict], moments: Callable[[Any], dict], scenarios: list[tuple[float, list[float]]]
 ) -> tuple[list[list[dict]], int]:
-    """Run `tx` on each scenario, as the torch trainer's probe does: (p0, [g_1, ..., g_n]) sets
-    every element of every array of `template` (the model's own parameter tree, so masks and labels
-    apply) to p0 and every gradient element at step t to g_t. Returns (per scenario, per step:
-    {"update": {name: value}, "param": {name: value after the step}, "moment": {(moment, name):
-    value}}, the number of elements of all arrays together), read at the first element;
-    `neutral(tree)` and `moments(state)` name a tree's arrays as the reader does."""
+    """Run `tx` on each scenario as readers/torch/training.py's probe runs torch's optimizer (the
+    same scenarios and return), filling every array of `template` (the model's own parameter tree,
+    so masks and labels apply); `neutral(tree)` and `moments(state)` name a tree's arrays as the
+    reader does."""
 
     @jax.jit
     def update(grads, state, params):

@@ -1,9 +1,8 @@
 """What a framework's reader provides to the port check: the `Reader` protocol and the records it
-returns. A reader is a module (`readers/torch/reader.py`, `readers/flax/reader.py`) whose
-functions are the protocol's members; the checks above reach one only through `reader_of`
-(readers/__init__.py), typed as `Reader`. mypy checks each registered reader against the protocol
-(the TYPE_CHECKING block below), and tests/tools/port_check/test_reader_protocol.py checks every
-reader's functions, their parameters and what `describe` returns at run time.
+returns. A reader is a module (`readers/torch/reader.py`, `readers/flax/reader.py`) whose functions
+are the protocol's members; the checks above reach one only through `reader_of`
+(readers/__init__.py), typed as `Reader`. mypy (the TYPE_CHECKING block below) and
+tests/tools/port_check/test_reader_protocol.py (at run time) check every reader against it.
 
 Everything a reader hands over is framework-neutral: parameters as NumPy arrays under torch's
 state_dict names and layouts (the exchange convention), outputs as `Output` leaves in the order
@@ -27,14 +26,12 @@ Model = Any  # a framework's model as the user gives it (a torch.nn.Module, an n
 
 @dataclass(frozen=True)
 class ModuleInfo:
-    """One submodule as the lint reads it: its neutral type ("Linear", "LayerNorm", "Conv", ...,
-    or its class name for a layer written by hand), the settings the lint compares in torch's
-    conventions ({"eps": 1e-05, "bias": True, ...}; None where the module's call decides), and the
-    attributes holding a floating compute dtype ({"dtype": "float32"})."""
+    """One submodule as the lint reads it."""
 
-    kind: str
+    kind: str  # its neutral type ("Linear", "LayerNorm", "Conv", ..., or the class name of a layer written by hand)
+    # the settings the lint compares, in torch's conventions ({"eps": 1e-05, "bias": True, ...}; None where the call decides)
     settings: dict[str, Any] = field(default_factory=dict)
-    dtypes: dict[str, str] = field(default_factory=dict)
+    dtypes: dict[str, str] = field(default_factory=dict)  # the attributes holding a floating compute dtype ({"dtype": "float32"})
 
 
 class Reader(Protocol):

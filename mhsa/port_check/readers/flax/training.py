@@ -1,13 +1,11 @@
 """The Flax half of the port check through training (mhsa.port_check.training.check): train an NNX
 port with its optax transformation, step by step, and record each step in the neutral form of
-training/records.py; run the transformation on the lint's probe gradients.
+core/training_records.py; run the transformation on the lint's probe gradients.
 
-A step is the functional form of `nnx.Optimizer(model, tx, wrt=nnx.Param)` with
-`nnx.value_and_grad`: the model split into parameters, batch statistics and the rest, the loss
-and gradients by jax.value_and_grad, then tx.update and optax.apply_updates, compiled as one
-function. The optimizer's moments are found in the optax state as readers/optax_steps.py finds
-them. Every tree is read in the exchange convention as flax_reader.parameters reads the model's
-variables (flax_reader.neutral): kernels transposed back to torch's (out, in).
+A step is the functional form of `nnx.Optimizer(model, tx, wrt=nnx.Param)`: the model split into
+parameters, batch statistics and the rest, the loss and gradients by nnx.value_and_grad, then
+tx.update and optax.apply_updates, compiled as one function. Every tree (the moments as
+readers/optax_steps.py finds them) is read in the exchange convention by flax_reader.neutral.
 """
 
 from __future__ import annotations

@@ -6,10 +6,10 @@ lowest precision its data went through (a float64 run that rounds through float3
 the model's code, a softmax asked for in float32, say, and converts back).
 
 torch's convolutions, poolings and batch, group and instance norms put the channels first; a
-transpose, permute or movedim moves them; an operation whose result has the shape of an input
-with a layout keeps it (elementwise operations, a norm, a dropout, a cast); a padding, a slice,
-a concatenation or an interpolation keeps the rank and the layout; a linear layer over the
-channels of a channels-last array keeps it. Anything else has no layout.
+transpose, permute or movedim moves them; a result of the shape of an input with a layout keeps it
+(an elementwise operation, a norm, a dropout, a cast), and so do a padding, a slice, a concatenation
+or an interpolation (same rank) and a linear layer over a channels-last array's channels; anything
+else has none.
 """
 
 from __future__ import annotations
@@ -35,19 +35,16 @@ PERMUTE = {"permute", "transpose", "swapaxes", "swapdims", "movedim", "moveaxis"
 
 
 class Flow(NamedTuple):
-    """What is known of how a tensor was computed: its layout, the recorded calls it is computed
-    from (bits), and the lowest floating-point precision it went through (structure.RANKS; None:
-    it does not come from the model's inputs and weights, a constant of its code)."""
+    """What is known of how a tensor was computed."""
 
     axes: layouts.Axes | None = None
-    upstream: int = 0
-    floor: int | None = None
+    upstream: int = 0  # the recorded calls it is computed from, as bits
+    floor: int | None = None  # the lowest precision it went through (RANKS; None: not from the model's data, a constant of its code)
 
 
 class Dataflow(TorchFunctionMode):
-    """While active, every tensor a torch function returns is given the layout its operation
-    implies, the union of its inputs' upstream calls, and the lowest precision its data went
-    through; `flow(tensor)` reads them, `mark(tensor, call)` records that call `call` returned it,
+    """While active, gives every tensor a torch function returns its Flow (the module docstring's
+    rules); `flow(tensor)` reads it, `mark(tensor, call)` records that call `call` returned it,
     `data(tensors)` says which tensors are the model's own (inputs, parameters, buffers)."""
 
     def __init__(self) -> None:

@@ -1,13 +1,12 @@
 """The PyTorch half of the port check through training (mhsa.port_check.training.check): train a
-copy of the reference with its own optimizer (and scheduler), step by step, and record each step
-in the neutral form of training/records.py; read the optimizer's settings; run the optimizer on the
-lint's probe gradients.
+copy of the reference with its own optimizer (and scheduler), step by step, and record each step in
+the neutral form of core/training_records.py; read the optimizer's settings; run the optimizer on
+the lint's probe gradients.
 
 A step is what a user's loop does: zero_grad, loss(model(*batch), *batch), backward, the optional
-gradient clipping (torch.nn.utils.clip_grad_norm_ to `clip`), optimizer.step, scheduler.step.
-The model, optimizer and scheduler are deep-copied together, so the copied optimizer holds the
-copied model's parameters and the copied scheduler the copied optimizer; the user's objects are
-never stepped.
+gradient clipping (torch.nn.utils.clip_grad_norm_ to `clip`), optimizer.step, scheduler.step. The
+model, optimizer and scheduler are deep-copied together (the copied optimizer holds the copied
+model's parameters, the copied scheduler the copied optimizer): the user's objects are never stepped.
 """
 
 from __future__ import annotations
@@ -28,17 +27,15 @@ SETTINGS = ("lr", "betas", "eps", "weight_decay", "amsgrad", "momentum", "dampen
 
 
 def owns(optimizer: object) -> bool:
-    """Whether `optimizer` is this side's: a torch.optim.Optimizer, or an object that steps like
-    one and says which (`behaves_as`, a torch.optim class: a hand-rolled fused Adam) and has
-    its param_groups, state, zero_grad and step."""
+    """Whether `optimizer` is this side's: a torch.optim.Optimizer, or one that steps like one, says
+    which (`behaves_as`: a hand-rolled fused Adam) and has param_groups, state, zero_grad and step."""
     if isinstance(optimizer, torch.optim.Optimizer):
         return True
     return _behaves_as(optimizer) is not None and all(hasattr(optimizer, name) for name in ("param_groups", "state", "zero_grad", "step"))
 
 
 def _behaves_as(optimizer: object) -> type | None:
-    """The torch.optim class a hand-rolled optimizer says it steps as (its class's `behaves_as`),
-    or None."""
+    """The torch.optim class a hand-rolled optimizer's class steps as (`behaves_as`), or None."""
     kind = getattr(type(optimizer), "behaves_as", None)
     return kind if isinstance(kind, type) and issubclass(kind, torch.optim.Optimizer) else None
 
@@ -152,11 +149,10 @@ def _plain(value):
 
 def probe(setup: dict, scenarios: list[tuple[float, list[float]]]) -> tuple[list[list[dict]], int]:
     """Run a float64 copy of the optimizer (with its scheduler and clip) on each scenario:
-    (p0, [g_1, ..., g_n]) sets every element of every parameter to p0 and every gradient
-    element at step t to g_t. Returns (per scenario, per step: {"update": {name: value},
-    "param": {name: value after the step}, "moment": {(moment, name): value}}, the number of
-    elements of all parameters together), each value read at the first element (every element
-    moves alike)."""
+    (p0, [g_1, ..., g_n]) sets every element of every parameter to p0 and every gradient element at
+    step t to g_t. Returns (per scenario, per step: {"update": {name: value}, "param": {name: value
+    after the step}, "moment": {(moment, name): value}}, the number of elements of all parameters
+    together), each value read at the first element (every element moves alike)."""
     runs = []
     for p0, gradients in scenarios:
         model, optimizer, scheduler = _copies(setup, "float64")
