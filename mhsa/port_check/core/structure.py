@@ -154,9 +154,8 @@ class Traced:
 
 
 def leaves(call: int, path: str, output: Any, leaf: Callable[[Any], bool], convert: Callable[[Any], np.ndarray], flow=None) -> list[Output]:
-    """Every leaf of one call's output as Output records; `convert` turns a floating-point array
-    of the framework into a NumPy array, `flow(array) -> (layout, upstream, floor)` (optional)
-    says how it was computed."""
+    """Every leaf of one call's output as Output records; `convert` makes a framework's floating-point
+    array NumPy, the optional `flow(array) -> (layout, upstream, floor)` says how it was computed."""
     records = []
     for label, value in flatten(output, leaf):
         if leaf(value) and is_float_dtype(value.dtype):

@@ -38,10 +38,9 @@ def _is_var(atom) -> bool:
 
 
 def flow(closed: core.ClosedJaxpr, marks: list[int]) -> list[tuple[layouts.Axes | None, int, int | None]]:
-    """(layout, upstream bits, floor) of each output of the program: its layout, the union of the
-    `marks` (bits, one per output: the calls that return it) of the outputs it is computed from,
-    and the lowest floating-point precision (structure.RANKS) its computation from the program's
-    inputs went through (None: a constant of the code)."""
+    """(layout, upstream, floor) of each output of the program: upstream the union of the `marks`
+    (bits, one per output: the calls that return it) of the outputs it is computed from, floor the
+    lowest precision (structure.RANKS) on its way from the program's inputs (None: a constant)."""
     jaxpr = closed.jaxpr if isinstance(closed, core.ClosedJaxpr) else closed
     own: dict = {}
     for atom, mark in zip(jaxpr.outvars, marks):

@@ -44,8 +44,7 @@ def moments(names: dict, state) -> dict[tuple[str, str], np.ndarray]:
 
 class Trainer:
     """Trains the port (weights already transferred) in `dtype` with its optax transformation;
-    step(batch) -> StepRecord. A float64 trainer computes with JAX's 64-bit types on during its
-    own calls only."""
+    step(batch) -> StepRecord. A float64 trainer turns JAX's 64-bit types on during its calls only."""
 
     def __init__(self, setup: dict, model: nnx.Module, dtype: str):
         self.x64 = dtype == "float64"

@@ -1,9 +1,8 @@
 """How a torch model's outputs were computed, followed operation by operation while the model runs,
 through torch's public hook for every function call (`torch.overrides.TorchFunctionMode`): each
-tensor's layout (core/layouts.py), the recorded calls whose outputs it is computed from (its
-upstream, as bits: the port check's row after a difference is the first that reads it), and the
-lowest precision its data went through (a float64 run that rounds through float32 in a step of
-the model's code, a softmax asked for in float32, say, and converts back).
+tensor's layout (core/layouts.py), the recorded calls it is computed from (its upstream, as bits:
+the check's row after a difference is the first that reads it), and the lowest precision its data
+went through (a float64 run through a float32 step of the model's code, say a softmax in float32).
 
 torch's convolutions, poolings and batch, group and instance norms put the channels first; a
 transpose, permute or movedim moves them; a result of the shape of an input with a layout keeps it

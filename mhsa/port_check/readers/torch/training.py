@@ -41,9 +41,8 @@ def _behaves_as(optimizer: object) -> type | None:
 
 
 def check_setup(setup: dict) -> None:
-    """Raise ValueError naming what does not fit: an optimizer over other parameters than the
-    model's, a scheduler of another optimizer or one that needs a metric, a clip that is no
-    positive number."""
+    """Raise ValueError naming what does not fit: an optimizer over other parameters than the model's,
+    a scheduler of another optimizer or one that needs a metric, a clip that is no positive number."""
     model, optimizer, scheduler = setup["model"], setup["optimizer"], setup.get("scheduler")
     own = {id(p) for p in model.parameters()}
     if not all(id(p) in own for group in optimizer.param_groups for p in group["params"]):
