@@ -124,6 +124,9 @@ def test_a_model_is_called_per_example_unless_it_says_it_takes_the_batch():
     model = em.SumOverFirstAxis()
     np.testing.assert_allclose(summed[-1].value, x.sum(axis=1) @ np.asarray(model.proj.weight).T + np.asarray(model.proj.bias), rtol=1e-5, atol=1e-5)
     assert not reader.batched(em.EqxMLP()) and reader.batched(em.BatchedMLP())
+    for said in (1, "yes", None):  # not a yes or no: refused, not taken as per example
+        with pytest.raises(PortCheckError, match=rf"^SaysAmbiguously.port_check_batched = {said!r}: expected True .* or False "):
+            reader.batched(type("SaysAmbiguously", (em.EqxMLP,), {"port_check_batched": said})())
     per_example = reader.run(em.EqxMLP(), as_inputs(x))[0]
     whole = reader.run(em.BatchedMLP(), as_inputs(x))[0]  # the same weights, called once on (B, T, D)
     assert [(output.path, output.shape) for output in whole] == [(output.path, output.shape) for output in per_example]

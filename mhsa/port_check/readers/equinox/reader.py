@@ -316,8 +316,14 @@ def cast(model: Model, dtype: str) -> tuple[Model, list[str]]:
 
 
 def batched(model: Model) -> bool:
-    """Whether the model takes the whole batch (it sets port_check_batched = True) rather than one example."""
-    return getattr(model, BATCHED, False) is True
+    """Whether the model takes the whole batch (it sets port_check_batched = True) rather than one
+    example; any value but True or False is refused, not taken as either."""
+    value = getattr(model, BATCHED, False)
+    if not isinstance(value, bool | np.bool_):
+        raise PortCheckError(
+            f"{type(model).__name__}.{BATCHED} = {value!r}: expected True (called on the whole batch) or False (per example, under jax.vmap)"
+        )
+    return bool(value)
 
 
 def _program(model) -> jax_program.Program:
