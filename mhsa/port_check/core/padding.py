@@ -22,6 +22,20 @@ def resolve_same(kernel: tuple, strides: tuple, dilation: tuple) -> tuple | None
     return tuple(option.pop() for option in options) if all(len(option) == 1 for option in options) else None
 
 
+def explicit(value, n: int, strides: tuple, dilation: tuple, kernel: tuple) -> tuple | str:
+    """A JAX library's conv padding as torch's: ((low, high), ...) per spatial axis where it does not
+    depend on the input ('VALID'; 'SAME' where it pads alike on every size; an int; a sequence of
+    ints or pairs), otherwise the padding's name ('SAME', 'CIRCULAR', ...)."""
+    if isinstance(value, str):
+        if value.upper() == "VALID":
+            return ((0, 0),) * n
+        resolved = resolve_same(kernel, strides, dilation) if value.upper() == "SAME" else None
+        return value.upper() if resolved is None else resolved
+    if isinstance(value, int):
+        return ((value, value),) * n
+    return tuple((int(p), int(p)) if isinstance(p, int) else (int(p[0]), int(p[1])) for p in value)
+
+
 def explain_same(kernel: tuple, strides: tuple, dilation: tuple) -> str:
     """Why a 'SAME' that depends on the input size is not a fixed padding: what it pads for each
     size of one axis (the axes alike: said once), e.g. "'SAME' at stride 2 pads by the input's

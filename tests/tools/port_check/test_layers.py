@@ -13,7 +13,7 @@ from jax import lax
 
 from mhsa.port_check import check_port, format_report
 from mhsa.port_check.core.findings import LintDifference, Note, Switch, Untied
-from mhsa.port_check.core.padding import resolve_same, same_pads
+from mhsa.port_check.core.padding import explicit, resolve_same, same_pads
 from mhsa.port_check.report.findings import line
 from tests.tools.port_check import models
 
@@ -76,6 +76,22 @@ def test_same_pads_by_the_input_size_as_xla_does():
     for n, k, s, d in itertools.product(range(4, 13), range(1, 5), range(1, 4), range(1, 3)):
         assert [same_pads(k, s, d, n % s)] == lax.padtype_to_pads((n,), (d * (k - 1) + 1,), (s,), "SAME"), (n, k, s, d)
     assert resolve_same((3, 1), (1, 2), (1, 1)) == ((1, 1), (0, 0)) and resolve_same((3, 3), (2, 2), (1, 1)) is None
+
+
+@pytest.mark.parametrize(
+    "given, expected",
+    [
+        ("VALID", ((0, 0), (0, 0))),
+        ("same", ((1, 1), (1, 1))),  # stride 1: a fixed padding, in either case
+        ("CIRCULAR", "CIRCULAR"),  # no torch padding of numbers: named
+        (2, ((2, 2), (2, 2))),
+        ([1, 2], ((1, 1), (2, 2))),  # Flax: an int per axis
+        ([(0, 1), (np.int64(2), 3)], ((0, 1), (2, 3))),  # Flax's pairs, Equinox's (NumPy ints too)
+    ],
+)
+def test_a_jax_librarys_conv_padding_is_said_as_torchs_low_high_pairs_per_axis(given, expected):
+    assert explicit(given, 2, (1, 1), (1, 1), (3, 3)) == expected
+    assert explicit("SAME", 2, (2, 2), (1, 1), (3, 3)) == "SAME"  # by the input's size at stride 2: named
 
 
 def strided(kernel: int, padding, port_padding):

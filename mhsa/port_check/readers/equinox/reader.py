@@ -26,8 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mhsa.port_check.core import padding
 from mhsa.port_check.core.cotangents import Direction
-from mhsa.port_check.core.padding import resolve_same
 from mhsa.port_check.core.records import PortCheckError
 from mhsa.port_check.core.structure import Inputs, Output, Traced, dtype_name, is_float_dtype
 from mhsa.port_check.readers import EXTRAS, jax_program
@@ -182,7 +182,7 @@ def _settings(module) -> dict:
         return {
             "bias": module.use_bias,
             "stride": tuple(module.stride),
-            "padding": _padding(module.padding, n, tuple(module.stride), tuple(module.dilation), tuple(module.kernel_size)),
+            "padding": padding.explicit(module.padding, n, tuple(module.stride), tuple(module.dilation), tuple(module.kernel_size)),
             "dilation": tuple(module.dilation),
             "groups": module.groups,
             "kernel_size": tuple(module.kernel_size),
@@ -190,18 +190,6 @@ def _settings(module) -> dict:
     if kind == "Embedding":
         return {"padding_idx": None}  # Equinox's Embedding has no padding index
     return {}
-
-
-def _padding(value, n, strides, dilation, kernel):
-    """Explicit ((low, high), ...) per spatial axis where it does not depend on the input: Equinox
-    keeps an int or a sequence as pairs already; 'VALID'; 'SAME' where it pads the same on every
-    size (core/padding.py); otherwise the string."""
-    if isinstance(value, str):
-        if value.upper() == "VALID":
-            return ((0, 0),) * n
-        resolved = resolve_same(kernel, strides, dilation) if value.upper() == "SAME" else None
-        return value.upper() if resolved is None else resolved
-    return tuple((int(low), int(high)) for low, high in value)
 
 
 @dataclasses.dataclass

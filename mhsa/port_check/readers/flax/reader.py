@@ -23,8 +23,8 @@ from flax import nnx
 from flax.core import unfreeze
 from flax.traverse_util import flatten_dict
 
+from mhsa.port_check.core import padding
 from mhsa.port_check.core.cotangents import Direction
-from mhsa.port_check.core.padding import resolve_same
 from mhsa.port_check.core.structure import Inputs, Output, Traced, dtype_name
 from mhsa.port_check.readers import jax_program
 from mhsa.port_check.readers.protocol import Model, ModuleInfo
@@ -121,7 +121,9 @@ def _settings(module) -> dict:
         return {
             "bias": module.use_bias,
             "stride": _per_dim(module.strides, n),
-            "padding": _padding(module.padding, n, _per_dim(module.strides, n), _per_dim(module.kernel_dilation, n), tuple(module.kernel_size)),
+            "padding": padding.explicit(
+                module.padding, n, _per_dim(module.strides, n), _per_dim(module.kernel_dilation, n), tuple(module.kernel_size)
+            ),
             "dilation": _per_dim(module.kernel_dilation, n),
             "groups": module.feature_group_count,
             "kernel_size": tuple(module.kernel_size),
@@ -133,19 +135,6 @@ def _settings(module) -> dict:
 
 def _per_dim(value, n) -> tuple:
     return (1,) * n if value is None else (value,) * n if isinstance(value, int) else tuple(value)
-
-
-def _padding(value, n, strides, dilation, kernel):
-    """Explicit ((low, high), ...) per spatial axis where it does not depend on the input: 'VALID',
-    and 'SAME' where it pads alike on every size (core/padding.py); otherwise the string."""
-    if isinstance(value, str):
-        if value.upper() == "VALID":
-            return ((0, 0),) * n
-        resolved = resolve_same(kernel, strides, dilation) if value.upper() == "SAME" else None
-        return value.upper() if resolved is None else resolved
-    if isinstance(value, int):
-        return ((value, value),) * n
-    return tuple((p, p) if isinstance(p, int) else tuple(p) for p in value)
 
 
 def _modules(model, inputs=None, traced: Traced | None = None) -> dict:
