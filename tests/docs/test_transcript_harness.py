@@ -157,6 +157,15 @@ def test_the_fresh_folders_are_shown_as_the_default_ones(tmp_path):
     assert outcome.ok, outcome.output
 
 
+def test_a_cache_folder_the_caller_names_is_made_with_its_parents_and_used(tmp_path, monkeypatch):
+    named = tmp_path / "not" / "yet" / "cache"
+    monkeypatch.setenv(transcripts.SHARED_CACHE, str(named))
+    path = write(tmp_path, "```console\n$ echo $XDG_CACHE_HOME/mhsa/jax; touch $XDG_CACHE_HOME/seen\n~/.cache/mhsa/jax\n```\n")
+    outcome = transcripts.run(transcripts.parse(path))[0]
+    assert outcome.ok, outcome.output
+    assert (named / "seen").is_file()
+
+
 def test_the_sessions_environment_does_not_reach_the_commands_the_callers_thread_settings_do(tmp_path, monkeypatch):
     from tests.machinery import caller
 
