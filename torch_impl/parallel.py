@@ -17,8 +17,8 @@ launcher can hand them over while the ranks train on.
 
 from __future__ import annotations
 
+import contextlib
 import os
-import queue
 import signal
 import socket
 import sys
@@ -26,6 +26,8 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable
+from multiprocessing import connection
+from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
@@ -112,27 +114,33 @@ def train(
         training.initial_weights(init, model_config, train_config)  # a bad weights file fails here, not in N ranks
 
     # 1. ranks: dp replicas of the same init and Adam state, each to train on its shard of every batch
-    # (dp processes on a free port of 127.0.0.1; rank 0 reports on a queue, this process prints)
+    # (dp processes on a free port of 127.0.0.1; each reports on a pipe of its own, this process prints)
     prepare(dp)  # the rank server, unless the caller started it already
     context = mp.get_context(START_METHOD)
-    results = context.Queue()
+    # pipes, not a multiprocessing.Queue: a queue's lock is a named semaphore that the resource
+    # tracker must be told about, and a command interrupted as a queue is made or freed leaves it
+    # a name it reports on the terminal; a pipe is a pair of file descriptors, closed by the exit
+    pipes = [context.Pipe(duplex=False) for _ in range(dp)]  # per rank: this process's end, then the rank's
     port = free_port()
     keep = on_epoch is not None
     ranks = [
         # every concrete context has Process; the stub types get_context(str) as BaseContext, which lacks it
-        context.Process(target=_run_rank, daemon=True, args=(rank, dp, port, model_config, train_config, init, resume, shard, results, keep))  # type: ignore[attr-defined]
+        context.Process(target=_run_rank, daemon=True, args=(rank, dp, port, model_config, train_config, init, resume, shard, pipes[rank][1], keep))  # type: ignore[attr-defined]
         for rank in range(dp)
     ]
 
     # 2. epochs: the global batch's loss at every step, checked and reported here alone
     losses: list[float] = []
     final = None
+    receivers = {rank: receiver for rank, (receiver, _) in enumerate(pipes)}  # the ranks still able to send
     try:
         with checkpoint.deferred_interrupt():  # a rank is started whole, or not at all: every started one is stopped below
             for rank in ranks:
                 rank.start()
+        for _, sender in pipes:
+            sender.close()  # the ranks hold theirs: a rank's pipe ends (EOF) when the rank does
         while final is None:
-            message = _next_message(results, ranks)
+            message = _next_message(receivers, ranks)
             if message[0] == "epoch":
                 training.record_losses(losses, message[1], train_config, start_epoch, on_step)
                 if on_epoch is not None:
@@ -143,6 +151,9 @@ def train(
                 final = message[1:]
     finally:
         _stop([rank for rank in ranks if rank.pid is not None], wait=final is not None)
+        for receiver, sender in pipes:
+            receiver.close()
+            sender.close()
 
     # 3. result: the trained weights and Adam state as ordinary single-device objects
     model, optimizer = _rebuilt(model_config, train_config, *final)
@@ -161,8 +172,9 @@ def train_rank(
     keep: bool = False,
 ) -> None:
     """One rank's run, inside an initialized process group: the single-device train() with the
-    model wrapped in DistributedDataParallel and each batch cut to this rank's shard. keep: rank 0
-    sends the weights and Adam state with every epoch's losses (the launcher's on_epoch)."""
+    model wrapped in DistributedDataParallel and each batch cut to this rank's shard. results: this
+    rank's end of its pipe to the launcher (a multiprocessing Connection). keep: rank 0 sends the
+    weights and Adam state with every epoch's losses (the launcher's on_epoch)."""
     start_epoch = training.first_epoch(resume, train_config)
     device = torch.device("cuda", rank) if torch.cuda.is_available() else torch.device("cpu")
 
@@ -186,10 +198,10 @@ def train_rank(
         dist.all_reduce(epoch_losses)  # the mean over equal shards is the global batch's mean
         if rank == 0:
             kept = (to_exchange(model), optimizer_to_exchange(optimizer, model, train_config)) if keep else ()  # host copies
-            results.put(("epoch", (epoch_losses / dp).cpu().numpy(), *kept))
+            results.send(("epoch", (epoch_losses / dp).cpu().numpy(), *kept))
 
     if rank == 0:
-        results.put(("done", to_exchange(model), optimizer_to_exchange(optimizer, model, train_config)))  # host copies
+        results.send(("done", to_exchange(model), optimizer_to_exchange(optimizer, model, train_config)))  # host copies
 
 
 def train_epoch(
@@ -234,26 +246,32 @@ def _run_rank(rank, dp, port, model_config, train_config, init, resume, shard, r
     except BaseException as error:  # noqa: BLE001 - every failure becomes one line for the launcher
         frame = traceback.extract_tb(error.__traceback__)[-1] if error.__traceback__ else None
         where = f" ({os.path.basename(frame.filename)}:{frame.lineno})" if frame else ""
-        results.put(("failed", rank, f"{type(error).__name__}: {error}{where}"))
-        results.close()
-        results.join_thread()
+        with contextlib.suppress(OSError):  # a launcher that is gone is told nothing
+            results.send(("failed", rank, f"{type(error).__name__}: {error}{where}"))
         sys.exit(1)
-    results.close()
-    results.join_thread()
+    results.close()  # every message is in the pipe: a send returns once it is written
 
 
-def _next_message(results, ranks):
-    """The next message from the ranks; a rank that died without one (killed) fails the run."""
+def _next_message(receivers: dict[int, Connection], ranks: list) -> Any:
+    """The next message from the ranks (rank -> this process's end of its pipe; a rank whose pipe
+    has ended is taken out). A rank that died without a message (killed), or every rank ended
+    without the result, fails the run."""
     while True:
-        try:
-            return results.get(timeout=0.05)
-        except queue.Empty:
-            for rank, process in enumerate(ranks):
-                if process.exitcode not in (None, 0):
-                    try:  # its own message may have arrived just now
-                        return results.get(timeout=0.5)
-                    except queue.Empty:
-                        raise training.RankFailedError(rank, len(ranks), f"exit code {process.exitcode}") from None
+        ready = connection.wait(list(receivers.values()), timeout=0.05)
+        for rank, receiver in list(receivers.items()):
+            if receiver in ready:
+                try:
+                    return receiver.recv()
+                except EOFError:  # the rank has ended: it sent all it had
+                    del receivers[rank]
+        for rank, process in enumerate(ranks):
+            if process.exitcode not in (None, 0):
+                if rank in receivers and receivers[rank].poll():  # sent before it ended (its last words)
+                    with contextlib.suppress(EOFError):
+                        return receivers[rank].recv()
+                raise training.RankFailedError(rank, len(ranks), f"exit code {process.exitcode}")
+        if not receivers and all(process.exitcode is not None for process in ranks):
+            raise training.RankFailedError(0, len(ranks), "every rank ended without sending the trained weights")
 
 
 def _stop(ranks, wait: bool) -> None:

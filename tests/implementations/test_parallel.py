@@ -279,3 +279,18 @@ def test_a_rank_that_raises_stops_every_rank_with_one_message_and_no_hang(torch_
     assert message.endswith("; all 2 ranks were stopped") and "\n" not in message
     assert not {child.pid for child in multiprocessing.active_children()} - before  # no rank left behind
     assert time.perf_counter() - started < 60
+
+
+@pytest.mark.slow
+def test_a_torch_data_parallel_run_registers_nothing_with_the_resource_tracker(torch_runs, monkeypatch):
+    # an interrupted command leaves at once (mhsa.cli.leave_busy_threads), perhaps as a run makes or
+    # frees what it talks to its ranks with: a named semaphore (a multiprocessing.Queue's lock) caught
+    # half-registered so is reported by multiprocessing's resource tracker on the terminal; pipes are not
+    from multiprocessing import resource_tracker
+
+    from torch_impl import parallel
+
+    registered = []
+    monkeypatch.setattr(resource_tracker, "register", lambda name, rtype: registered.append((name, rtype)))
+    parallel.train(SMALL, config("float32", epochs=1), 2)
+    assert registered == []

@@ -14,9 +14,11 @@ import dataclasses
 import os
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -329,13 +331,27 @@ def _running(group: int) -> list[str]:
     return found
 
 
-def signalled_group(argv, signum, wait_for):
-    """Start argv as the leader of a process group of its own, send `signum` to the whole group
-    once `wait_for` appears on its stdout, and return (returncode, stderr, the group's processes
-    still running a moment after it ended)."""
-    child = subprocess.Popen(
-        argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
-    )
+@pytest.fixture
+def scratch():
+    """A TMPDIR of the command's own, short: the rank server's socket lies in a folder made in it,
+    and a socket's path has at most 107 bytes (pytest's tmp_path is too deep for that)."""
+    folder = Path(tempfile.mkdtemp(prefix="mhsa-"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def temporary_leftovers(folder: Path) -> list[str]:
+    """What multiprocessing left in `folder`, the TMPDIR of a command that has ended: its temporary
+    folders (pymp-*, the rank server's socket) go with an ordinary exit and with an interrupted one."""
+    return sorted(path.name for path in folder.glob("pymp-*"))
+
+
+def signalled_group(argv, signum, wait_for, scratch):
+    """Start argv as the leader of a process group of its own (TMPDIR `scratch`), send `signum` to
+    the whole group once `wait_for` appears on its stdout, and return (returncode, stderr, the
+    group's processes still running a moment after it ended)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(scratch)}
+    child = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)
     try:
         seen = ""
         while wait_for not in seen:
@@ -359,10 +375,10 @@ def signalled_group(argv, signum, wait_for):
     + [(names("dp")[0], 2, signal.SIGTERM), (names("train")[0], 1, signal.SIGINT), (names("train")[0], 1, signal.SIGTERM)],
     ids=lambda value: getattr(value, "name", str(value)),
 )
-def test_a_signal_to_the_whole_group_keeps_the_last_complete_epoch_in_one_line_and_leaves_no_process(tmp_path, name, dp, signum):
+def test_a_signal_to_the_whole_group_keeps_the_last_complete_epoch_in_one_line_and_leaves_no_process(tmp_path, scratch, name, dp, signum):
     path = tmp_path / "run.safetensors"
     argv = [sys.executable, "-m", f"{package(name)}.train", *SMALL_RUN, "--dp", str(dp), "--epochs", "100000", "--save", str(path)]
-    code, err, left = signalled_group(argv, signum, wait_for="epoch 2/")
+    code, err, left = signalled_group(argv, signum, wait_for="epoch 2/", scratch=scratch)
     by = "" if signum == signal.SIGINT else " by SIGTERM"
     saved = re.fullmatch(
         rf"interrupted{by} in epoch (\d+)/100000: saved epoch (\d+) \(step (\d+)\) to {re.escape(str(path))} and \S+ "
@@ -371,6 +387,7 @@ def test_a_signal_to_the_whole_group_keeps_the_last_complete_epoch_in_one_line_a
     )
     assert code == 128 + signum and saved is not None, (code, err)
     assert left == [], f"still running after the command ended: {left}"
+    assert temporary_leftovers(scratch) == []
     _, state = checkpoint.load(path)
     kept = int(saved.group(2))
     assert kept >= 1 and state.epochs_done == kept and state.step == int(saved.group(3)) == kept * STEPS_PER_EPOCH
@@ -388,12 +405,13 @@ def test_a_signal_to_the_whole_group_keeps_the_last_complete_epoch_in_one_line_a
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("section", ["parity [1/", "parity [2/", "parity [4/"])
-def test_ctrl_c_to_the_group_of_mhsa_parity_prints_one_line_exits_130_at_once_and_leaves_no_process(section):
+def test_ctrl_c_to_the_group_of_mhsa_parity_prints_one_line_exits_130_at_once_and_leaves_no_process(section, scratch):
     # its progress is written to a terminal only: stderr is one (a pseudo-terminal), and the Ctrl-C
     # lands as the section starts, while other lanes compile, train and run the torch ranks and their server
     leader, follower = os.openpty()
     argv = [sys.executable, "-m", "mhsa.parity", "--epochs", "2"]
-    child = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=follower, start_new_session=True)
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    child = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=follower, start_new_session=True, env=env)
     os.close(follower)
     try:
         seen = b""
@@ -426,6 +444,7 @@ def test_ctrl_c_to_the_group_of_mhsa_parity_prints_one_line_exits_130_at_once_an
     assert (child.returncode, after) in endings, (child.returncode, after)
     assert seconds < 15, f"exited {seconds:.1f} s after the Ctrl-C"
     assert left == [], f"still running after the command ended: {left}"
+    assert temporary_leftovers(scratch) == []
 
 
 A_RANK_BEING_STARTED = """
