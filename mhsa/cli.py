@@ -186,7 +186,9 @@ def leave_busy_threads(status: int) -> None:
         child.join(timeout=5)
     from multiprocessing import util
 
-    util._run_finalizers(0)  # type: ignore[attr-defined]  # what an ordinary exit runs first: the queues' semaphores are released, not reported leaked
+    # what an ordinary exit runs once its children have ended: every finalizer, among them the one
+    # that removes multiprocessing's temporary folder (/tmp/pymp-*, the rank server's socket)
+    util._run_finalizers()  # type: ignore[attr-defined]
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
