@@ -22,6 +22,7 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -72,6 +73,13 @@ def prepare(dp: int) -> None:
         previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGINT, signal.SIGTERM)} if main else {}
         try:
             forkserver.ensure_running()
+        except OSError as error:  # the server's socket lies in a folder it makes in TMPDIR
+            if "AF_UNIX path too long" not in str(error):
+                raise
+            raise OSError(
+                f"TMPDIR {tempfile.gettempdir()!r}: too long for the socket of the ranks' server (a Unix socket's path holds at most 107 bytes); "
+                "set TMPDIR to a shorter folder, such as /tmp"
+            ) from None
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)

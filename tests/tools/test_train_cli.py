@@ -472,3 +472,31 @@ def test_as_a_command_the_errors_are_one_line_without_traceback(tmp_path):
         "mhsa train: error: d_model=32 is not divisible by n_heads=5; d_model must be a multiple of n_heads (d_head = d_model // n_heads)"
     )
     assert "Traceback" not in diverged.stderr + bad_flags.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", names("dp"))
+def test_a_tmpdir_too_deep_for_a_socket_is_said_in_one_line_where_the_ranks_need_one(tmp_path, name):
+    # a rank server (multiprocessing's forkserver) listens on a Unix socket in a folder it makes in
+    # TMPDIR, and a socket's path holds at most 107 bytes: a backend that needs one says so; one that
+    # does not trains as usual
+    deep = tmp_path / ("x" * 100)
+    deep.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", f"{package(name)}.train", *TINY, "--dp", "2"],
+        cwd=tmp_path,
+        env={**os.environ, "TMPDIR": str(deep)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if done.returncode == 0:
+        assert done.stderr == ""
+        return
+    assert (done.returncode, done.stderr.splitlines()) == (
+        2,
+        [
+            f"python -m {package(name)}.train: error: TMPDIR {str(deep)!r}: too long for the socket of the ranks' server "
+            "(a Unix socket's path holds at most 107 bytes); set TMPDIR to a shorter folder, such as /tmp"
+        ],
+    )
