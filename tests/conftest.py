@@ -15,6 +15,7 @@ caller's XLA_FLAGS, so the tests' subprocesses compile that way too."""
 import os
 import shutil
 import signal
+import sys
 import tempfile
 from pathlib import Path
 
@@ -111,8 +112,17 @@ def pytest_sessionfinish(session, exitstatus):
         jax_cache.close_after_session(folder)
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config):
-    """A temporary folder goes with the session that made it; the kept one is unlocked."""
+    """A temporary folder goes with the session that made it; the kept one is unlocked.
+
+    An xdist worker has sent its results by now (its sessionfinish): it leaves at once, without
+    the interpreter's own ending, which takes seconds once torch and JAX are imported (tearing down
+    their modules and C++ state) while the session waits for the worker to be gone."""
+    if hasattr(config, "workerinput"):
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(0)
     if "docs" in _session_cache:
         _session_cache.pop("docs").__exit__(None, None, None)
     if _session_cache.get("temporary"):
