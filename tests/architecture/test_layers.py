@@ -16,6 +16,7 @@ part of the file is even executed.
 """
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -122,23 +123,35 @@ def _skipped(tree: ast.Module, skip_main_launcher: bool) -> set[int]:
     return skipped
 
 
-def imports(source: str, skip_main_launcher: bool = False) -> list[list[str]]:
+def _called(function: ast.expr) -> str:
+    """The name a call calls by: `import_module` of importlib.import_module(...), '' for a call of
+    an expression (ast.unparse would say the same, at many times the cost over every call of the project)."""
+    return function.attr if isinstance(function, ast.Attribute) else function.id if isinstance(function, ast.Name) else ""
+
+
+@functools.cache  # every file is read by several tests (layers, cycles, planted cycles)
+def parsed(source: str) -> ast.Module:
+    return ast.parse(source)
+
+
+@functools.cache
+def imports(source: str, skip_main_launcher: bool = False) -> tuple[tuple[str, ...], ...]:
     """Per import statement, the modules it may import (absolute names; `from shared import
     weights` may be shared.weights), including string literals passed to importlib.import_module.
     Imports under `if TYPE_CHECKING:` never run and are left out."""
-    tree = ast.parse(source)
+    tree = parsed(source)
     skipped = _skipped(tree, skip_main_launcher)
-    found = []
+    found: list[tuple[str, ...]] = []
     for node in ast.walk(tree):
         if id(node) in skipped:
             continue
         if isinstance(node, ast.Import):
-            found += [[alias.name] for alias in node.names]
+            found += [(alias.name,) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.append([node.module] + [f"{node.module}.{alias.name}" for alias in node.names])
-        elif isinstance(node, ast.Call) and ast.unparse(node.func).endswith("import_module") and node.args and isinstance(node.args[0], ast.Constant):
-            found.append([node.args[0].value])
-    return found
+            found.append((node.module, *(f"{node.module}.{alias.name}" for alias in node.names)))
+        elif isinstance(node, ast.Call) and _called(node.func).endswith("import_module") and node.args and isinstance(node.args[0], ast.Constant):
+            found.append((node.args[0].value,))
+    return tuple(found)
 
 
 def violations(path: Path, source: str) -> list[str]:
@@ -239,7 +252,7 @@ def project_sources() -> dict[str, str]:
 
 def long_functions(path: Path, source: str, limit: int = LONGEST_FUNCTION) -> list[str]:
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parsed(source)):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             start = min([node.lineno] + [decorator.lineno for decorator in node.decorator_list])
             length = node.end_lineno - start + 1
