@@ -47,24 +47,45 @@ if "PYTEST_XDIST_WORKER" in os.environ:
     # here and in the processes the tests start. Tests of --threads set their own.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import jax  # noqa: E402  (after the cache settings)
 import pytest  # noqa: E402
 
-jax.config.update("jax_enable_x64", True)
-
-from tests.backends import ADAPTERS, names  # noqa: E402  (after x64 is on)
+from tests.backends import ADAPTERS, names  # noqa: E402
 from tests.docs import transcripts  # noqa: E402
 from tests.machinery import jax_cache, scheduling  # noqa: E402
 
 _session_cache: dict[str, object] = {}  # this session's folder, and whether it is temporary
 
 
+def start_jax() -> None:
+    """JAX for the tests of this process, before any test module is imported: float64 on, the
+    session's cache folder (read from the environment, where JAX was not imported before)."""
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    if "JAX_COMPILATION_CACHE_DIR" in os.environ:
+        jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+
+
+def runs_no_test(config) -> bool:
+    """Whether this process hands every test to xdist workers (`make test`'s -n 2): it never
+    imports JAX (most of a second at the start, before the workers start, and at the end)."""
+    workers = config.getoption("numprocesses", None) and config.getoption("dist", "no") != "no"
+    return bool(workers) and not config.getoption("collectonly")
+
+
 def pytest_configure(config):
     """Choose the session's JAX cache folder, and the documents' (transcripts.shared_cache), in the
     process that runs the session (an xdist worker finds them in its environment, set here before
-    the workers start)."""
+    the workers start); then start JAX where tests run."""
     if hasattr(config, "workerinput"):
+        start_jax()
         return
+    _choose_cache_folders(config)
+    if not runs_no_test(config):
+        start_jax()
+
+
+def _choose_cache_folders(config) -> None:
     _session_cache["docs"] = transcripts.shared_cache()  # the documents' own cache folder (tests/docs/transcripts.py)
     _session_cache["docs"].__enter__()
     if _CALLERS_CACHE:
@@ -79,7 +100,6 @@ def pytest_configure(config):
         folder, temporary, state = kept, False, jax_cache.open_for_session(kept)
     _session_cache.update(folder=folder, temporary=temporary, crashed=False, state=state, lock=held)
     os.environ["JAX_COMPILATION_CACHE_DIR"] = str(folder)  # inherited by xdist workers and subprocesses
-    jax.config.update("jax_compilation_cache_dir", str(folder))  # JAX read the variable when it was imported
 
 
 def pytest_report_header(config):
@@ -168,6 +188,8 @@ def patched_jax():
     Its in-memory caches are emptied when the test ends (the compilation cache on disk is keyed by
     the program itself and needs nothing)."""
     yield
+    import jax
+
     jax.clear_caches()
 
 
