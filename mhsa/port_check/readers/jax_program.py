@@ -38,6 +38,14 @@ def is_array(value) -> bool:
     return isinstance(value, jax.Array)
 
 
+def on_device(array, dtype=None) -> jax.Array:
+    """`array` (NumPy) as a JAX array in `dtype` (its own by default) with a buffer of its own:
+    jax.device_put of a fresh NumPy copy, where jnp.asarray or jnp.array would compile a staging
+    program for every shape and dtype (hundreds in a port check of many small models). The source
+    may be a view of a torch tensor that an optimizer then changes in place, hence the copy."""
+    return jax.device_put(np.array(np.asarray(array), dtype=dtype, copy=True))
+
+
 def numpy(value) -> np.ndarray:
     """A NumPy view of a JAX array (read-only, no copy on the CPU); bfloat16 and float16 as float32
     copies: NumPy computes nothing in bfloat16 (ml_dtypes stores it), and float32 holds every such value exactly."""
@@ -49,10 +57,12 @@ def input_arrays(inputs: Inputs, dtype) -> tuple[list, Any]:
     """(the input arrays as JAX arrays, rebuild) as structure.split_arrays gives them: floating
     inputs take `dtype` (the model's), integer ones (token ids) stay as they are."""
     arrays, rebuild = split_arrays(as_inputs(inputs))
-    converted = [
-        jnp.asarray(numpy(x) if not isinstance(x, jax.Array) else x, dtype=dtype) if is_float_dtype(x.dtype) else jnp.asarray(x) for x in arrays
-    ]
-    return converted, rebuild
+
+    def convert(x):
+        wanted = dtype if is_float_dtype(x.dtype) else None
+        return (x if wanted is None else jnp.asarray(x, dtype=wanted)) if is_array(x) else on_device(numpy(x), wanted)
+
+    return [convert(x) for x in arrays], rebuild
 
 
 def record(calls, labels: list) -> list:
@@ -158,7 +168,7 @@ def with_gradients(program: Program, arrays, rebuild, labels: list, top: list[Ou
     """(the recorded values, the gradient of every leaf of the program, None where not
     differentiated): d <r, output> / d leaf, r the weights `direction` gives `top` (the model's
     own output leaves), with the forward pass, as one compiled program unless `eager`."""
-    weights = {label: jnp.asarray(value) for label, value in direction(top).items()}
+    weights = {label: on_device(value) for label, value in direction(top).items()}
     if not weights:
         raise ValueError("the model's output holds no floating-point array to differentiate")
     mask = program.differentiated

@@ -247,7 +247,7 @@ def load_parameters(model: Model, arrays: dict[str, np.ndarray]) -> Model:
     leaves = list(tree.leaves)
     for slot, name in enumerate(tree.names):
         if name in arrays:
-            leaves[slot] = jnp.array(np.asarray(arrays[name]).reshape(leaves[slot].shape), dtype=leaves[slot].dtype, copy=True)
+            leaves[slot] = jax_program.on_device(np.asarray(arrays[name]).reshape(leaves[slot].shape), leaves[slot].dtype)
     targets = {slot for slot, name in enumerate(tree.names) if name in arrays}
     if not targets:
         return model
@@ -298,7 +298,7 @@ def cast(model: Model, dtype: str) -> tuple[Model, list[str]]:
     def convert(leaf):  # in NumPy: an XLA convert would compile once per shape
         if not is_float_dtype(leaf.dtype) or jnp.result_type(leaf) == target:
             return leaf
-        return jnp.asarray(jax_program.numpy(leaf).astype(target))
+        return jax_program.on_device(jax_program.numpy(leaf), target)
 
     return tree.rebuild([convert(leaf) for leaf in tree.leaves]), []
 

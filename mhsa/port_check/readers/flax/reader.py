@@ -238,12 +238,12 @@ def load_parameters(model: Model, arrays: dict[str, np.ndarray]) -> Model:
             tree = variables["params" if path in params else "batch_stats"]
             for key in path[:-1]:
                 tree = tree[key]
-            tree[path[-1]] = _own(_from_torch(value, layout), tree[path[-1]].dtype)
+            tree[path[-1]] = jax_program.on_device(_from_torch(value, layout), tree[path[-1]].dtype)
         return module, variables
     for name, value in arrays.items():
         path, layout = native[name]
         variable = _variable(model, path)
-        variable[...] = _own(_from_torch(value, layout), variable[...].dtype)
+        variable[...] = jax_program.on_device(_from_torch(value, layout), variable[...].dtype)
     return model
 
 
@@ -277,7 +277,7 @@ def cast(model: Model, dtype: str) -> tuple[Model, list[str]]:
     def convert(leaf):  # in NumPy: an XLA convert would compile once per shape
         if not jnp.issubdtype(jnp.result_type(leaf), jnp.floating) or jnp.result_type(leaf) == target:
             return leaf  # integers, booleans, PRNG keys; and what is in the dtype already, shared with the model
-        return jnp.asarray(jax_program.numpy(leaf).astype(target))
+        return jax_program.on_device(jax_program.numpy(leaf), target)
 
     changed = []
     if _is_linen(model):
@@ -297,12 +297,6 @@ def cast(model: Model, dtype: str) -> tuple[Model, list[str]]:
                 setattr(module, name, target)
     graphdef, state = nnx.split(model)
     return nnx.merge(graphdef, jax.tree.map(convert, state)), changed
-
-
-def _own(value: np.ndarray, dtype) -> jax.Array:
-    """A JAX array with its own buffer: jnp.asarray of a NumPy array can alias its memory on the
-    CPU, and the source may be a view of a torch tensor that an optimizer then changes in place."""
-    return jnp.array(value, dtype=dtype, copy=True)
 
 
 def _is_float_dtype(value) -> bool:
