@@ -105,6 +105,10 @@ def main(argv=None) -> int:
     shown = bench_common.shown_command("benchmarks/vs_checkout.py", argv if argv is not None else sys.argv[1:])
     with bench_common.recorded(" ".join(["python", *shown]) if args.write else None):
         print(header(f"This tree ({commits['this tree']}) against {commits['other']}", shown))
+        for root in sides.values():  # bytecode of both sides' modules first, else a shell with
+            # PYTHONDONTWRITEBYTECODE has every process compile the modules whose bytecode is stale
+            packages = [path.name for path in sorted(root.iterdir()) if (path / "__init__.py").is_file() or path.name in ("examples", "benchmarks")]
+            _run(root, [str(root / ".venv" / "bin" / "python"), "-m", "compileall", "-q", "-j", "0", *packages])
         if "parity" in args.only:  # JAX's compilation cache filled once on each side, not counted
             for root in sides.values():
                 _run(root, [str(root / ".venv" / "bin" / "mhsa"), "parity"])
