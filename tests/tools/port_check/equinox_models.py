@@ -127,6 +127,20 @@ class Raising(EqxMLP):
         raise RuntimeError("the port's code fails here")
 
 
+class Stateful(EqxMLP):
+    """EqxMLP with a BatchNorm after it, whose statistics live in an eqx.nn.State: called as
+    model(x, state) -> (output, state); build it with eqx.nn.make_with_state(Stateful)()."""
+
+    bn: eqx.nn.BatchNorm
+
+    def __init__(self):
+        super().__init__()
+        self.bn = eqx.nn.BatchNorm(D, axis_name="positions", inference=True, mode="batch")
+
+    def __call__(self, x, state):
+        return jax.vmap(self.bn, axis_name="positions", in_axes=(0, None), out_axes=(0, None))(super().__call__(x), state)
+
+
 class SwappedHeads(equinox_block.Attention):
     """The attention block with a planted bug: heads split as (T, d_head, H) instead of (T, H, d_head)."""
 

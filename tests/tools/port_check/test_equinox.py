@@ -176,6 +176,16 @@ def test_no_class_and_not_the_model_is_changed_by_a_run_even_one_that_raises():
     assert not any(isinstance(module, record.Recorder) for _, module in record.walk(model))
 
 
+def test_a_stateful_model_is_refused_in_one_line_naming_its_stateful_layers():
+    model, state = eqx.nn.make_with_state(em.Stateful)()
+    jax.vmap(model, in_axes=(0, None), out_axes=(0, None))(em.inputs(), state)  # a model that runs, given its state
+    with pytest.raises(PortCheckError) as refused:
+        check_port(em.torch_mlp()[0], model, em.inputs())
+    assert str(refused.value) == (
+        "'bn' (BatchNorm) keeps its state in an eqx.nn.State, which the port check does not read yet: expected an Equinox model called without one"
+    )
+
+
 def test_without_equinox_an_equinox_model_is_refused_in_one_line_that_says_how_to_install_it(monkeypatch):
     model, _ = em.prebuilt()
     monkeypatch.setitem(sys.modules, "equinox", None)  # import equinox now fails, as where it is not installed

@@ -305,7 +305,18 @@ def cast(model: Model, dtype: str) -> tuple[Model, list[str]]:
 
 def batched(model: Model) -> bool:
     """Whether the model takes the whole batch (it sets port_check_batched = True) rather than one
-    example; any value but True or False is refused, not taken as either."""
+    example; any value but True or False is refused, not taken as either. Every call of the model
+    asks this first, so a stateful model (an eqx.nn.StateIndex in it: BatchNorm, say, whose
+    statistics live in an eqx.nn.State passed with each call) is refused here, in one line naming
+    its stateful layers, rather than failing in the call for want of the state."""
+    modules = _modules(model)
+    stateful = sorted({path.rpartition(".")[0] for path, module in modules.items() if isinstance(module, eqx.nn.StateIndex)})
+    if stateful:
+        named = ", ".join(f"'{path or '(the model)'}' ({module_type(modules[path])})" for path in stateful)
+        raise PortCheckError(
+            f"{named} {'keeps its' if len(stateful) == 1 else 'keep their'} state in an eqx.nn.State, which the port check "
+            "does not read yet: expected an Equinox model called without one"
+        )
     value = getattr(model, BATCHED, False)
     if not isinstance(value, bool | np.bool_):
         raise PortCheckError(
