@@ -58,12 +58,17 @@ _session_cache: dict[str, object] = {}  # this session's folder, and whether it 
 
 def start_jax() -> None:
     """JAX for the tests of this process, before any test module is imported: float64 on, the
-    session's cache folder (read from the environment, where JAX was not imported before)."""
+    session's cache folder (read from the environment, where JAX was not imported before), and its
+    CPU backend started now. XLA reads XLA_FLAGS once, when the backend starts: started by the first
+    test that computes, it would take the flags of whatever that test set, and a command line run
+    in-process (`mhsa parity`, `--threads 1`: --xla_cpu_multi_thread_eigen=false) would choose how
+    every later test of the worker multiplies, by which tests the worker was dealt first."""
     import jax
 
     jax.config.update("jax_enable_x64", True)
     if "JAX_COMPILATION_CACHE_DIR" in os.environ:
         jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+    jax.devices()
 
 
 def runs_no_test(config) -> bool:
