@@ -62,14 +62,31 @@ EPS_NAMES = ("eps", "epsilon", "variance_epsilon")
 def owns(model: object) -> bool:
     """Whether this reader reads `model`: an eqx.Module. One whose classes come from equinox while
     equinox cannot be imported is a PortCheckError saying how to install it (read off the class's
-    MRO, without importing anything)."""
+    MRO, without importing anything); so is a stateful model (_refuse_state)."""
     if not any(cls.__module__.split(".")[0] == "equinox" for cls in type(model).__mro__):
         return False
     try:
         library = importlib.import_module("equinox")
     except ImportError:
         raise PortCheckError(f"the model is an Equinox module ({type(model).__name__}) and equinox is not installed: {INSTALL}") from None
-    return isinstance(model, library.Module)
+    if not isinstance(model, library.Module):
+        return False
+    _refuse_state(model)
+    return True
+
+
+def _refuse_state(model) -> None:
+    """A PortCheckError naming the stateful layers of `model`, if any: an eqx.nn.StateIndex in it
+    (BatchNorm's, say) keeps its values in an eqx.nn.State passed with every call, which the
+    check does not read; without this the model would fail in the call for want of the state."""
+    modules = _modules(model)
+    stateful = sorted({path.rpartition(".")[0] for path, module in modules.items() if isinstance(module, eqx.nn.StateIndex)})
+    if stateful:
+        named = ", ".join(f"'{path or '(the model)'}' ({module_type(modules[path])})" for path in stateful)
+        raise PortCheckError(
+            f"{named} {'keeps its' if len(stateful) == 1 else 'keep their'} state in an eqx.nn.State, which the port check "
+            "does not read yet: expected an Equinox model called without one"
+        )
 
 
 def _library_type(module: object) -> str | None:
@@ -305,18 +322,7 @@ def cast(model: Model, dtype: str) -> tuple[Model, list[str]]:
 
 def batched(model: Model) -> bool:
     """Whether the model takes the whole batch (it sets port_check_batched = True) rather than one
-    example; any value but True or False is refused, not taken as either. Every call of the model
-    asks this first, so a stateful model (an eqx.nn.StateIndex in it: BatchNorm, say, whose
-    statistics live in an eqx.nn.State passed with each call) is refused here, in one line naming
-    its stateful layers, rather than failing in the call for want of the state."""
-    modules = _modules(model)
-    stateful = sorted({path.rpartition(".")[0] for path, module in modules.items() if isinstance(module, eqx.nn.StateIndex)})
-    if stateful:
-        named = ", ".join(f"'{path or '(the model)'}' ({module_type(modules[path])})" for path in stateful)
-        raise PortCheckError(
-            f"{named} {'keeps its' if len(stateful) == 1 else 'keep their'} state in an eqx.nn.State, which the port check "
-            "does not read yet: expected an Equinox model called without one"
-        )
+    example; any value but True or False is refused, not taken as either."""
     value = getattr(model, BATCHED, False)
     if not isinstance(value, bool | np.bool_):
         raise PortCheckError(
