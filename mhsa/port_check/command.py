@@ -124,8 +124,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--input-shape", type=_shape, help="random normal float32 inputs of this shape, e.g. 3,5,24")
     source.add_argument("--inputs", help="inputs from a .npy file (one argument) or a .npz file (arr_0, arr_1, ... positional, other names keywords)")
     parser.add_argument("--int-range", type=int_flag("--int-range"), help="with --input-shape: integer ids in [0, N) instead")
-    parser.add_argument("--map", help="JSON file {reference prefix: port prefix} for names that do not correspond")
-    parser.add_argument("--write-map", metavar="FILE", help="write the name map (the proposed one, when names do not correspond) to FILE as JSON")
+    parser.add_argument(
+        "--map", help="JSON file {reference name: port name} for names that do not correspond (patterns, splits, sums: docs/port-check.md)"
+    )
+    parser.add_argument(
+        "--write-map", metavar="FILE", help="write the name map the check paired by (or, when it stops, the map so far) to FILE as JSON"
+    )
     parser.add_argument("--dtype", choices=DTYPES, default="float32", help="cast both models and the inputs (default float32)")
     parser.add_argument("--grads", action="store_true", help="also compare d <r, output> / d every parameter, r a fixed random direction")
     weights = parser.add_mutually_exclusive_group()
@@ -174,13 +178,18 @@ def run(args) -> int:
     except PortCheckError as error:
         advice = "; --int-range gives integer ids: does the reference take ids?" if args.int_range and "failed" in str(error) else ""
         return _error(f"{error}{advice}")
+    found = report.proposed_map if report.stopped else report.name_map  # the map the check paired by (or so far)
     try:
         print(format_report(report))
     finally:  # a reader gone from stdout (`| head`) does not cancel the map asked for
-        if args.write_map:
-            write_map(args.write_map, report.proposed_map if report.stopped else name_map or {})
+        if args.write_map and found:
+            write_map(args.write_map, found)
     if args.write_map:
-        print(f"name map written to {args.write_map}")
+        print(
+            f"name map written to {args.write_map}"
+            if found
+            else f"no name map to write: every name corresponds as it is ({args.write_map} not written)"
+        )
     return TROUBLE if report.stopped else OK if report.passed else DIFFERENT
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from mhsa.port_check.core.structure import Inputs
+from mhsa.port_check.forward.pairing import check_map
 from shared.files import read_regular, same_file, write_atomically
 
 MAP_BYTES = 1 << 20  # a name map is a few lines of JSON
@@ -31,15 +32,20 @@ MEMBERS = 1024  # arrays in one .npz: arguments of one call
 NUMERIC = "biuf"  # the dtype kinds a model's inputs come in: bool, int, unsigned, float
 
 
-def read_map(path: str) -> dict[str, str]:
-    """--map: a JSON object {reference prefix: port prefix}."""
+def read_map(path: str) -> dict:
+    """--map: a JSON object {reference name or prefix: port name or prefix, or a list of them}
+    (docs/port-check.md, "Name maps"), each entry checked (pairing.check_map) before any model is built."""
     raw = read_regular(path, "--map file", MAP_BYTES)
     try:
         name_map = json.loads(raw)
     except (ValueError, RecursionError):  # not JSON, or nested too deep to parse
         raise ValueError(f"--map file {path!r} is not a JSON object of names to names") from None
-    if not isinstance(name_map, dict) or not all(isinstance(value, str) for value in name_map.values()):
+    if not isinstance(name_map, dict):
         raise ValueError(f"--map file {path!r} must hold a JSON object of names to names")
+    try:
+        check_map(name_map)
+    except ValueError as error:
+        raise ValueError(f"--map file {path!r}: {error}") from None
     return name_map
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from mhsa.comparison import Comparison
 from mhsa.port_check.core.findings import Hint, LintDifference, Note, Precision, Probe, Untied
+from mhsa.port_check.core.transforms import Group
 
 NORMS = ("LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm")
 # what the lint says about a setting beyond the two values
@@ -20,14 +22,37 @@ WHY = {
 }
 
 
-def map_name(name: str, name_map: dict[str, str] | None) -> str:
-    """The port's name for a reference module path or parameter name: the longest prefix of
-    `name` (whole dot-separated parts) found in name_map is replaced; otherwise the same name."""
-    mapping = name_map or {}
-    for key in sorted(mapping, key=len, reverse=True):
-        if name == key or name.startswith(key + ".") or name.startswith(key + "["):
-            return mapping[key] + name[len(key) :]
+def map_name(name: str, name_map: dict | None) -> str:
+    """The port's name for a reference module path or parameter name: the longest prefix of `name`
+    (whole dot-separated parts) that a key of name_map matches is replaced by its value; a key's
+    `{i}` matches one part of digits, which the value may repeat ("h.{i}": "h[{i}]": h.1.attn ->
+    h[1].attn). Entries that join several parameters (a list value, a key "a, b" or "a + b") are
+    the pairing's (forward/pairing.py), not names. Otherwise the same name."""
+    for key, value in _plain(name_map):
+        found = _match(key, name)
+        if found is not None:
+            length, fields = found
+            return value.format(**fields) + name[length:]
     return name
+
+
+def _plain(name_map: dict | None) -> list[tuple[str, str]]:
+    """The map's renaming entries, the longest key (its literal text) first."""
+    entries = [(key, value) for key, value in (name_map or {}).items() if isinstance(value, str) and ", " not in key and " + " not in key]
+    return sorted(entries, key=lambda entry: len(re.sub(r"\{\w+\}", "", entry[0])), reverse=True)
+
+
+def _match(key: str, name: str) -> tuple[int, dict[str, str]] | None:
+    """(the length of `name` that `key` matches, the values of its {fields}), where it matches a
+    prefix of whole parts; None where it does not."""
+    if "{" not in key:
+        if name == key or name.startswith(key + ".") or name.startswith(key + "["):
+            return len(key), {}
+        return None
+    pattern = re.escape(key).replace(r"\{", "{").replace(r"\}", "}")
+    pattern = re.sub(r"\{(\w+)\}", lambda field: f"(?P<{field.group(1)}>\\d+)", pattern)
+    found = re.match(pattern + r"(?=$|[.\[])", name)
+    return None if found is None else (found.end(), found.groupdict())
 
 
 class PortCheckError(ValueError):
@@ -57,9 +82,10 @@ class Mismatched(NamedTuple):
 class Differing(NamedTuple):
     """A port parameter kept as the port holds it that differs from the reference's."""
 
-    name: str
+    name: str  # the reference's parameter (its names, joined, for a group of several)
     largest: float  # max abs difference
     how: str  # "transposed", "scaled by 0.5", ...
+    group: Group | None = None  # the pairing's group (core/transforms.py)
 
 
 @dataclass
@@ -67,18 +93,30 @@ class Transfer:
     """What happened to every parameter: paired (then copied, or compared as the port holds it),
     and what did not fit."""
 
-    filled: list[Paired] = field(default_factory=list)
-    transposed_only: list[Paired] = field(default_factory=list)  # standard layers that fit only transposed: not filled
+    groups: list[Group] = field(default_factory=list)  # every pairing: reference parameters and the port arrays holding them (core/transforms.py)
+    transposed_only: list[Paired] = field(default_factory=list)  # standard layers that fit only transposed: not paired
     mismatched: list[Mismatched] = field(default_factory=list)
-    unconsumed_source: list[str] = field(default_factory=list)
-    unconsumed_target: list[str] = field(default_factory=list)
-    unread_target: list[str] = field(default_factory=list)  # the port's variables its forward pass never reads (copy_weights)
+    reference_left: list[str] = field(default_factory=list)  # the reference's parameters paired with none of the port's
+    port_left: list[str] = field(default_factory=list)  # the port's paired with none of the reference's
+    port_unread: list[str] = field(default_factory=list)  # the port's variables its forward pass never reads (copy_weights)
     differing: list[Differing] = field(default_factory=list)  # kept as the port holds them
     layouts: list[str] = field(default_factory=list)  # the transposed layouts inferred, one line each
-    ambiguous: list[tuple[str, list[str]]] = field(default_factory=list)  # reference parameters a rename could pair with several of the port's
+    ambiguous: list[tuple[str, list[str]]] = field(default_factory=list)  # reference parameters or modules that pair with several of the port's
+    renamed: dict[str, str] = field(default_factory=dict)  # reference module -> the port's, found under another name (forward/pairing.py)
+    lost: list[tuple[str, str, str]] = field(default_factory=list)  # (reference module, what of it, why) that the port has no room for
     copied: bool = True
     decision: str = ""  # why the weights were copied or kept
     sides: tuple[str, str] = ("torch", "jax")
+
+    @property
+    def paired(self) -> list[str]:
+        """The reference's parameters that some group pairs."""
+        return [name for group in self.groups for name in group.reference]
+
+    @property
+    def unpaired(self) -> list[str]:
+        """The reference's parameters that no group pairs, whatever the reason (no counterpart, a shape that fits no transform)."""
+        return [*self.reference_left, *(pair.reference for pair in self.mismatched), *(pair.reference for pair in self.transposed_only)]
 
 
 @dataclass
@@ -131,7 +169,8 @@ class PortReport:
     hints: list[Hint] = field(default_factory=list)
     probes: list[Probe] = field(default_factory=list)
     stopped: str = ""  # why nothing was compared (names that do not correspond); "" when compared
-    proposed_map: dict[str, str] = field(default_factory=dict)  # a name map by structure, when names differ
+    proposed_map: dict[str, str] = field(default_factory=dict)  # the map found so far, when the check stops: the user's and the modules found renamed
+    name_map: dict = field(default_factory=dict)  # the map the rows and the lint pair modules by: the user's and the modules found renamed
     map_lines: list[str] = field(default_factory=list)  # the module pairs behind it, one line each
     port_twin: str = ""  # the dtype the port ran in once more ("float64", or "float32" in a float64 check), its own errors joining the tolerances
     port_sets: int = 0  # how many rows' tolerances the port's own error sets

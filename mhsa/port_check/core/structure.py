@@ -151,6 +151,8 @@ class Traced:
     modules: dict | None = None  # {path: module} as called (Linen builds its submodules only while called; None: the model knows its own)
     outputs: list[Output] | None = None  # every leaf of every call, without values (None: unknown before the run)
     program: Any = None  # the reader's own (a traced program to compile and run)
+    order: list[str] | None = None  # the module paths in the order their calls return, where known without the outputs
+    complete: Any = None  # () -> Traced with `read` and `order`, by running the model once (eager torch): asked only where needed
 
 
 def leaves(call: int, path: str, output: Any, leaf: Callable[[Any], bool], convert: Callable[[Any], np.ndarray], flow=None) -> list[Output]:

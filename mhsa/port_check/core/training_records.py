@@ -92,7 +92,7 @@ class TrainReport:
         """Parameters on either side that were not copied, so not compared: two trainings that
         agree without them prove nothing about them."""
         t = self.transfer
-        return len(t.unconsumed_source) + len(t.unconsumed_target) + len(t.mismatched) + len(t.transposed_only)
+        return len(t.reference_left) + len(t.port_left) + len(t.mismatched) + len(t.transposed_only)
 
     @property
     def passed(self) -> bool:

@@ -17,11 +17,22 @@ import numpy as np
 from mhsa.port_check.core import cotangents, layouts
 from mhsa.port_check.core.findings import Hint, LintDifference, Note, Untied
 from mhsa.port_check.core.records import NORMS, PortCheckError, PortReport, Row, Transfer, map_name
-from mhsa.port_check.core.structure import RANKS, Inputs, Output, as_inputs, cast_floats, describe_inputs, dtype_name, numpy_inputs, split_arrays
+from mhsa.port_check.core.structure import (
+    RANKS,
+    Inputs,
+    Output,
+    Traced,
+    as_inputs,
+    cast_floats,
+    describe_inputs,
+    dtype_name,
+    numpy_inputs,
+    split_arrays,
+)
 from mhsa.port_check.forward import derived, precision, weights
-from mhsa.port_check.forward import name_map as names
 from mhsa.port_check.forward.boundaries import boundaries
 from mhsa.port_check.forward.hints import Side, hints, run_probes
+from mhsa.port_check.forward.pairing import Sides, pair_parameters, pull
 from mhsa.port_check.forward.rows import call_paths, gradient_rows, output_rows, rejudge
 from mhsa.port_check.readers import reader_of
 from mhsa.port_check.readers.protocol import ModuleInfo
@@ -33,19 +44,72 @@ from shared.tolerances import tolerance
 NEUTRAL = ("Linear", "Embedding", "Conv", "Dropout", "GELU") + NORMS
 
 
-def transfer_weights(source: Any, target: Any, name_map: dict[str, str] | None = None, copy: bool | None = True) -> tuple[Any, Transfer]:
-    """Pair the reference's parameters with the port's (forward/weights.py) and copy them into the
+def transfer_weights(source: Any, target: Any, name_map: dict | None = None, copy: bool | None = True, inputs=None) -> tuple[Any, Transfer]:
+    """Pair the reference's parameters with the port's (forward/pairing.py) and copy them into the
     port (copy=True), compare the port's own (False: each that differs named with how), or decide by
-    the port's values (None). Returns (target, Transfer)."""
+    the port's values (None). inputs: what both models are called with (a Linen model knows its
+    layers only while called; the structure rule reads call order), as check_port takes them.
+    Returns (target, Transfer); raises PortCheckError where a reference parameter stays unpaired."""
     (source_name, source_reader), (target_name, target_reader) = reader_of(source), reader_of(target)
     source_params, target_params = source_reader.parameters(source), target_reader.parameters(target)
+    given = numpy_inputs(as_inputs(inputs)) if inputs is not None else None
     types: tuple[dict, dict] = ({}, {})
-    if not isinstance(target, tuple):  # torch and NNX know their layers without a call; Linen only while called
-        types = (source_reader.describe(source, Inputs()), target_reader.describe(target, Inputs()))
-    report = weights.pair_parameters(source_params, target_params, *types, name_map, (source_name, target_name))
+    if given is not None or not isinstance(target, tuple):  # torch and NNX know their layers without a call; Linen only while called
+        types = (_types(source_reader.describe(source, given or Inputs())), _types(target_reader.describe(target, given or Inputs())))
+    orders = (lambda: (_order(source_reader, source, given, source_params), _order(target_reader, target, given, target_params))) if given else None
+    report = _pairing(source_params, target_params, types, orders, name_map, (source_name, target_name))
+    refuse_unpaired(report)
     if _decide(report, source_params, target_params, copy, source_reader.frozen(source)):
-        target = target_reader.load_parameters(target, weights.arrays_to_copy(report, source_params))
+        target = target_reader.load_parameters(target, weights.arrays_to_copy(report, source_params, target_params))
     return target, report
+
+
+def _types(desc: dict[str, ModuleInfo]) -> dict[str, str]:
+    return {path: info.kind for path, info in desc.items()}
+
+
+def _pairing(source_params, target_params, types, orders, name_map, sides) -> Transfer:
+    """pairing.pair_parameters, the map's own mistakes (a name it gives that no parameter has) one PortCheckError line."""
+    try:
+        found = Sides(source_params, target_params, types[0], types[1], order=orders or (lambda: ([], [])))
+        return pair_parameters(found, name_map, sides)
+    except ValueError as error:
+        raise PortCheckError(str(error)) from None
+
+
+def refuse_unpaired(report: Transfer) -> None:
+    """A PortCheckError naming the reference's parameters that no group pairs (or that several could):
+    no verdict is given on weights the check did not pair (the port's unpaired ones would keep their
+    own values, and the rows would be noise)."""
+    stop = stopped_reason(report)
+    if stop:
+        raise PortCheckError(stop)
+
+
+def _some(names: list[str], shown: int = 4) -> str:
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+
+
+def stopped_reason(report: Transfer) -> str:
+    """One sentence on the reference's parameters left unpaired or ambiguous, '' when every one is paired."""
+    a, b = report.sides
+    parts = []
+    if report.reference_left:
+        parts.append(f"{_count(report.reference_left)} of the reference ({a}) pair with none of the port's ({b}): {_some(report.reference_left)}")
+    if report.mismatched:
+        shown = [f"'{pair.reference}' {pair.shape} vs '{pair.port}' {pair.port_shape}" for pair in report.mismatched]
+        parts.append(f"{_count(shown)} of the reference fit no transform of the port's of that name: {_some(shown, 3)}")
+    if report.transposed_only:
+        shown = [f"'{pair.reference}' {pair.shape} fits '{pair.port}' only transposed" for pair in report.transposed_only]
+        parts.append(f"{_count(shown)} of standard layers fit only transposed (is the port's layer built with its sizes swapped?): {_some(shown, 3)}")
+    if report.ambiguous:
+        shown = [f"{name} -> {' or '.join(options)}" for name, options in report.ambiguous]
+        parts.append(f"{len(shown)} could pair several ways: {_some(shown, 3)}")
+    return "; ".join(parts)
+
+
+def _count(names: list[str]) -> str:
+    return f"{len(names)} parameter{'' if len(names) == 1 else 's'}"
 
 
 def _decide(report: Transfer, source_params, target_params, copy: bool | None, frozen: frozenset[str]) -> bool:
@@ -81,10 +145,10 @@ def _same(kind: str, key: str, info: dict, other: dict) -> tuple | None:
     return None
 
 
-def _untied(tied: dict[str, str], target_params, name_map) -> list[Untied]:
+def _untied(tied: dict[str, str], pairing: Transfer) -> list[Untied]:
     """Each tied reference parameter whose port counterparts are two parameters."""
-    pairs = ((name, shared, map_name(name, name_map), map_name(shared, name_map)) for name, shared in tied.items())
-    return [Untied(name, shared) for name, shared, mapped, other in pairs if mapped != other and mapped in target_params and other in target_params]
+    port_of = {name: group.port_names() for group in pairing.groups for name in group.reference}
+    return [Untied(name, shared) for name, shared in tied.items() if name in port_of and shared in port_of and port_of[name] != port_of[shared]]
 
 
 def one_line(error: BaseException) -> str:
@@ -168,23 +232,29 @@ def pair_models(source, target, inputs, *, target_inputs=None, name_map=None, dt
             raise PortCheckError(f"{side} ({_type_name(model)}) has no floating-point parameters: there is nothing to port")
     source_desc = _running(running_source, source_reader.describe, source, inputs, source_traced)
     target_desc = _running(running_target, target_reader.describe, target, target_inputs, target_traced)
-    pairing = weights.pair_parameters(source_params, target_params, source_desc, target_desc, name_map, sides)
+
+    def orders() -> tuple[list[str], list[str]]:
+        return _order(source_reader, source, inputs, source_params, source_traced), _order(
+            target_reader, target, target_inputs, target_params, target_traced
+        )
+
+    types = (_types(source_desc), _types(target_desc))
+    pairing = _pairing(source_params, target_params, types, orders, name_map, sides)
+    if pairing.unpaired and source_traced.read is None and source_traced.complete is not None:
+        # a parameter left over: is it one the forward pass reads? (eager torch knows once it has run)
+        source_traced = _running(running_source, source_traced.complete)
+        source_params = _read(source_reader.parameters(source), source_traced, "reference", notes)
+        pairing = _pairing(source_params, target_params, types, orders, name_map, sides)
     tied = source_reader.tied(source)
-    aliases = [name for name in pairing.unconsumed_source if name in tied and any(pair.reference == tied[name] for pair in pairing.filled)]
+    aliases = [name for name in pairing.reference_left if name in tied and tied[name] in pairing.paired]
     if aliases:  # a tied weight is one parameter: paired once, under its first name
-        pairing.unconsumed_source = [name for name in pairing.unconsumed_source if name not in aliases]
+        pairing.reference_left = [name for name in pairing.reference_left if name not in aliases]
         notes.append(Note("tied", tuple((name, tied[name]) for name in aliases)))
     title = f"mhsa port-check · {_type_name(source)} ({source_name}) vs {_type_name(target)} ({target_name}) · {asked}"
-    report = PortReport(title, sides, pairing, notes=notes)
-    if pairing.ambiguous:  # a rename with several choices: the user says which
-        proposal = {name: options[0] for name, options in pairing.ambiguous}
-        lines = [f"{name} -> {' or '.join(options)} (each of the same kind and shape: choose one)" for name, options in pairing.ambiguous]
-        return _stopped(report, proposal, lines, name_map)
-    if pairing.unconsumed_source and pairing.unconsumed_target:
-        orders = (_order(source_reader, source, inputs, source_params), _order(target_reader, target, target_inputs, target_params))
-        proposal, lines = names.propose_map(pairing, source_params, target_params, *orders, name_map)
-        if proposal or not (pairing.filled or pairing.transposed_only or pairing.mismatched):
-            return _stopped(report, proposal, lines, name_map)
+    report = PortReport(title, sides, pairing, notes=notes, name_map={**(name_map or {}), **pairing.renamed})
+    if stopped_reason(pairing):  # no verdict from weights the check did not pair: the user decides, the lint saying what may be why
+        report.lint = [*lint(source_desc, target_desc, report.name_map)]
+        return _stopped(report, name_map)
     source_side = Side(source, source_reader, inputs, source_desc, traced=source_traced)
     target_side = Side(target, target_reader, target_inputs, target_desc, traced=target_traced)
     return Paired(report, source_side, target_side, (source_params, target_params), tied, asked)
@@ -210,16 +280,34 @@ def check_port(source, target, inputs, *, target_inputs=None, name_map=None, tra
     report, source, target, asked = paired.report, paired.source, paired.target, paired.asked
     (source_params, target_params), pairing = paired.params, report.transfer
     copy = _decide(pairing, source_params, target_params, transfer, source.reader.frozen(source.model))
-    report.lint = [*lint(source.desc, target.desc, name_map), *_untied(paired.tied, target_params, name_map)]
+    report.lint = [*lint(source.desc, target.desc, report.name_map), *_untied(paired.tied, pairing)]
+    arrays = weights.arrays_to_copy(pairing, source_params, target_params)  # the reference's weights in the port's layout (views where they can be)
+    target.differing = _fixes(pairing, arrays, target_params)
     del paired, target_params  # views of the port's weights: a fresh port's initial values go once overwritten (if no one else holds them)
-    arrays = weights.arrays_to_copy(pairing, source_params)  # views of the reference's weights, in the port's layout
     if copy:
         target.model = target.reader.load_parameters(target.model, arrays)
-    port_of = {pair.reference: pair.port for pair in pairing.filled}
-    target.differing = {name: (port_of[name], arrays[port_of[name]]) for name, *_ in pairing.differing}
     del source_params, arrays
-    _compare(report, source, target, asked, name_map, grads, probes)
+    _compare(report, source, target, asked, report.name_map, grads, probes)
     return report
+
+
+def _fixes(pairing: Transfer, arrays: dict, target_params: dict) -> dict[str, dict[str, np.ndarray]]:
+    """{reference parameter that differs: {port name: the port's array with the reference's values
+    in that parameter's place}}, for the probe that loads them (a stacked array keeps its other layers)."""
+    found: dict[str, dict[str, np.ndarray]] = {}
+    for difference in pairing.differing:
+        group = difference.group
+        if group is None:
+            continue
+        found[difference.name] = {}
+        for name in group.port:
+            if group.index is None:
+                found[difference.name][name] = arrays[name]
+            else:
+                value = np.array(target_params[name], copy=True)
+                value[group.index] = arrays[name][group.index]
+                found[difference.name][name] = value
+    return found
 
 
 def copy_weights(reference, port, inputs, *, port_inputs=None, name_map: dict[str, str] | None = None) -> tuple[Any, Transfer]:
@@ -231,18 +319,18 @@ def copy_weights(reference, port, inputs, *, port_inputs=None, name_map: dict[st
     (port_inputs for the port's own), on which both models are traced: to read which variables the
     port's forward pass reads (a converter's leftover is not paired) and, where names differ, to
     propose a map by call order. Returns (port, Transfer: .filled every pair, .layouts those
-    inferred, .unconsumed_source and .unconsumed_target what stayed unpaired, the port's keeping
-    their values, .unread_target what the port never reads). Raises PortCheckError, in one line with
+    inferred, .reference_left and .port_left what stayed unpaired, the port's keeping
+    their values, .port_unread what the port never reads). Raises PortCheckError, in one line with
     the proposed name map, where the names leave more than one pairing or none."""
     paired = pair_models(reference, port, inputs, target_inputs=port_inputs, name_map=name_map, dtype=None)
-    if isinstance(paired, PortReport):  # names that do not correspond: the user decides
-        then = f"check this map and pass it: name_map={json.dumps(paired.proposed_map)}" if paired.proposed_map else "pass a name_map"
-        raise PortCheckError(f"names do not correspond ({_unpaired(paired)}), so nothing was copied; {then}")
+    if isinstance(paired, PortReport):  # parameters left unpaired: the user decides
+        known = f"; the map so far: name_map={json.dumps(paired.proposed_map)}" if paired.proposed_map else ""
+        raise PortCheckError(f"{stopped_reason(paired.transfer)}, so nothing was copied: pass a name_map that pairs them{known}")
     transfer, target = paired.report.transfer, paired.target
     if target.traced.read is not None:
-        transfer.unread_target = [name for name in target.reader.parameters(target.model) if name not in target.traced.read]
+        transfer.port_unread = [name for name in target.reader.parameters(target.model) if name not in target.traced.read]
     transfer.copied, transfer.decision = True, "copied by copy_weights"
-    return target.reader.load_parameters(target.model, weights.arrays_to_copy(transfer, paired.params[0])), transfer
+    return target.reader.load_parameters(target.model, weights.arrays_to_copy(transfer, *paired.params)), transfer
 
 
 def _port_fails(error: Exception, running: tuple[str, str], source: Side, target, target_reader, name_map) -> PortCheckError:
@@ -251,9 +339,14 @@ def _port_fails(error: Exception, running: tuple[str, str], source: Side, target
     if isinstance(error, PortCheckError):
         return error
     _running(running[0], source.reader.run, source.model, source.inputs)
-    source_desc = source.reader.describe(source.model, source.inputs)
-    target_desc = {} if isinstance(target, tuple) else target_reader.describe(target, Inputs())
-    pairing = weights.pair_parameters(source.reader.parameters(source.model), target_reader.parameters(target), source_desc, target_desc, name_map)
+    types = (
+        _types(source.reader.describe(source.model, source.inputs)),
+        {} if isinstance(target, tuple) else _types(target_reader.describe(target, Inputs())),
+    )
+    try:
+        pairing = _pairing(source.reader.parameters(source.model), target_reader.parameters(target), types, None, name_map, ("reference", "port"))
+    except PortCheckError:  # the map's own mistake: the port's failure is the news here
+        pairing = Transfer()
     advice = _shape_advice(pairing)  # the misfits alone: no layout line of the pairing is said
     return PortCheckError(f"{running[1]} failed: {one_line(error)}" + (f"; {advice}" if advice else ""))
 
@@ -280,6 +373,8 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
     if asked == "float32":  # before the port runs: its outputs and the float64 copy are never held together
         source.derived = _derive(report, source, source_outputs, source_grads, reference_direction)
     target_outputs, target_grads = _run(f"{doing} the port ({sides[1]})", target, direction, None, target.traced, also=_shape_advice(pairing))
+    if target_grads is not None:  # in the reference's names and layouts, through each group (core/transforms.py)
+        target_grads = pull(pairing.groups, target_grads)
     if direction is not None and direction.left_out:
         report.notes.append(Note("left out", tuple(direction.left_out)))
     if asked == "float64" and _falls_to_float32(source_outputs, target_outputs, source.desc, target.desc):  # the reference's float32 error there
@@ -307,9 +402,9 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
         if frozen & set(source_grads):  # a parameter the reference does not train has no gradient to compare
             report.notes.append(Note("frozen", tuple(sorted(frozen & set(source_grads)))))
             source_grads = {name: grad for name, grad in source_grads.items() if name not in frozen}
-        pairs = {pair.reference: (pair.port, pair.transposed) for pair in pairing.filled}
         zero = tolerances.zero if source.derived is not None else derived.zero_gradients(source_grads)
-        report.rows += gradient_rows(source_grads, target_grads, min(floors), sides, pairs, tolerances.grads, zero)
+        port_of = {name: group.port_names() for group in pairing.groups for name in group.reference}
+        report.rows += gradient_rows(source_grads, target_grads, min(floors), sides, port_of, tolerances.grads, zero)
     if any(row.failed and row.status == "" and (asked == "float32" or row.reference_error is not None) for row in report.rows):
         _port_errors(report, target, target_outputs, target_grads, direction, asked)
     boundaries(report.rows, source_outputs, _explainer(source_outputs, target_outputs))
@@ -389,11 +484,11 @@ def _falls_to_float32(source_outputs, target_outputs, source_desc, target_desc) 
     return lowest == 2 or any(precision.leaf_floor(output) == 2 for output in source_outputs + target_outputs)
 
 
-def _measured(report: PortReport, side: Side, dtype: str, outputs, grads, direction, note: Note) -> derived.Derived | None:
+def _measured(report: PortReport, side: Side, dtype: str, outputs, grads, direction, note: Note, pulled=None) -> derived.Derived | None:
     """A side's own float32 errors from its run in `dtype`, the other one (derived.from_twin_run);
     None, with `note` and the error, where it cannot run so (its rows keep their tolerances)."""
     try:
-        return derived.from_twin_run(dtype, side.reader, side.model, side.inputs, outputs, grads, direction)
+        return derived.from_twin_run(dtype, side.reader, side.model, side.inputs, outputs, grads, direction, pulled)
     except Exception as error:  # a model that cannot compute in the other dtype: said, and checked all the same
         report.notes.append(replace(note, error=one_line(error)))
         return None
@@ -403,7 +498,8 @@ def _port_errors(report: PortReport, target: Side, outputs, grads, direction, as
     """The port's own float32 errors, from its run in the other dtype, joined to the rows'
     tolerances (rows.rejudge); a note says so, or why they cannot be had."""
     other = "float64" if asked == "float32" else "float32"
-    found = _measured(report, target, other, outputs, grads, direction, Note("port alone", dtype=other))
+    groups = report.transfer.groups
+    found = _measured(report, target, other, outputs, grads, direction, Note("port alone", dtype=other), lambda found: pull(groups, found))
     if found is not None:
         target.derived = found
         report.port_twin = other
@@ -421,35 +517,31 @@ def _shape_advice(pairing: Transfer) -> str:
     return f"the port's weights do not fit the reference's ({shown}): is it built with the reference's sizes?"
 
 
-def _order(reader, model, inputs, params) -> list[str]:
-    """Module paths in call order (first calls), or in parameter order when the model does not run."""
-    try:
-        outputs, _ = reader.run(model, inputs)
-    except Exception:  # the names are the problem being reported; the order is a nicety
-        outputs = []
-    return list(dict.fromkeys([output.path for output in outputs] + [name.rpartition(".")[0] for name in params]))
-
-
-def _unpaired(report: PortReport) -> str:
-    """'3 parameter(s) of torch have no counterpart in jax, and 3 of jax none in torch'."""
-    pairing, (a, b) = report.transfer, report.sides
-    return f"{len(pairing.unconsumed_source)} parameter(s) of {a} have no counterpart in {b}, and {len(pairing.unconsumed_target)} of {b} none in {a}"
-
-
-def _stopped(report: PortReport, proposal: dict, lines: list[str], name_map) -> PortReport:
-    left = _unpaired(report)
-    if proposal:
-        report.stopped = (
-            f"names do not correspond: {left}. Nothing was compared: the port's unpaired parameters would keep "
-            "their own values, and the rows would be noise."
-        )
+def _order(reader, model, inputs, params, traced: Traced | None = None) -> list[str]:
+    """Module paths in call order (first calls): from the trace where it has them, else from a run;
+    then the modules never called, in parameter order (and all of them so when the model does not run)."""
+    if traced is not None and traced.order is None and traced.outputs is None and traced.complete is not None:
+        try:
+            traced = traced.complete()
+        except Exception:  # the order is a nicety; a model that fails says so where it runs
+            traced = None
+    if traced is not None and (traced.outputs is not None or traced.order is not None):
+        paths = traced.order if traced.order is not None else [output.path for output in traced.outputs or []]
     else:
-        report.stopped = (
-            f"names do not correspond and no structure pairs them: {left}, and no parameter shares a name. "
-            "Nothing was compared. Write a name map (JSON {reference prefix: port prefix}) and give it with --map."
-        )
-    report.proposed_map = {**(name_map or {}), **proposal}
-    report.map_lines = lines
+        try:
+            paths = [output.path for output in reader.run(model, inputs)[0]] if inputs is not None else []
+        except Exception:  # the names are the problem being reported; the order is a nicety
+            paths = []
+    return list(dict.fromkeys(paths + [name.rpartition(".")[0] for name in params]))
+
+
+def _stopped(report: PortReport, name_map) -> PortReport:
+    """The report of a check that pairs some reference parameter with nothing (or several ways): no
+    verdict; the map found so far (the user's and the modules found under other names), to extend."""
+    pairing = report.transfer
+    report.stopped = stopped_reason(pairing)
+    report.proposed_map = {**(name_map or {}), **pairing.renamed}
+    report.map_lines = [f"{name} -> {' or '.join(options)}" for name, options in pairing.ambiguous]
     return report
 
 

@@ -67,12 +67,13 @@ def zero_gradients(grads: dict[str, np.ndarray]) -> set[str]:
     return {name for name, value in largest.items() if value <= ZERO * top}
 
 
-def from_twin_run(dtype: str, reader, model, inputs, outputs: list[Output], grads: dict | None, direction=None) -> Derived:
+def from_twin_run(dtype: str, reader, model, inputs, outputs: list[Output], grads: dict | None, direction=None, pull=None) -> Derived:
     """Run `model` through `reader` once more in `dtype`, the other precision, reducing each output
     leaf and gradient against its twin in `outputs` and `grads` (the check's run, its gradients
     along `direction`). "float64" in a float32 check: every row's own error. "float32" in a float64
     check: that of the rows that fall to float32, held to K times it as a float32 check holds every
-    row, not to a fixed number blind to their size. Errors of the run are the caller's to report."""
+    row, not to a fixed number blind to their size. pull: the run's gradients -> the names `grads`
+    has (the port's pulled back into the reference's). Errors of the run are the caller's to report."""
     found = Derived()
     by_key = {(output.call, output.label): output for output in outputs if output.value is not None}
     up = dtype == "float64"
@@ -96,6 +97,8 @@ def from_twin_run(dtype: str, reader, model, inputs, outputs: list[Output], grad
     in_dtype = reader.float64_twin(model) if up else contextlib.nullcontext(reader.cast(model, "float32")[0])
     with kept_for_reuse(), in_dtype as twin_model:  # its many large blocks reused, not faulted in anew
         _, twin_grads = reader.run(twin_model, cast_floats(inputs, dtype), direction if grads is not None else None, reduce)
+        if pull is not None and twin_grads is not None:
+            twin_grads = pull(twin_grads)
         _gradient_errors(found, *((grads, twin_grads) if up else (twin_grads, grads)))
         del twin_grads
     return found

@@ -36,8 +36,8 @@ class Side:
     reader: Any
     inputs: Any
     desc: dict[str, ModuleInfo]
-    # the port only, when its own weights are checked: reference parameter -> (port parameter,
-    # the reference's values in the port's layout) for every parameter that differs
+    # the port only, when its own weights are checked: reference parameter -> {port array: the
+    # port's array with the reference's values in that parameter's place} for every one that differs
     differing: dict | None = None
     derived: Any = None  # the side's own float32 errors (forward/derived.py), where measured
     traced: Any = None  # what the reader's trace() gave before the run (structure.Traced)
@@ -53,7 +53,7 @@ def hints(rows: list[Row], call_paths: list[str], source_desc: dict[str, ModuleI
         return []
     at = outputs.index(first)
     last_good = next((row for row in reversed(outputs[:at]) if row.passed), None)
-    found = [Hint("holds", first.module, path=name, how=how) for name, _, how in differing if inside(name.rpartition(".")[0], first.module)]
+    found = [Hint("holds", first.module, path=name, how=how) for name, _, how, _ in differing if inside(name.rpartition(".")[0], first.module)]
     if last_good is not None:
         parent = ".".join(os.path.commonprefix([last_good.module.split("."), first.module.split(".")]))
         found.append(Hint("enters", first.name, last_good.name, parent))
@@ -162,7 +162,12 @@ def _switches(first, last_good, rows, call_paths, source: Side, target: Side):
     padding, other = _setting(source.desc, first.module, "padding"), _setting(target.desc, first.target_module, "padding")
     if first.kind == "Conv" and isinstance(padding, tuple) and other is not None and padding != other:  # 'SAME' at stride 2, say
         yield Switch("padding", first.target_module, padding, other), "target", make(target, "padding", first.target_module, padding)
-    fixes = {mapped: value for name, (mapped, value) in (target.differing or {}).items() if inside(name.rpartition(".")[0], first.module)}
+    fixes = {
+        port: value
+        for name, arrays in (target.differing or {}).items()
+        if inside(name.rpartition(".")[0], first.module)
+        for port, value in arrays.items()
+    }
     if fixes:  # the port's own parameters that differ, in the failing module: all of them at once
         yield Switch("load", names=tuple(fixes)), "target", make(target, "load", "", fixes)
     for path in _unmatched(rows, call_paths, source.desc, last_good, first):

@@ -146,21 +146,23 @@ def call_paths(outputs: list[Output]) -> list[str]:
     return [path for path, _, _ in _calls(outputs)]
 
 
-def gradient_rows(source_grads, target_grads, rank, sides, pairs: dict[str, tuple[str, bool]], derived=None, zero=()) -> list[Row]:
-    """One row per paired reference parameter with a gradient on both sides. rank: the lowest
-    precision any output reached (a gradient runs through every one); pairs: {reference parameter:
-    (port parameter, transposed)}; derived: as output_rows', by parameter; zero: the parameters
-    whose exact gradient is 0: their rows say so, and pass while the port's is rounding too."""
+def gradient_rows(source_grads, pulled, rank, sides, port_of: dict[str, str], derived=None, zero=()) -> list[Row]:
+    """One row per paired reference parameter with a gradient on both sides. pulled: the port's
+    gradients in the reference's names and layouts (pairing.pull: a gradient pulls back through every
+    transform, a sum's included); port_of: each reference parameter's port names, for the row;
+    rank: the lowest precision any output reached (a gradient runs through every one); derived: as
+    output_rows', by parameter; zero: the parameters whose exact gradient is 0: their rows say so,
+    and pass while the port's is rounding too."""
     dtype = precision.dtype_of(rank)
     rows = []
     for name, value in source_grads.items():
-        if name not in pairs or pairs[name][0] not in target_grads:
+        if name not in pulled:
             continue
-        mapped, transposed = pairs[name]
-        abs_diff, rel_diff, status, note = compare_arrays(value.T if transposed else value, target_grads[mapped], sides)
+        mapped = port_of[name]
+        abs_diff, rel_diff, status, note = compare_arrays(value, pulled[name], sides)
         status = "unjudged" if dtype is None and status == "" else status
         row = Row("gradient", name, mapped, "", abs_diff, rel_diff, module=name, target_module=mapped, status=status, note=note)
-        row.key, row.target_key = name, mapped
+        row.key, row.target_key = name, name  # the port's gradient pulled back: its own error too, by the reference's name
         _hold(row, "grad", dtype, (derived or {}).get(name))
         if name in zero and status == "":
             row.zero = True

@@ -1,5 +1,5 @@
-"""The reference's parameters against the port's: paired by name, shape-checked, compared in one
-layout, and either copied into the port or left as the user's converter wrote them.
+"""The reference's parameters against the port's, once paired (forward/pairing.py): compared in
+the port's layout, and either copied into the port or left as the user's converter wrote them.
 
 By default the port is checked as it is, with the user's own converter (`decide`), when at least one
 parameter whose reference values are not constant holds them or a recognisable transform of them
@@ -7,11 +7,6 @@ parameter whose reference values are not constant holds them or a recognisable t
 and copying over it would hide exactly the bugs it may have (a forgotten transpose passes once
 overwritten), while a fresh port holds none of the reference's values. A parameter whose reference
 values are constant (a fresh norm's ones, a zero bias) counts for neither: both start it alike.
-
-Layouts: the readers give both sides in torch's state_dict layout. Where one side's layer is not a
-standard one (a library's Conv1D that stores a linear weight (in, out), a raw matrix used as x @ W)
-and a non-square weight fits only transposed, every 2-d weight of that pair of layer types is taken
-transposed (square ones included), and the report says what it inferred and from which parameter.
 """
 
 from __future__ import annotations
@@ -19,106 +14,13 @@ from __future__ import annotations
 import numpy as np
 
 from mhsa.port_check.core.chunks import BLOCK, blocks, dot, largest, largest_abs, within
-from mhsa.port_check.core.records import Differing, Mismatched, Paired, Transfer, map_name
+from mhsa.port_check.core.records import Differing, Transfer
+from mhsa.port_check.core.transforms import Group
+from mhsa.port_check.forward import pairing
 from shared.tolerances import max_abs_diff
 
-# the layer types whose layouts the readers convert: a pair of these that fits only transposed is a bug of the port
-STANDARD = ("Linear", "Embedding", "Conv", "LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm")
-# the names one kind of parameter goes by: torch's weight, Flax's kernel, scale and embedding, the
-# gamma and beta of older code; weight norm's two factors
-CONVENTIONAL = (("weight", "kernel", "scale", "embedding", "gamma"), ("bias", "beta"), ("weight_g", "g"), ("weight_v", "v"))
 SEARCHED = 16  # differing parameters searched for a transform while none has shown a converter ran
 SMOOTH = 0.5  # the mean correlation of neighbouring rows above which a table is deterministic
-
-
-def _module(name: str) -> str:
-    return name.rpartition(".")[0]
-
-
-def pair_parameters(source_params, target_params, source_desc, target_desc, name_map=None, sides=("torch", "jax")) -> Transfer:
-    """Pair every reference parameter with the port's by name (through name_map) and shape.
-    source_params, target_params: {neutral name: array}; *_desc: the readers' describe (the layer
-    types, for the layout inference); sides: the two readers' names, for the report."""
-    report = Transfer(sides=sides)
-    mapped_names = [(name, map_name(name, name_map)) for name in source_params]
-    candidates = [(name, mapped) for name, mapped in mapped_names if mapped in target_params]
-    unpaired = [name for name, mapped in mapped_names if mapped not in target_params]
-    renamed, report.ambiguous = _renamed(unpaired, target_params, {mapped for _, mapped in candidates}, source_params, name_map)
-    candidates += renamed
-    kernels = {pair for pair in renamed if pair[1].rpartition(".")[2] == "kernel"}  # Flax's convention: (in, out)
-    paired = dict(renamed)
-    report.unconsumed_source = [name for name in unpaired if name not in paired]
-    consumed = {mapped for _, mapped in candidates}
-    report.unconsumed_target = [name for name in target_params if name not in consumed]
-    described = [
-        (name, mapped, source_params[name], target_params[mapped].shape, (_type_of(source_desc, name), _type_of(target_desc, mapped)))
-        for name, mapped in candidates
-    ]
-    transposed_types = _transposed_types(described, report)
-    for name, mapped, value, expected, kinds in described:
-        if value.ndim == 2 and (kinds in transposed_types or (name, mapped) in kernels) and value.T.shape == expected:
-            report.filled.append(Paired(name, mapped, value.shape, transposed=True))
-        elif value.ndim == 2 and kinds in transposed_types:
-            report.mismatched.append(Mismatched(name, mapped, value.T.shape, expected))
-        elif value.shape == expected:
-            report.filled.append(Paired(name, mapped, value.shape))
-        elif value.ndim == 2 and value.T.shape == expected:
-            report.transposed_only.append(Paired(name, mapped, value.shape, transposed=True))
-        else:
-            report.mismatched.append(Mismatched(name, mapped, value.shape, expected))
-    return report
-
-
-def _renamed(unpaired, target_params, consumed, source_params, name_map) -> tuple[list[tuple[str, str]], list[tuple[str, list[str]]]]:
-    """([(reference name, port name)] for the parameters unpaired by name that a conventional rename
-    pairs: in the module the name map gives, the one unpaired port parameter of the same kind
-    (CONVENTIONAL) whose shape fits, as it is or transposed; [(reference name, the port's
-    candidates)] where there are several: ambiguous, paired by no rule)."""
-    left = [name for name in target_params if name not in consumed]
-    by_module: dict[str, list[str]] = {}
-    for name in left:
-        by_module.setdefault(_module(name), []).append(name)
-    found, ambiguous, taken = [], [], set()
-    for name in unpaired:
-        module, leaf = _module(name), name.rpartition(".")[2]
-        kind = next((names for names in CONVENTIONAL if leaf in names), None)
-        if kind is None:
-            continue
-        target_module = _module(map_name(name, name_map)) if module else ""
-        options = [other for other in by_module.get(target_module, []) if other.rpartition(".")[2] in kind and other not in taken]
-        value = source_params[name]
-        fits = [other for other in options if target_params[other].shape in (value.shape, value.T.shape)]
-        siblings = [other for other in unpaired if _module(other) == module and other.rpartition(".")[2] in kind]
-        if len(fits) == 1 and len(options) == 1 and len(siblings) == 1:
-            found.append((name, fits[0]))
-            taken.add(fits[0])
-        elif fits:
-            ambiguous.append((name, fits))
-    return found, ambiguous
-
-
-def _type_of(desc, name) -> str:
-    info = desc.get(_module(name))
-    return info.kind if info is not None else ""
-
-
-def _transposed_types(described, report) -> set[tuple[str, str]]:
-    """The (reference type, port type) pairs whose 2-d weights are laid out transposed: a pair
-    where one side is not a standard layer and a non-square weight fits only transposed."""
-    found = set()
-    for name, mapped, value, expected, kinds in described:
-        standard = kinds[0] in STANDARD and kinds[1] in STANDARD
-        if not standard and kinds not in found and value.ndim == 2 and value.shape != expected and value.T.shape == expected:
-            found.add(kinds)
-            report.layouts.append(
-                f"{kinds[0] or '?'} in {report.sides[0]} / {kinds[1] or '?'} in {report.sides[1]}: 2-d weights taken transposed "
-                f"('{name}' {value.shape} fits '{mapped}' {expected} only so)"
-            )
-    return found
-
-
-def _view(value: np.ndarray, transposed: bool) -> np.ndarray:
-    return value.T if transposed else value
 
 
 def tables(source_params, frozen: frozenset[str] | set[str]) -> set[str]:
@@ -145,29 +47,79 @@ def _smooth(value: np.ndarray) -> bool:
 
 
 def compare_values(report: Transfer, source_params, target_params, tol: float, keep: bool = False, no_evidence=frozenset()) -> int:
-    """Fill report.differing with every paired parameter the port holds other values of (and how),
-    and return the evidence that a converter ran: how many parameters with non-constant reference
-    values hold them or a recognisable transform of them. Without evidence, only the first SEARCHED
-    differing ones are searched for a transform (a fresh large port is not searched one by one), and
-    report.differing stays empty unless `keep` (--no-transfer). no_evidence: as tables() gives."""
+    """Fill report.differing with every group whose port arrays hold other values than the
+    reference's laid out as the group says (and how), and return the evidence that a converter
+    ran: how many parameters with non-constant reference values the port holds as the group lays
+    them out, or as a recognisable transform of that. Without evidence, only the first SEARCHED
+    differing groups are searched for a transform (a fresh large port is not searched one by one),
+    and report.differing stays empty unless `keep` (--no-transfer). no_evidence: as tables() gives."""
     evidence, differing = 0, []
-    for pair in report.filled:
-        name, reference, port = pair.reference, _view(source_params[pair.reference], pair.transposed), target_params[pair.port]
-        informative = bool(name not in no_evidence and reference.size > 1 and np.ptp(reference) > 0 and np.ptp(port) > 0)
-        if within(max_abs_diff, tol, reference, port):
-            evidence += informative
+    for group in report.groups:
+        references = [source_params[name] for name in group.reference]
+        informative = any(name not in no_evidence and value.size > 1 and np.ptp(value) > 0 for name, value in zip(group.reference, references))
+        expected, actual = group.push(references), held(group, target_params)
+        varies = all(value.size > 1 and np.ptp(value) > 0 for value in actual)
+        if all(within(max_abs_diff, tol, a, b) for a, b in zip(expected, actual)):
+            evidence += len(group.reference) if informative and varies else 0
         else:
-            differing.append((name, reference, port, informative))
+            differing.append((group, references, expected, actual, informative))
     found = []
-    for index, (name, reference, port, informative) in enumerate(differing):
-        how = how_it_differs(reference, port, tol) if evidence or index < SEARCHED else None
+    for index, (group, references, expected, actual, informative) in enumerate(differing):
+        how = _group_differs(group, references, expected, actual, tol) if evidence or index < SEARCHED else None
         evidence += informative and how is not None
-        found.append((name, reference, port, how))
+        found.append((group, expected, actual, how))
     if evidence or keep:  # the port is kept: every difference is said, with its size
-        for name, reference, port, how in found:
-            diff = largest(max_abs_diff, reference, port)
-            report.differing.append(Differing(name, diff, how or f"differs by {diff:.2e}"))
+        for group, expected, actual, how in found:
+            diff = max(largest(max_abs_diff, a, b) for a, b in zip(expected, actual))
+            name = group.reference[0] if len(group.reference) == 1 else ", ".join(group.reference)
+            report.differing.append(Differing(name, diff, how or f"differs by {diff:.2e}", group))
     return evidence
+
+
+def held(group: Group, arrays: dict) -> list[np.ndarray]:
+    """The port's arrays of a group (one layer's slice of each, for a stacked group)."""
+    return [arrays[name] if group.index is None else arrays[name][group.index] for name in group.port]
+
+
+def _group_differs(group: Group, references, expected, actual, tol: float) -> str | None:
+    """How the port's arrays of a group differ from the reference's laid out as the group says, in
+    words; None when no transform explains it. A group of one array each: how_it_differs; a split or
+    concatenation: which part each port array holds, where they hold the reference's parts in
+    another order; a group's arrays each searched otherwise."""
+    if len(expected) > 1:
+        swapped = _parts_swapped(group, expected, actual, tol)
+        if swapped is not None:
+            return swapped
+    if group.exact and len(group.reference) == 1:
+        pulled = group.pull(actual, sliced=True)[0]
+        how = how_it_differs(references[0], pulled, tol)
+        if how is not None:
+            return how
+    if len(expected) == 1:
+        return how_it_differs(expected[0], actual[0], tol)
+    for port, a, b in zip(group.port, expected, actual):
+        if not within(max_abs_diff, tol, a, b):
+            how = how_it_differs(a, b, tol)
+            return None if how is None else f"{port} {how}"
+    return None
+
+
+def _parts_swapped(group: Group, expected, actual, tol: float) -> str | None:
+    """'attn.key.kernel holds part 3 of 3 (the part of attn.value.kernel), attn.value.kernel part 2':
+    where the port's arrays of a split (or concatenation) hold the reference's parts in another
+    order; None otherwise."""
+    if len({a.shape for a in expected}) != 1:
+        return None
+    holds = {}
+    for n, b in enumerate(actual):
+        match = [k for k, a in enumerate(expected) if a.shape == b.shape and within(max_abs_diff, tol, a, b)]
+        if len(match) != 1:
+            return None
+        holds[n] = match[0]
+    if all(n == k for n, k in holds.items()):
+        return None
+    count = len(expected)
+    return ", ".join(f"{group.port[n]} holds part {k + 1} of {count} (the part of {group.port[k]})" for n, k in holds.items() if n != k)
 
 
 def how_it_differs(reference: np.ndarray, port: np.ndarray, tol: float) -> str | None:
@@ -283,9 +235,11 @@ def decide(report: Transfer, evidence: int, informative: int, transfer: bool | N
 
 def informative_count(report: Transfer, source_params, no_evidence=frozenset()) -> int:
     """How many paired parameters have reference values that are not constant (and are no table)."""
-    return sum(name not in no_evidence and source_params[name].size > 1 and np.ptp(source_params[name]) > 0 for name, *_ in report.filled)
+    return sum(name not in no_evidence and source_params[name].size > 1 and np.ptp(source_params[name]) > 0 for name in report.paired)
 
 
-def arrays_to_copy(report: Transfer, source_params) -> dict[str, np.ndarray]:
-    """{port name: the reference's array in the port's layout} for every paired parameter."""
-    return {pair.port: _view(source_params[pair.reference], pair.transposed) for pair in report.filled}
+def arrays_to_copy(report: Transfer, source_params, target_params) -> dict[str, np.ndarray]:
+    """{port name: the reference's arrays laid out as the port holds them} for every group (a stacked
+    array assembled from its layers')."""
+    shapes = {name: tuple(target_params[name].shape) for group in report.groups for name in group.port}
+    return pairing.push(report.groups, source_params, shapes)

@@ -16,9 +16,10 @@ SHOWN = 12  # parameters listed per kind of misfit; the rest are counted
 def format_report(report: PortReport) -> str:
     """The report as text (see the module's docstring); a stopped check shows the proposed name map instead of a table."""
     lines = [report.title, ""]
-    if report.stopped:
-        return "\n".join(lines + _weights(report.transfer, listed=False) + _stopped(report))
     a, b = sides = report.sides
+    if report.stopped:
+        lint = differences("configuration lint", [line(finding, sides) for finding in report.lint]) if report.lint else []
+        return "\n".join(lines + lint + _weights(report.transfer, listed=False) + _stopped(report))
     lines += differences("configuration lint", [line(finding, sides) for finding in report.lint])
     lines += _weights(report.transfer)
     lines += [f"precision: {line(finding, sides)}" for finding in report.precision]
@@ -45,50 +46,77 @@ def _listed(items: list[str]) -> list[str]:
 
 def _weights(t: Transfer, listed: bool = True) -> list[str]:
     a, b = t.sides
+    paired = len(t.paired)
     lines = []
     if listed and t.copied:
-        lines += [f"weights: {len(t.filled)} parameters copied {a} -> {b}", f"  {t.decision}"]
+        lines += [f"weights: {_count(paired, 'parameter')} copied {a} -> {b}", f"  {t.decision}"]
     elif listed:
-        lines += [f"weights: {len(t.filled)} parameters paired, {len(t.differing)} differ ({b}'s own weights checked)", f"  {t.decision}"]
+        lines += [f"weights: {_count(paired, 'parameter')} paired, {len(t.differing)} differ ({b}'s own weights checked)", f"  {t.decision}"]
         lines += _listed(
-            [f"  differs: {name}: {how}" + ("" if how.startswith("differs by") else f" (max abs {diff:.2e})") for name, diff, how in t.differing]
+            [f"  differs: {name}: {how}" + ("" if how.startswith("differs by") else f" (max abs {diff:.2e})") for name, diff, how, _ in t.differing]
         )
     else:
-        lines.append(
-            f"weights: {len(t.filled)} parameters paired by name, {len(t.unconsumed_source)} of {a} and {len(t.unconsumed_target)} of {b} not"
-        )
+        unpaired = len(dict.fromkeys(t.unpaired))
+        lines.append(f"weights: {paired} of {paired + unpaired} parameters of {a} paired with {b}'s, {unpaired} not")
     lines += [f"  layout: {line}" for line in t.layouts]
+    lines += _listed([f"  transform: {group_line(group)}" for group in t.groups if group.moved])
+    if t.renamed:
+        renamed = [f"{reference} -> {port}" for reference, port in t.renamed.items()]
+        lines.append(
+            f"  modules under other names in {b}: "
+            + ", ".join(renamed[:SHOWN])
+            + (f" and {len(renamed) - SHOWN} more" if len(renamed) > SHOWN else "")
+        )
+    lines += [f"  {b} cannot hold {what} of '{module}': {why}" for module, what, why in t.lost]
     lines += _listed([f"  fits only transposed (not paired): {pair.reference} {pair.shape} -> {pair.port}" for pair in t.transposed_only])
     lines += _listed([f"  shape mismatch (not paired): {pair.reference} {pair.shape} -> {pair.port} {pair.port_shape}" for pair in t.mismatched])
-    if listed:
-        lines += _listed([f"  unconsumed in {a}: {name}" for name in t.unconsumed_source])
-        lines += _listed([f"  unconsumed in {b}: {name}" + (" (keeps its own values)" if t.copied else "") for name in t.unconsumed_target])
+    lines += _listed([f"  paired with none of {b}'s: {name}" for name in t.reference_left])
+    lines += _listed([f"  could pair several ways: {name} -> {' or '.join(options)}" for name, options in t.ambiguous])
+    lines += _listed(
+        [f"  {b}'s, paired with none of {a}'s: {name}" + (" (keeps its own values)" if listed and t.copied else "") for name in t.port_left]
+    )
     return lines
+
+
+def _count(n: int, what: str) -> str:
+    """'1 parameter', '12 parameters'."""
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def group_line(group) -> str:
+    """'attn.in_proj_weight (72, 24) -> attn.query.kernel, attn.key.kernel, attn.value.kernel: split in 3 ...'."""
+    references = ", ".join(group.reference)
+    shape = f" {group.shapes[0]}" if len(group.reference) == 1 else ""
+    return f"{references}{shape} -> {group.port_names()}: {group.words()}"
 
 
 def format_transfer(transfer: Transfer) -> str:
     """What copy_weights did, as the check's report shows a transfer: how many were copied, each
     layout inferred, what did not fit, what stayed unpaired and what the port never reads."""
     lines = _weights(transfer)
-    lines += _listed([f"  {pair.reference} {pair.shape} -> {pair.port}" + (" (transposed)" if pair.transposed else "") for pair in transfer.filled])
-    lines += _listed([f"  never read by {transfer.sides[1]}'s forward pass: {name}" for name in transfer.unread_target])
+    lines += _listed([f"  {group_line(group)}" for group in transfer.groups])
+    lines += _listed([f"  never read by {transfer.sides[1]}'s forward pass: {name}" for name in transfer.port_unread])
     return "\n".join(lines)
 
 
 def _stopped(report: PortReport) -> list[str]:
-    lines = ["", report.stopped]
+    lines = [
+        "",
+        f"NOT CHECKED: {report.stopped}. Nothing was compared: the port's unpaired parameters would keep their own values, "
+        "and the rows would be noise.",
+    ]
     if report.map_lines:
-        lines.append("proposed name map, by call order, layer types and parameter shapes (check it before you use it):")
+        lines.append("each of these fits several of the port's; choose one and say it in a name map:")
         lines += [f"  {line}" for line in report.map_lines]
-        lines.append(f"  as JSON: {json.dumps(report.proposed_map)}")
-        lines.append("run again with --map FILE holding that JSON (--write-map FILE writes it)")
-    t = report.transfer
-    leftover_s = [name for name in t.unconsumed_source if not any(name == key or name.startswith(key + ".") for key in report.proposed_map)]
-    if leftover_s:
+    if report.proposed_map:
+        lines.append(f"the name map so far (yours and the modules found under other names), to extend: {json.dumps(report.proposed_map)}")
         lines.append(
-            f"still without a counterpart in {report.sides[1]}: " + ", ".join(leftover_s[:SHOWN]) + (" ..." if len(leftover_s) > SHOWN else "")
+            "--write-map FILE writes it; --map FILE reads it (docs/port-check.md, 'Name maps', says how a map splits, concatenates, sums and stacks)"
         )
-    lines.append("NOT CHECKED: the two models' names do not correspond (see above); nothing was compared")
+    else:
+        lines.append(
+            "write a name map (docs/port-check.md, 'Name maps': prefixes, patterns, splits, sums, stacked layers) and give it with --map FILE"
+        )
     return lines
 
 
@@ -180,7 +208,7 @@ def _verdict(report: PortReport) -> str:
             what = first.note
         return (
             f"FAIL: the models part at {first.section} '{first.name}' ({first.kind or 'parameter'}): "
-            f"{what} ({failures} of {len(report.rows)} comparisons fail)"
+            f"{what} ({failures} of {len(report.rows)} comparisons fail; {_coverage(report)})"
         )
     if report.unjudged:
         judged = len(report.rows) - len(report.unjudged)
@@ -189,7 +217,7 @@ def _verdict(report: PortReport) -> str:
             f"(see precision above); the {judged} judged agree"
         )
     if not report.rows:
-        return "FAIL: no output of the reference has a counterpart in the port: nothing was compared"
+        return f"FAIL: no output of the reference has a counterpart in the port: nothing was compared ({_coverage(report)})"
     lowered = " (some at a lower precision's tolerance: see precision above)" if report.precision else ""
     derived = sum(row.reference_error is not None for row in report.rows)
     which = "the tolerances of docs/DESIGN.md"
@@ -199,4 +227,10 @@ def _verdict(report: PortReport) -> str:
     split = sum(bool(row.boundary) for row in report.rows)
     more = f", {split} split at another module boundary (notes above)" if split else ""
     warned = f"; warning: {len(report.lint)} setting(s) differ (lint above) that no output shows on this batch" if report.lint else ""
-    return f"PASS: all {len(report.rows) - split} comparisons ({outputs - split} outputs) within {which}{lowered}{more}{warned}"
+    return f"PASS: {_coverage(report)}, all {len(report.rows) - split} comparisons ({outputs - split} outputs) within {which}{lowered}{more}{warned}"
+
+
+def _coverage(report: PortReport) -> str:
+    """'41 of 41 parameters paired': how much of the reference the comparisons cover."""
+    paired = len(report.transfer.paired)
+    return f"{paired} of {paired + len(dict.fromkeys(report.transfer.unpaired))} parameters paired"

@@ -7,6 +7,7 @@ from __future__ import annotations
 from mhsa.comparison import RESULT, table
 from mhsa.port_check.core.training_records import TrainReport, TrainRow
 from mhsa.port_check.report.findings import differences, line
+from mhsa.port_check.report.forward import group_line
 
 AROUND = 2  # steps shown before and after the first failing one
 DETAIL = 12  # rows of the failing step shown beyond its gradients
@@ -20,7 +21,11 @@ def format_train_report(report: TrainReport) -> str:
     lines += [f"  note: {line(note)}" for note in report.lint_notes]
     lines += ["optimizer settings:"] + [f"  {line(setting)}" for setting in report.settings]
     t = report.transfer
-    lines.append(f"weights: {len(t.filled)} parameters copied {a} -> {b} before step 1")
+    lines.append(f"weights: {len(t.paired)} parameters copied {a} -> {b} before step 1")
+    if t.renamed:
+        lines.append(f"  modules under other names in {b}: " + ", ".join(f"{reference} -> {port}" for reference, port in t.renamed.items()))
+    lines += [f"  transform: {group_line(group)}" for group in t.groups if group.moved]
+    lines += [f"  note: {_summed(group, report.sides)}" for group in t.groups if not group.exact]
     lines += [f"  not copied ({why}): {name}" for why, names in _not_copied(report).items() for name in names]
     lines += [f"  {line(moment)}" for moment in report.only_one_side]
     lines.append(report.tolerance_note)
@@ -39,13 +44,18 @@ def format_train_report(report: TrainReport) -> str:
 
 
 def _not_copied(report: TrainReport) -> dict[str, list[str]]:
-    t = report.transfer
-    return {
-        "fits only transposed": [f"{pair.reference} {pair.shape} -> {pair.port}" for pair in t.transposed_only],
-        "shape mismatch": [f"{pair.reference} {pair.shape} -> {pair.port} {pair.port_shape}" for pair in t.mismatched],
-        f"unconsumed in {report.sides[0]}": list(t.unconsumed_source),
-        f"unconsumed in {report.sides[1]}": list(t.unconsumed_target),
-    }
+    """The port's parameters that pair with none of the reference's: they train from their own values."""
+    return {f"{report.sides[1]}'s, paired with none of {report.sides[0]}'s": list(report.transfer.port_left)}
+
+
+def _summed(group, sides) -> str:
+    """Why a group the port holds as one array (a sum) parts the trainings though the forward pass and
+    the gradients agree."""
+    a, b = sides
+    return (
+        f"{b} holds {', '.join(group.reference)} of {a} {group.words()} as {group.port_names()}: they agree in the forward pass "
+        f"and their gradients, but {a}'s optimizer moves each by its own update and {b}'s the one array by one: the trainings part there"
+    )
 
 
 def _steps_shown(report: TrainReport) -> list[int]:

@@ -27,10 +27,12 @@ import numpy as np
 
 from mhsa.comparison import held
 from mhsa.port_check.core.findings import OneSided
-from mhsa.port_check.core.records import PortReport, map_name
+from mhsa.port_check.core.records import PortCheckError, PortReport
 from mhsa.port_check.core.structure import as_inputs
 from mhsa.port_check.core.training_records import MOMENTS, StepRecord, StepSummary, TrainReport, TrainRow
+from mhsa.port_check.forward import weights
 from mhsa.port_check.forward.check import check_port, lint, transfer_weights
+from mhsa.port_check.forward.pairing import pull
 from mhsa.port_check.readers import reader_of, trainer_of
 from mhsa.port_check.readers.torch import training as train_torch
 from mhsa.port_check.training import lint as train_lint
@@ -107,7 +109,11 @@ def check_training(reference, port, steps: int, *, dtype: str = "float32", name_
     (ref_name, ref_reader), (port_name, port_reader) = reader_of(reference["model"]), reader_of(port["model"])
     ref32 = train_torch.Trainer(reference, dtype)
     ref64 = train_torch.Trainer(reference, "float64") if dtype != "float64" else None
-    port_model, transfer = transfer_weights(ref32.model, port_reader.cast(port["model"], dtype)[0], name_map)
+    try:  # every reference parameter paired, or no training is compared (forward/check.py: refuse_unpaired)
+        port_model, transfer = transfer_weights(ref32.model, port_reader.cast(port["model"], dtype)[0], name_map, inputs=_model_inputs(reference, 0))
+    except PortCheckError as error:
+        raise ValueError(str(error)) from None
+    name_map = {**(name_map or {}), **transfer.renamed}
     _, port_trainer = trainer_of(port["model"])
     port32 = port_trainer.Trainer(port, port_model, dtype)
     port64 = port_trainer.Trainer(port, port_model, "float64") if dtype != "float64" else None
@@ -129,7 +135,7 @@ def check_training(reference, port, steps: int, *, dtype: str = "float32", name_
         index = (step - 1) % len(reference["inputs"])
         ref, other = ref32.step(reference["inputs"][index]), port32.step(port["inputs"][index])
         own = (ref64.step(reference["inputs"][index]), port64.step(port["inputs"][index])) if ref64 and port64 else None
-        rows = step_rows(step, (ref, other), own, name_map)
+        rows = step_rows(step, (ref, other), own, transfer.groups)
         report.summaries.append(StepSummary.of(step, (ref.loss, other.loss), rows))
         if step == 1:  # the kinds of moment one side keeps and the other does not
             ours, theirs = {moment for moment, _ in ref.moments}, {moment for moment, _ in other.moments}
@@ -160,21 +166,42 @@ def _tolerance_note(dtype: str) -> str:
     )
 
 
-def step_rows(step: int, records: tuple[StepRecord, StepRecord], own: tuple[StepRecord, StepRecord] | None, name_map=None) -> list[TrainRow]:
+def step_rows(step: int, records: tuple[StepRecord, StepRecord], own: tuple[StepRecord, StepRecord] | None, groups) -> list[TrainRow]:
     """One step's rows, in the order a step computes them: loss, gradients, moments, parameters.
-    records: (reference, port) in the check's dtype; own: the same in float64 (None if float64)."""
+    records: (reference, port) in the check's dtype; own: the same in float64 (None if float64);
+    groups: the pairing (core/transforms.py). The port's values are read in the reference's names
+    through each group: gradients through every one (a sum's gradient is each term's), moments and
+    parameters through those whose values pull back; a summed group's parameters are compared as
+    the port holds them, the reference's pushed into its layout (their moments are not comparable)."""
     ref, port = records
     rows = [_row(step, "loss", "", "", (ref.loss, port.loss), (own[0].loss, own[1].loss) if own else None)]
+    theirs = [_as_reference(port, groups)] + ([_as_reference(own[1], groups)] if own else [])
     for kind, field in (("grad", "grads"), ("moment", "moments"), ("param", "params")):
-        ours, theirs = getattr(ref, field), getattr(port, field)
+        ours, pulled = getattr(ref, field), getattr(theirs[0], field)
         for key in _ordered(kind, ours, ref.params):
-            mapped = (key[0], map_name(key[1], name_map)) if kind == "moment" else map_name(key, name_map)
-            if mapped not in theirs:
+            if key not in pulled:
                 continue
-            pair64 = (getattr(own[0], field)[key], getattr(own[1], field)[mapped]) if own else None
+            pair64 = (getattr(own[0], field)[key], getattr(theirs[1], field)[key]) if own else None
             name, moment = (key[1], key[0]) if kind == "moment" else (key, "")
-            rows.append(_row(step, kind, name, moment, (ours[key], theirs[mapped]), pair64))
+            rows.append(_row(step, kind, name, moment, (ours[key], pulled[key]), pair64))
+    for group in groups:  # summed: as the port holds them
+        if group.exact:
+            continue
+        expected = group.push([ref.params[name] for name in group.reference])
+        expected64 = group.push([own[0].params[name] for name in group.reference]) if own else []
+        held, held64 = (weights.held(group, record.params) if record else [] for record in (port, own[1] if own else None))
+        for n, name in enumerate(group.port_names().split(", ")):
+            rows.append(_row(step, "param", name, "", (expected[n], held[n]), (expected64[n], held64[n]) if own else None))
     return rows
+
+
+def _as_reference(record: StepRecord, groups) -> StepRecord:
+    """The port's step in the reference's names and layouts (pairing.pull), each kind of moment on its own."""
+    moments: dict[tuple[str, str], np.ndarray] = {}
+    for kind in {kind for kind, _ in record.moments}:
+        of_kind = {name: value for (which, name), value in record.moments.items() if which == kind}
+        moments.update({(kind, name): value for name, value in pull(groups, of_kind, exact_only=True).items()})
+    return StepRecord(record.loss, pull(groups, record.grads), pull(groups, record.params, exact_only=True), moments)
 
 
 def _ordered(kind: str, found: dict, params: dict) -> list:

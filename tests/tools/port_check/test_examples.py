@@ -18,6 +18,7 @@ from examples.torch_block import D, H, T
 from jax_impl.attention import MultiHeadSelfAttention
 from mhsa.cli import main as mhsa
 from mhsa.port_check import (
+    PortCheckError,
     check_port,
     format_report,
     lint,
@@ -54,7 +55,7 @@ def test_the_example_pairs_agree_at_every_output_and_gradient(dtype, port):
     assert report.passed, format_report(report)
     assert outputs(report) == OUTPUTS
     assert [row.name for row in report.rows if row.section == "gradient"] == list(torch_block.block()[0].state_dict())
-    assert len(report.transfer.filled) == 12 and not report.transfer.unconsumed_target
+    assert len(report.transfer.paired) == 12 and not report.transfer.port_left
     assert report.unmatched_source == ["mlp.act"]  # the torch GELU module; Flax calls jax.nn.gelu inline
     assert all(row.abs_diff > 0 for row in report.rows[:3])  # real numbers from two frameworks, not one twice
 
@@ -107,7 +108,7 @@ def test_a_square_kernel_copied_without_transposing_is_named_by_the_weights_and_
     target.attn.out_proj.kernel[...] = jnp.asarray(source.attn.out_proj.weight.detach().numpy())
     report = check_port(source, target, x)  # the port holds converted weights: checked as it is by default
     assert not report.transfer.copied
-    assert [(name, why) for name, _, why in report.transfer.differing] == [("attn.out_proj.weight", "holds its transpose")]
+    assert [(difference.name, difference.how) for difference in report.transfer.differing] == [("attn.out_proj.weight", "holds its transpose")]
     assert first(report) == "attn.out_proj"
     closing = [probe for probe in report.probes if probe.outcome == "closes" and probe.moves_to is None]
     assert [probe.switch for probe in closing] == [Switch("transpose", "attn.out_proj")], report.probes
@@ -155,13 +156,14 @@ def test_a_head_split_in_the_wrong_order_or_a_softmax_over_the_wrong_axis_parts_
     assert not report.lint
 
 
-def test_a_missing_bias_is_named_by_the_lint_the_transfer_report_and_at_its_layer():
+def test_a_missing_bias_stops_the_check_named_by_the_lint_and_the_transfer_report():
     source, target, x = nnx_pair()
     target.mlp.fc1 = nnx.Linear(D, 4 * D, use_bias=False, rngs=nnx.Rngs(0))
-    report = check_port(source, target, x)
+    report = check_port(source, target, x)  # the reference's bias has nowhere to go: no verdict on the other 11
     assert LintDifference("mlp.fc1", "Linear", "bias", True, False) in report.lint
-    assert report.transfer.unconsumed_source == ["mlp.fc1.bias"]
-    assert first(report) == "mlp.fc1"
+    assert report.transfer.reference_left == ["mlp.fc1.bias"] and report.stopped and not report.rows
+    text = format_report(report)
+    assert "  mlp.fc1: Linear bias in torch only" in text and "  paired with none of jax's: mlp.fc1.bias" in text, text
 
 
 class LinenDefaultEps(flax_block.LinenBlock):
@@ -192,11 +194,11 @@ def test_names_that_do_not_correspond_are_matched_through_a_name_map():
 
     source, x = torch_block.block()
     target = Renamed(rngs=nnx.Rngs(0))
-    unmapped = check_port(source, target, x)
-    assert "mlp.fc1.weight" in unmapped.transfer.unconsumed_source and "ffn.fc1.weight" in unmapped.transfer.unconsumed_target
-    assert unmapped.proposed_map == {"mlp": "ffn"} and not unmapped.rows  # proposed by structure, not compared
+    unmapped = check_port(source, target, x)  # one module renamed, its layers' call order, types and shapes leaving one choice
+    assert unmapped.passed and unmapped.transfer.renamed == {"mlp": "ffn"} and unmapped.name_map == {"mlp": "ffn"}, format_report(unmapped)
+    assert "  modules under other names in jax: mlp -> ffn" in format_report(unmapped)
     report = check_port(source, target, x, name_map={"mlp": "ffn"})
-    assert report.passed, format_report(report)
+    assert report.passed and not report.transfer.renamed, format_report(report)
     assert map_name("mlp.fc1[0]", {"mlp": "ffn", "m": "x"}) == "ffn.fc1[0]" and map_name("mlps.a", {"mlp": "ffn"}) == "mlps.a"
 
 
@@ -211,14 +213,17 @@ class RawMatmul(nnx.Module):  # a hand-rolled layer: weight (in, out) used as x 
 
 def test_a_hand_rolled_layer_whose_weight_fits_only_transposed_is_copied_transposed_and_says_so():
     source = torch.nn.Module()
-    source.proj = torch.nn.Linear(D, 7)
+    source.proj = torch.nn.Linear(D, 7, bias=False)
     target, report = transfer_weights(source, RawMatmul())
-    assert report.filled == [("proj.weight", "proj.weight", (7, D), True)] and not report.transposed_only
+    assert [(group.reference, group.port, group.words()) for group in report.groups] == [(("proj.weight",), ("proj.weight",), "transposed")]
+    assert not report.transposed_only
     assert report.layouts == [
         "Linear in torch / Module in jax: 2-d weights taken transposed ('proj.weight' (7, 24) fits 'proj.weight' (24, 7) only so)"
     ]
-    assert report.unconsumed_source == ["proj.bias"]
     np.testing.assert_array_equal(np.asarray(target.proj.weight[...]), source.proj.weight.detach().numpy().T)
+    source.proj = torch.nn.Linear(D, 7)  # a bias the port has no room for: nothing is copied, and it is said why
+    with pytest.raises(PortCheckError, match=r"^1 parameter of the reference \(torch\) pair with none of the port's \(jax\): proj.bias$"):
+        transfer_weights(source, RawMatmul())
 
 
 def test_a_standard_layer_that_fits_only_transposed_is_named_and_not_copied():
@@ -226,8 +231,12 @@ def test_a_standard_layer_that_fits_only_transposed_is_named_and_not_copied():
     source.proj = torch.nn.Linear(D, 7)
     port = nnx.Module()
     port.proj = nnx.Linear(7, D, rngs=nnx.Rngs(0))  # built the wrong way round
-    _, report = transfer_weights(source, port, copy=True)
-    assert report.transposed_only == [("proj.weight", "proj.weight", (7, D), True)] and not report.filled
+    with pytest.raises(PortCheckError) as refused:
+        transfer_weights(source, port, copy=True)
+    assert "1 parameter of standard layers fit only transposed (is the port's layer built with its sizes swapped?): 'proj.weight' (7, 24)" in str(
+        refused.value
+    )
+    assert "'proj.bias' (7,) vs 'proj.bias' (24,)" in str(refused.value)
 
 
 def test_conv_kernels_are_laid_out_and_outputs_compared_channels_last():

@@ -28,7 +28,7 @@ def test_an_eps_bug_is_probed_at_the_norm_only_and_its_probe_retires_every_other
 def test_probes_touch_nothing_after_the_first_failing_row():
     torch.manual_seed(0)
     port = models.NNXMLP(hidden=models.D)
-    port.norm = nnx.RMSNorm(models.D, epsilon=1e-5, rngs=nnx.Rngs(0))  # another norm: nothing a probe switches explains it
+    port.norm = nnx.GroupNorm(models.D, num_groups=2, epsilon=1e-5, rngs=nnx.Rngs(0))  # another norm: nothing a probe switches explains it
     report = check_port(models.TorchSquare(), port, models.activations())
     assert report.first_failure.name == "norm", format_report(report)
     failing_later = [row.name for row in report.rows if not row.passed and row.kind == "Linear"]

@@ -29,9 +29,10 @@ def test_conv1d_weights_stored_in_out_are_taken_transposed_and_a_tied_head_is_on
     assert report.transfer.layouts == [
         "Conv1D in torch / Linear in jax: 2-d weights taken transposed ('c_fc.weight' (24, 48) fits 'c_fc.weight' (48, 24) only so)"
     ]
-    assert ("c_mix.weight", "c_mix.weight", (24, 24), True) in report.transfer.filled  # the square one follows its layer type
+    mix = next(group for group in report.transfer.groups if group.reference == ("c_mix.weight",))
+    assert mix.port == ("c_mix.weight",) and mix.words() == "transposed"  # the square one follows its layer type
     assert Note("tied", (("head.weight", "wte.weight"),)) in report.notes
-    assert not report.transfer.unconsumed_source
+    assert not report.transfer.reference_left
 
 
 def test_a_converter_that_wrote_conv1d_weights_right_passes_as_it_is():
@@ -69,7 +70,7 @@ def test_same_padding_is_explicit_padding_and_batchnorm_statistics_are_copied():
     report = check_port(models.TorchConvNet(), models.FlaxConvNet(), x, target_inputs=x.transpose(0, 2, 3, 1), dtype="float64")
     assert report.passed and not report.lint, format_report(report)
     assert [row.note for row in report.rows][:2] == ["compared channels-last", "compared channels-last"]
-    assert {name for name, *_ in report.transfer.filled} >= {"bn.running_mean", "bn.running_var"}
+    assert set(report.transfer.paired) >= {"bn.running_mean", "bn.running_var"}
 
 
 def test_same_pads_by_the_input_size_as_xla_does():

@@ -127,7 +127,7 @@ def test_a_difference_that_flows_on_is_no_split_even_when_the_next_row_is_within
 
 def test_weight_norm_and_a_norm_whose_weight_is_called_scale_pair_without_a_map():
     report = check_port(lib.TorchWeightNormed().eval(), lib.FlaxWeightNormed(), lib.sequences(), grads=True)
-    paired = {name: mapped for name, mapped, *_ in report.transfer.filled}
+    paired = {group.reference[0]: group.port[0] for group in report.transfer.groups}
     assert paired == {"conv.bias": "conv.bias", "conv.weight_g": "conv.weight_g", "conv.weight_v": "conv.weight_v", "norm.weight": "norm.scale"}
     assert report.passed and not report.unmatched_source, format_report(report)
 
@@ -147,7 +147,8 @@ def test_a_rename_with_two_choices_still_stops_with_a_proposed_map():
     port = lib.FlaxWeightNormed()
     port.norm = TwoScales()
     report = check_port(lib.TorchWeightNormed().eval(), port, lib.sequences())
-    assert report.stopped and "norm.weight" in report.transfer.unconsumed_source, format_report(report)
+    assert report.stopped and report.transfer.ambiguous == [("norm.weight", ["norm.gamma", "norm.scale"])], format_report(report)
+    assert "  could pair several ways: norm.weight -> norm.gamma or norm.scale" in format_report(report)
 
 
 def test_an_output_one_side_returns_as_none_is_a_note_never_a_row():

@@ -1,11 +1,9 @@
-"""Names that do not correspond get advice, never a comparison against the
-port's own random weights.
-
-The check stops (exit 2) and proposes a name map by structure: call order, layer types and
-parameter shapes, shortened to the renamed prefix where it can be (`blocks.0` -> `blocks_0`).
---write-map writes it atomically, never over an input and never into anything but a regular
-file; run again with it and the port passes. When no structure pairs the names, the check stops
-with the advice to write a map."""
+"""Names that do not correspond: paired without a map wherever conventions, call order, layer
+types and shapes leave one choice (Linen's `blocks_0` for torch's `blocks.0`, a module renamed),
+and the report says which; where they leave several choices, or none, the check stops (exit 2)
+naming the parameters, never comparing against the port's own random weights. --write-map writes
+the map the check paired by (atomically, never over an input and only into a regular file), and
+the check passes with it as it did without."""
 
 import json
 import os
@@ -14,44 +12,59 @@ import torch
 
 from mhsa.cli import main as mhsa
 from mhsa.port_check import check_port, format_report
+from tests.tools.port_check import library_models as lib
 from tests.tools.port_check import models
+from tests.tools.port_check.test_library_models import TwoScales
 
 FACTORIES = ["tests.tools.port_check.models:torch_named", "tests.tools.port_check.models:flax_renamed"]
+RENAMED = {"norm": "ln", "fc1": "dense1", "fc2": "dense2"}
 
 
-def test_names_that_differ_stop_the_check_with_a_map_proposed_by_call_order_and_shapes():
+def test_renamed_modules_pair_by_call_order_and_shapes_and_the_report_says_which():
     torch.manual_seed(0)
     report = check_port(models.TorchNamed(), models.FlaxRenamed(), models.activations())
-    assert not report.rows and not report.hints and not report.passed  # nothing compared against random weights
-    assert report.stopped.startswith("names do not correspond: 6 parameter(s) of torch have no counterpart in jax, and 6 of jax none in torch")
-    assert report.proposed_map == {"norm": "ln", "fc1": "dense1", "fc2": "dense2"}
-    text = format_report(report)
-    assert "unconsumed" not in text and "hint" not in text
-    assert text.splitlines()[-1] == "NOT CHECKED: the two models' names do not correspond (see above); nothing was compared"
-    mapped = check_port(models.TorchNamed(), models.FlaxRenamed(), models.activations(), name_map=report.proposed_map)
-    assert mapped.passed, format_report(mapped)
+    assert report.passed and report.transfer.renamed == RENAMED and report.name_map == RENAMED, format_report(report)
+    assert [row.name for row in report.rows][:2] == ["norm", "fc1"] and report.rows[0].target == "ln"
+    assert "  modules under other names in jax: norm -> ln, fc1 -> dense1, fc2 -> dense2" in format_report(report)
+    mapped = check_port(models.TorchNamed(), models.FlaxRenamed(), models.activations(), name_map=RENAMED)
+    assert mapped.passed and not mapped.transfer.renamed, format_report(mapped)
 
 
-def test_a_linen_list_of_blocks_gets_its_renamed_prefixes():
+def test_a_linen_list_of_blocks_pairs_by_the_list_index_convention():
     torch.manual_seed(0)
     report = check_port(models.TorchStack(), models.linen(models.LinenStack()), models.activations())
-    assert report.proposed_map == {"blocks.0": "blocks_0", "blocks.1": "blocks_1"}
-    assert check_port(models.TorchStack(), models.linen(models.LinenStack()), models.activations(), name_map=report.proposed_map).passed
+    assert report.passed and report.transfer.renamed == {"blocks.0": "blocks_0", "blocks.1": "blocks_1"}, format_report(report)
+    assert {row.name for row in report.rows} >= {"blocks.0", "blocks.1"}  # the blocks' own outputs, paired through the convention
 
 
-def test_when_nothing_can_be_paired_the_check_stops_with_the_advice_to_write_a_map():
+def test_when_nothing_can_be_paired_the_check_stops_naming_the_parameters_and_the_advice_to_write_a_map():
     report = check_port(models.TorchNamed(), models.FlaxOneLayer(), models.activations())
     assert not report.rows and not report.passed
-    assert report.stopped.startswith("names do not correspond and no structure pairs them") and not report.proposed_map
-    assert "give it with --map" in report.stopped
+    assert report.stopped.startswith("6 parameters of the reference (torch) pair with none of the port's (jax): norm.weight, norm.bias")
+    assert "give it with --map FILE" in format_report(report).splitlines()[-1]
 
 
-def test_the_command_exits_2_with_the_proposal_and_writes_it_for_the_next_run(tmp_path, capsys):
+def test_a_choice_structure_leaves_open_stops_with_the_candidates_and_no_map_is_written_for_it(tmp_path, capsys, monkeypatch):
+    def two_scales():
+        port = lib.FlaxWeightNormed()
+        port.norm = TwoScales()
+        return port, lib.sequences()
+
+    monkeypatch.setattr(lib, "two_scales", two_scales, raising=False)
+    monkeypatch.setattr(lib, "weight_normed", lambda: (lib.TorchWeightNormed().eval(), lib.sequences()), raising=False)
     written = tmp_path / "map.json"
-    assert mhsa(["port-check", *FACTORIES, "--write-map", str(written)]) == 2
+    argv = ["port-check", "tests.tools.port_check.library_models:weight_normed", "tests.tools.port_check.library_models:two_scales"]
+    assert mhsa([*argv, "--write-map", str(written)]) == 2
     out = capsys.readouterr().out
-    assert '  as JSON: {"norm": "ln", "fc1": "dense1", "fc2": "dense2"}' in out and f"name map written to {written}" in out
-    assert json.loads(written.read_text()) == {"norm": "ln", "fc1": "dense1", "fc2": "dense2"}
+    assert "  could pair several ways: norm.weight -> norm.gamma or norm.scale" in out
+    assert f"no name map to write: every name corresponds as it is ({written} not written)" in out and not written.exists()
+
+
+def test_the_command_writes_the_map_it_paired_by_and_passes_with_it(tmp_path, capsys):
+    written = tmp_path / "map.json"
+    assert mhsa(["port-check", *FACTORIES, "--write-map", str(written)]) == 0
+    out = capsys.readouterr().out
+    assert f"name map written to {written}" in out and json.loads(written.read_text()) == RENAMED
     assert [name for name in os.listdir(tmp_path)] == ["map.json"]  # no temporary left behind
     assert mhsa(["port-check", *FACTORIES, "--map", str(written)]) == 0
     assert "PASS" in capsys.readouterr().out
@@ -88,4 +101,4 @@ def test_a_reader_gone_from_stdout_does_not_cancel_the_map(tmp_path, monkeypatch
     monkeypatch.setattr(command, "format_report", closed)
     written = tmp_path / "map.json"
     mhsa(["port-check", *FACTORIES, "--write-map", str(written)])
-    assert json.loads(written.read_text()) == {"norm": "ln", "fc1": "dense1", "fc2": "dense2"}
+    assert json.loads(written.read_text()) == RENAMED

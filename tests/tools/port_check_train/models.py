@@ -120,6 +120,13 @@ def flax_adamw_renamed():
     return flax_side(optax.adamw(1e-2, weight_decay=1e-2)) | {"model": RenamedFlaxMLP(rngs=nnx.Rngs(1))}
 
 
+def flax_adamw_no_bias():
+    """The port with fc1 built without its bias: torch's fc1.bias has nowhere to go."""
+    side = flax_adamw()
+    side["model"].fc1 = nnx.Linear(D, W, use_bias=False, rngs=nnx.Rngs(1))
+    return side
+
+
 def raising():
     """A factory that fails the way a user's can: the command says so in one line."""
     raise RuntimeError("no such checkpoint: model.pt")

@@ -34,16 +34,20 @@ def test_a_matched_pair_exits_0_and_a_planted_default_exits_1_naming_it(capsys):
     assert "FAIL: the trainings part at step 1, at ln.weight" in out
 
 
-def test_names_that_do_not_correspond_reach_the_port_through_the_map(tmp_path, capsys):
+def test_a_renamed_module_pairs_by_structure_or_through_the_map_and_an_unpaired_parameter_stops_it(tmp_path, capsys):
     name_map = tmp_path / "map.json"
     name_map.write_text(json.dumps({"ln": "norm"}))
     assert port_check([f"{MODELS}:torch_adamw", f"{MODELS}:flax_adamw_renamed", "--train", "2", "--map", str(name_map), "--no-probes"]) == 0
     assert "weights: 6 parameters copied torch -> jax" in capsys.readouterr().out
-    assert port_check([f"{MODELS}:torch_adamw", f"{MODELS}:flax_adamw_renamed", "--train", "2", "--no-probes"]) == 1
+    assert port_check([f"{MODELS}:torch_adamw", f"{MODELS}:flax_adamw_renamed", "--train", "2", "--no-probes"]) == 0
     out = capsys.readouterr().out
-    assert "not copied (unconsumed in torch): ln.weight" in out and "not copied (unconsumed in jax): norm.weight" in out
-    # both norms start at ones and zeros, so the trainings agree: what was never compared still fails the check
-    assert "FAIL: all 2 steps agree on what was compared, but 4 parameter(s) were not copied and so not compared" in out
+    assert "weights: 6 parameters copied torch -> jax before step 1\n  modules under other names in jax: ln -> norm" in out, out
+    # a reference parameter the port has no room for: no training is compared, in one line
+    assert port_check([f"{MODELS}:torch_adamw", f"{MODELS}:flax_adamw_no_bias", "--train", "2", "--no-probes"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == (
+        "mhsa port-check: error: 1 parameter of the reference (torch) pair with none of the port's (jax): fc1.bias\n"
+    )
 
 
 @pytest.mark.parametrize(

@@ -216,13 +216,18 @@ def _types(model) -> dict[str, str]:
 
 
 def _to_torch(value, layout):
-    """A kernel in torch's layout: a Dense's (in, out) -> (out, in), a Conv's (k..., in, out) -> (out, in, k...)."""
-    return value.transpose(-1, -2, *range(value.ndim - 2)) if layout in ("linear", "conv") else value
+    """A kernel in torch's layout: a Dense's (in, out) -> (out, in) (its last two axes swapped, so that
+    a stack of them, (L, in, out), keeps its leading axis), a Conv's (k..., in, out) -> (out, in, k...)."""
+    if layout == "linear":
+        return np.swapaxes(value, -1, -2)
+    return value.transpose(-1, -2, *range(value.ndim - 2)) if layout == "conv" else value
 
 
 def _from_torch(value, layout):
-    """A kernel in Flax's layout (_to_torch undone): (out, in, k...) -> (k..., in, out)."""
-    return value.transpose(*range(2, value.ndim), 1, 0) if layout in ("linear", "conv") else value
+    """A kernel in Flax's layout (_to_torch undone): (out, in) -> (in, out), (out, in, k...) -> (k..., in, out)."""
+    if layout == "linear":
+        return np.swapaxes(value, -1, -2)
+    return value.transpose(*range(2, value.ndim), 1, 0) if layout == "conv" else value
 
 
 def load_parameters(model: Model, arrays: dict[str, np.ndarray]) -> Model:

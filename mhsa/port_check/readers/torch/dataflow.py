@@ -149,3 +149,21 @@ def _flat(value):
             yield from _flat(item)
     else:
         yield value
+
+
+class Reads(TorchFunctionMode):
+    """While active, collects the names of the model's tensors that any torch function takes (the
+    parameters and buffers its forward pass reads: a converter's leftover, a module never called,
+    is not read). names: {id(tensor): its names} (a tied weight has two)."""
+
+    def __init__(self, names: dict[int, list[str]]) -> None:
+        super().__init__()
+        self._names = names
+        self.found: set[str] = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        for value in _flat([*args, *kwargs.values()]):
+            if isinstance(value, torch.Tensor):
+                self.found.update(self._names.get(id(value), ()))
+        return func(*args, **kwargs)

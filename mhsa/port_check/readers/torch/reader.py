@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import typing
 import weakref
 from collections.abc import Iterator
@@ -34,7 +35,7 @@ from mhsa.port_check.core.structure import (
     to_numpy,
 )
 from mhsa.port_check.readers.protocol import ModuleInfo
-from mhsa.port_check.readers.torch.dataflow import Dataflow
+from mhsa.port_check.readers.torch.dataflow import Dataflow, Reads
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -234,9 +235,35 @@ def cast(model: nn.Module, dtype: str) -> tuple[nn.Module, list[str]]:
 
 
 def trace(model: nn.Module, inputs: Inputs) -> Traced:
-    """What can be known before a run: nothing more than the model itself holds (eager torch reads
-    its variables as it runs), so every parameter counts as read."""
-    return Traced()
+    """Reader.trace (readers/protocol.py): eager torch knows what its forward pass reads only while it
+    runs, so nothing is known before a run (every parameter counts as read), and `complete` runs it
+    once where the check needs to know (a parameter left unpaired, the call order)."""
+    return Traced(complete=functools.cache(lambda: _traced(model, inputs)))
+
+
+def _traced(model: nn.Module, inputs: Inputs) -> Traced:
+    """The model run once, without gradients: every parameter and buffer an operation takes
+    (readers/torch/dataflow.py's Reads; a parametrized weight's originals read as its neutral name),
+    and the submodules' paths in the order their calls return."""
+    names: dict[int, list[str]] = {}
+    keys = _neutral_names(model)
+    # a parametrized weight (not weight norm's, read as its originals) is read as the weight it computes
+    computed = {f"{name[: -len(tensor)]}parametrizations.{tensor}.": name for name, _, tensor in _computed(model)}
+    for key, value in model.state_dict(keep_vars=True).items():
+        name = keys.get(key) or next((neutral for prefix, neutral in computed.items() if key.startswith(prefix)), None)
+        if name is not None and value.is_floating_point():
+            names.setdefault(id(value), []).append(name)
+    order: list[str] = []
+    handles = [module.register_forward_hook(lambda module, args, output, path=path: order.append(path)) for path, module in _modules(model)]
+    reads = Reads(names)
+    try:
+        with torch.no_grad(), reads, parametrize.cached():
+            tensors = _tensors(model, inputs)
+            model(*tensors.args, **tensors.kwargs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return Traced(read=frozenset(reads.found), order=order)
 
 
 def run(
