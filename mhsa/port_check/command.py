@@ -215,13 +215,18 @@ def _given(flag, value) -> str | None:
     return flag.get(value) if isinstance(flag, dict) else flag if value else None
 
 
+# each reader's framework, as a message names a model of it
+FRAMEWORKS = {"torch": "a torch", "jax": "a Flax", "equinox": "an Equinox"}
+
+
 def _factories(args):
     """Both factories' (model, inputs), each checked to be on its side; --write-map not to be either's source file."""
     source = load_factory(args.torch_factory, "TORCH_FACTORY")
     target = load_factory(args.flax_factory, "FLAX_FACTORY")
     for (model, _), what, reference in ((source, "TORCH_FACTORY", True), (target, "FLAX_FACTORY", False)):
         if (reader_of(model)[0] == "torch") != reference:  # the port: any JAX library's reader (Flax, Equinox)
-            raise PortCheckError(f"{what} returned a {'Flax' if reference else 'torch'} model; the torch reference comes first, then the Flax port")
+            framework = FRAMEWORKS[reader_of(model)[0]]
+            raise PortCheckError(f"{what} returned {framework} model; the torch reference comes first, then its port (Flax NNX, Linen or Equinox)")
     if args.write_map:
         files = [getattr(sys.modules.get(spec.partition(":")[0]), "__file__", None) for spec in (args.torch_factory, args.flax_factory)]
         check_writable(args.write_map, [file for file in files if file])

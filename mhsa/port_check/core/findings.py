@@ -30,6 +30,25 @@ class Untied:
 
 
 @dataclass(frozen=True)
+class Unheld:
+    """A part of a reference module's parameters that the port's layer has no room for (torch GRU's
+    b_hn in a cell without a bias there): lost when copied, its gradient 0 on the port's side."""
+
+    path: str  # the reference's module
+    what: str  # the part, in words
+    why: str
+
+
+@dataclass(frozen=True)
+class Summed:
+    """Reference parameters the port holds as one array (torch's two RNN biases in one): equal in the
+    forward pass and in their gradients, they train apart (each of the reference's moves by its own update)."""
+
+    parameters: tuple[str, ...]
+    port: str  # the port's array(s)
+
+
+@dataclass(frozen=True)
 class Note:
     """What was skipped or changed, and why: `kind` names the sentence (report/findings.py's NOTES)."""
 

@@ -14,6 +14,8 @@ einsum) has none (None) and is compared as it is.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 Axes = tuple[int, ...]
@@ -76,3 +78,63 @@ def describe(permutation: tuple[int, ...]) -> str:
     if permutation == (0, n - 1, *range(1, n - 1)):
         return "compared channels-first"
     return f"compared with the reference's axes in the port's order {permutation}"
+
+
+def _refines(a: tuple, b: tuple) -> bool:
+    """Whether shapes `a` and `b` are one shape with some axes split (or merged): walked together,
+    every run of axes whose sizes multiply alike is a single axis on one side or the other (axes of
+    size 1 aside), and the first axis (the batch) is its own run on both. (2, 6, 96) and (2, 6, 3,
+    4, 8) are; (3, 12, 35) and (3, 5, 7, 12) are not: their last runs mix the channels with the
+    positions."""
+    i = j = 0
+    runs = []
+    while i < len(a) or j < len(b):
+        run_a: list[int] = []
+        run_b: list[int] = []
+        x = y = 1
+        while True:
+            if x <= y and i < len(a) and (x < y or not run_a or x == y == 1):
+                x, i = x * a[i], i + 1
+                run_a.append(a[i - 1])
+            elif y < x and j < len(b):
+                y, j = y * b[j], j + 1
+                run_b.append(b[j - 1])
+            elif x == y and (run_a or run_b):
+                break
+            elif j < len(b):
+                y, j = y * b[j], j + 1
+                run_b.append(b[j - 1])
+            else:
+                return False
+        runs.append((sum(size > 1 for size in run_a), sum(size > 1 for size in run_b)))
+    if any(sides[0] > 1 and sides[1] > 1 for sides in runs):
+        return False
+    return not runs or (a[:1] == b[:1] and max(runs[0]) <= 1)
+
+
+def reshapings(reference: tuple, port: tuple) -> list[tuple[str, tuple[int, ...] | None]]:
+    """The ways a reference output of shape `reference` can be read as a port output of shape
+    `port` holding the same values: [(how, the reference's axes moved first or None)], most
+    likely first: its axes split or merged as they are (heads (B, T, H*d) against (B, T, H, d)),
+    or after its channels move last or first ((B, C, H*W) against (B, H, W, C)). None where the
+    sizes differ or no such reading exists (the shapes are then refused)."""
+    if reference == port or math.prod(reference) != math.prod(port):
+        return []
+    found: list[tuple[str, tuple[int, ...] | None]] = []
+    if _refines(reference, port):
+        found.append((f"compared after a reshape ({_shape(reference)} as {_shape(port)})", None))
+    n = len(reference)
+    if n >= 3:
+        last = (0, *range(2, n), 1)  # the channels (axis 1) last
+        moved = tuple(reference[axis] for axis in last)
+        if _refines(moved, port):
+            found.append((f"compared channels-last after a reshape ({_shape(reference)} as {_shape(port)})", last))
+        first = (0, n - 1, *range(1, n - 1))  # the channels (the last axis) first
+        moved = tuple(reference[axis] for axis in first)
+        if first != last and _refines(moved, port):
+            found.append((f"compared channels-first after a reshape ({_shape(reference)} as {_shape(port)})", first))
+    return found
+
+
+def _shape(shape: tuple) -> str:
+    return "(" + ", ".join(str(size) for size in shape) + ")"

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from mhsa.comparison import Comparison
-from mhsa.port_check.core.findings import Hint, LintDifference, Note, Precision, Probe, Untied
+from mhsa.port_check.core.findings import Hint, LintDifference, Note, Precision, Probe, Unheld, Untied
 from mhsa.port_check.core.transforms import Group
 
 NORMS = ("LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm")
@@ -103,7 +103,7 @@ class Transfer:
     layouts: list[str] = field(default_factory=list)  # the transposed layouts inferred, one line each
     ambiguous: list[tuple[str, list[str]]] = field(default_factory=list)  # reference parameters or modules that pair with several of the port's
     renamed: dict[str, str] = field(default_factory=dict)  # reference module -> the port's, found under another name (forward/pairing.py)
-    lost: list[tuple[str, str, str]] = field(default_factory=list)  # (reference module, what of it, why) that the port has no room for
+    lost: list[Unheld] = field(default_factory=list)  # what of the reference the port's layers have no room for
     copied: bool = True
     decision: str = ""  # why the weights were copied or kept
     sides: tuple[str, str] = ("torch", "jax")
@@ -160,7 +160,7 @@ class PortReport:
     title: str
     sides: tuple[str, str]  # backend names: reference, port
     transfer: Transfer
-    lint: list[LintDifference | Untied] = field(default_factory=list)
+    lint: list[LintDifference | Untied | Unheld] = field(default_factory=list)
     rows: list[Row] = field(default_factory=list)
     unmatched_source: list[str] = field(default_factory=list)
     unmatched_target: list[str] = field(default_factory=list)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mhsa.comparison import Comparison
-from mhsa.port_check.core.findings import LintDifference, OneSided, OptimizerDifference, OptimizerNote, OptimizerSetting
+from mhsa.port_check.core.findings import LintDifference, OneSided, OptimizerDifference, OptimizerNote, OptimizerSetting, Summed, Unheld
 from mhsa.port_check.core.records import PortReport, Transfer
 
 # torch's name for each optimizer moment -> optax's (the rows say both)
@@ -74,7 +74,8 @@ class TrainReport:
     steps: int
     transfer: Transfer
     tolerance_note: str
-    config_lint: list[LintDifference] = field(default_factory=list)  # module settings, as in the forward check
+    # module settings, as in the forward check, and what the port's layers hold otherwise
+    config_lint: list[LintDifference | Unheld | Summed] = field(default_factory=list)
     lint: list[OptimizerDifference] = field(default_factory=list)  # optimizer settings that differ
     lint_notes: list[OptimizerNote] = field(default_factory=list)  # what the optimizer lint read and could not read
     settings: list[OptimizerSetting] = field(default_factory=list)  # the optimizer settings of both sides

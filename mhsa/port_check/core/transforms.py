@@ -145,7 +145,7 @@ class Group:
     shapes: tuple[tuple, ...]  # the reference's arrays' shapes
     combine: str = "concat"  # a row of COMBINES
     index: int | None = None  # the slice of every port array's first axis this group holds (a stacked layer); None: the whole arrays
-    found: str = "name"  # how the pairing found it: "name", "convention", "structure", "map", "values"
+    found: str = "name"  # the pairing rule that found it (forward/pairing.py: "map", "name", "convention", "cells", "structure")
 
     def push(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         """The reference's arrays (in `reference`'s order) -> one array per port name (one layer's slice for a stacked group)."""

@@ -32,13 +32,13 @@ def boundaries(rows: list[Row], outputs: list[Output], explain) -> None:
         if row.section == "output":
             by_call.setdefault(row.position, []).append(row)
     calls = sorted(by_call)
-    upstream = _upstream(outputs)
+    computed_from = upstream(outputs)
     for position in reversed(calls):  # a later boundary decides an earlier one
         failing = [row for row in by_call[position] if row.failed and row.status == ""]
         if not failing:
             continue
         later = [p for p in calls if p > position]
-        readers = [p for p in later if upstream.get(p, 0) >> position & 1][:1] if upstream is not None else later
+        readers = [p for p in later if computed_from.get(p, 0) >> position & 1][:1] if computed_from is not None else later
         if not readers or not all(_heals(row, after) for row in failing for p in readers for after in by_call[p]):
             continue
         reader = by_call[readers[0]][0]
@@ -59,7 +59,7 @@ def _heals(row: Row, after: Row) -> bool:
     return after.rel_diff * HEALS <= row.rel_diff
 
 
-def _upstream(outputs: list[Output]) -> dict[int, int] | None:
+def upstream(outputs: list[Output]) -> dict[int, int] | None:
     """{call index among the calls with outputs: the calls (bits, in the same indexing) it is
     computed from}, from the leaves' upstream; None where a leaf's is not known."""
     position_of = {call: position for position, call in enumerate(dict.fromkeys(output.call for output in outputs))}

@@ -30,7 +30,7 @@ from mhsa.port_check.core.structure import (
     split_arrays,
 )
 from mhsa.port_check.forward import derived, precision, weights
-from mhsa.port_check.forward.boundaries import boundaries
+from mhsa.port_check.forward.boundaries import boundaries, upstream
 from mhsa.port_check.forward.hints import Side, hints, run_probes
 from mhsa.port_check.forward.pairing import Sides, pair_parameters, pull
 from mhsa.port_check.forward.rows import call_paths, gradient_rows, output_rows, rejudge
@@ -253,7 +253,7 @@ def pair_models(source, target, inputs, *, target_inputs=None, name_map=None, dt
     title = f"mhsa port-check · {_type_name(source)} ({source_name}) vs {_type_name(target)} ({target_name}) · {asked}"
     report = PortReport(title, sides, pairing, notes=notes, name_map={**(name_map or {}), **pairing.renamed})
     if stopped_reason(pairing):  # no verdict from weights the check did not pair: the user decides, the lint saying what may be why
-        report.lint = [*lint(source_desc, target_desc, report.name_map)]
+        report.lint = [*lint(source_desc, target_desc, report.name_map), *pairing.lost]
         return _stopped(report, name_map)
     source_side = Side(source, source_reader, inputs, source_desc, traced=source_traced)
     target_side = Side(target, target_reader, target_inputs, target_desc, traced=target_traced)
@@ -280,7 +280,7 @@ def check_port(source, target, inputs, *, target_inputs=None, name_map=None, tra
     report, source, target, asked = paired.report, paired.source, paired.target, paired.asked
     (source_params, target_params), pairing = paired.params, report.transfer
     copy = _decide(pairing, source_params, target_params, transfer, source.reader.frozen(source.model))
-    report.lint = [*lint(source.desc, target.desc, report.name_map), *_untied(paired.tied, pairing)]
+    report.lint = [*lint(source.desc, target.desc, report.name_map), *_untied(paired.tied, pairing), *pairing.lost]
     arrays = weights.arrays_to_copy(pairing, source_params, target_params)  # the reference's weights in the port's layout (views where they can be)
     target.differing = _fixes(pairing, arrays, target_params)
     del paired, target_params  # views of the port's weights: a fresh port's initial values go once overwritten (if no one else holds them)
@@ -409,14 +409,14 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
         _port_errors(report, target, target_outputs, target_grads, direction, asked)
     boundaries(report.rows, source_outputs, _explainer(source_outputs, target_outputs))
     del target_outputs, target_grads, source_grads  # compared: a large model's outputs are not held any longer
-    paths = call_paths(source_outputs)
+    paths, feeds = call_paths(source_outputs), upstream(source_outputs)
     del source_outputs
-    report.hints = hints(report.rows, paths, source.desc, asked, pairing.differing)
+    report.hints = hints(report.rows, paths, source.desc, asked, pairing.differing, feeds)
     first = report.first_failure
     if probes and first is not None and first.section == "output":
         report.probes, probed = run_probes(report.rows, paths, source, target, sides, asked, name_map)
         if probed is not None:  # the gap is explained: read the hints again off what remains
-            report.hints = hints(probed, paths, source.desc, asked, pairing.differing)
+            report.hints = hints(probed, paths, source.desc, asked, pairing.differing, feeds)
             if report.hints:
                 report.hints.insert(0, Hint("probed"))
 

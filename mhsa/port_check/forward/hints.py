@@ -27,6 +27,8 @@ from mhsa.port_check.forward.precision import inside
 from mhsa.port_check.forward.rows import output_rows, rejudge
 from mhsa.port_check.readers.protocol import ModuleInfo
 
+GROWS = 10.0  # how many times its inputs' largest difference an output's must be for a second cause to be suspected there
+
 
 @dataclass
 class Side:
@@ -43,10 +45,13 @@ class Side:
     traced: Any = None  # what the reader's trace() gave before the run (structure.Traced)
 
 
-def hints(rows: list[Row], call_paths: list[str], source_desc: dict[str, ModuleInfo], asked: str, differing=()) -> list[Hint]:
+def hints(rows: list[Row], call_paths: list[str], source_desc: dict[str, ModuleInfo], asked: str, differing=(), upstream=None) -> list[Hint]:
     """Where to look: the port's parameters that differ in the failing module, the code between the
     last agreeing output and the first failing one and the reference modules without a counterpart
-    that ran there, and the same for the difference's largest growth after it (a second cause)."""
+    that ran there, and the difference's largest growth after it (a second cause): at an output
+    whose difference is many times that of every output it is computed from. upstream: {row
+    position: the positions it is computed from, as bits} (boundaries.upstream; None: not known,
+    and no growth is claimed)."""
     outputs = [row for row in rows if row.section == "output"]
     first = next((row for row in outputs if row.failed), None)
     if first is None:
@@ -60,19 +65,32 @@ def hints(rows: list[Row], call_paths: list[str], source_desc: dict[str, ModuleI
     found += _unmatched_between(rows, call_paths, source_desc, last_good, first)
     if asked == "float64" and first.status == "" and 1e-9 <= first.rel_diff <= 2e-6:
         found.append(Hint("rounding", first.name, ratio=first.rel_diff))
-    # one row per call, its largest difference: the leaves of one call are not steps of the computation
-    calls = [max(leaves, key=lambda row: row.abs_diff) for _, leaves in groupby(outputs[at:], key=lambda row: row.position)]
-    jumps = [
-        (row.abs_diff / before.abs_diff, before, row)
-        for before, row in zip(calls, calls[1:])
-        if before.abs_diff > 0 and np.isfinite(row.abs_diff) and np.isfinite(before.abs_diff)
-    ]
-    if jumps:
-        ratio, before, row = max(jumps, key=lambda jump: jump[0])
-        if ratio >= 10:
-            found.append(Hint("grows", row.name, before.name, ratio=ratio))
-            found += _unmatched_between(rows, call_paths, source_desc, before, row)
+    growth = _growth(outputs, at, upstream)
+    if growth is not None:
+        ratio, before, row = growth
+        found.append(Hint("grows", row.name, before.name, ratio=ratio))
+        found += _unmatched_between(rows, call_paths, source_desc, before, row)
     return found
+
+
+def _growth(outputs: list[Row], at: int, upstream) -> tuple[float, Row, Row] | None:
+    """(ratio, the output with the largest difference of those feeding `row`, row) for the row after
+    the first failure (at `at`) whose difference is the most times that of every output it is
+    computed from, where that is GROWS times or more; None where none is, or the dataflow is unknown."""
+    if upstream is None:
+        return None
+    # one row per call, its largest difference: the leaves of one call are not steps of the computation
+    calls = {position: max(leaves, key=lambda row: row.abs_diff) for position, leaves in groupby(outputs, key=lambda row: row.position)}
+    found = []
+    for row in calls.values():
+        if row.position < outputs[at].position or not np.isfinite(row.abs_diff):
+            continue
+        feeding = [calls[p] for p in calls if p < row.position and upstream.get(row.position, 0) >> p & 1 and np.isfinite(calls[p].abs_diff)]
+        if feeding:
+            before = max(feeding, key=lambda other: other.abs_diff)
+            if before.abs_diff > 0 and row.abs_diff >= GROWS * before.abs_diff:
+                found.append((row.abs_diff / before.abs_diff, before, row))
+    return max(found, key=lambda jump: jump[0]) if found else None
 
 
 def _unmatched(rows, call_paths, source_desc, before, row) -> list[str]:

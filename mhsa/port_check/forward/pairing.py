@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mhsa.port_check.core import transforms
+from mhsa.port_check.core.findings import Unheld
 from mhsa.port_check.core.records import Mismatched, Paired, Transfer, map_name
 from mhsa.port_check.core.transforms import Group, View
 
@@ -467,16 +468,17 @@ def _cells_rule(report: Transfer, sides: Sides, left: Left, plain: dict, entries
         for (suffix, names), (cell, path) in zip(layers, found):
             prefix = f"{path}." if path else ""
             weights = [f"{module}.weight_ih_{suffix}", f"{module}.weight_hh_{suffix}"]
-            groups.append(_group((weights[0],), tuple(prefix + p for p in cell.inputs), "concat", sides, found="structure"))
-            groups.append(_group((weights[1],), tuple(prefix + p for p in cell.hidden), "concat", sides, found="structure"))
+            groups.append(_group((weights[0],), tuple(prefix + p for p in cell.inputs), "concat", sides, found="cells"))
+            groups.append(_group((weights[1],), tuple(prefix + p for p in cell.hidden), "concat", sides, found="cells"))
             biases = (f"{module}.bias_ih_{suffix}", f"{module}.bias_hh_{suffix}")
             if biases[0] in names:
-                groups.append(_group(biases, tuple(prefix + p for p in cell.biases if prefix + p in sides.port), cell.combine, sides))
+                groups.append(_group(biases, tuple(prefix + p for p in cell.biases if prefix + p in sides.port), cell.combine, sides, found="cells"))
         if all(group is not None for group in groups):
             for group in groups:
                 left.take(typing.cast(Group, group), report)
             if kind == "GRU" and any(group is not None and group.combine == "gru" and len(group.port) == 1 for group in groups):
-                report.lost.append((module, "b_hn (the last third of each bias_hh)", "the port's GRU cell has no bias on the hidden state's n gate"))
+                why = "its GRU cell has no bias inside r * (W_hn h + b_hn)"
+                report.lost.append(Unheld(module, "torch's b_hn (the last third of each bias_hh)", why))
 
 
 def _torch_layers(module: str, names: list[str]) -> list[tuple[str, list[str]]]:
@@ -542,19 +544,48 @@ def _units(names: list[str], order: list[str]) -> list[Unit]:
 
 
 def _structure_rule(report: Transfer, sides: Sides, left: Left, plain: dict, entries: list) -> None:
-    """The modules left on both sides aligned in call order (align): one against one where their
+    """The modules left on both sides aligned in call order (align), scope by scope: the reference's
+    modules under one that the port has too (through the map, or Linen's list index) against the
+    port's under it, then whatever is left, model-wide. One module against one where their
     parameters pair by kind and shape, one against several consecutive ones (a fused projection
-    split, q, k, v by their names where they have them) or several against one (concatenated).
+    split, q, k, v by their names where they have them), or several against one (concatenated).
     A module that could pair several ways stays unpaired: report.ambiguous names its candidates."""
     if not left.reference or not left.port:
         return
     reference_order, port_order = sides.orders()
-    references, ports = _units(left.reference, reference_order), _units(left.port, port_order)
-    matches, ambiguous = align(references, ports, sides)
-    for groups in matches:
-        for group in groups:
-            left.take(group, report)
-    report.ambiguous += ambiguous
+    by_canonical = {canonical(path): path for path in sides.port_types}
+    scopes: dict[str, str] = {}  # reference module -> its port module, for every one the port has
+    for unit in _units(left.reference, reference_order):
+        path = unit.module
+        while True:
+            mapped = map_name(path, plain)
+            found = mapped if mapped in sides.port_types else by_canonical.get(canonical(mapped))
+            if found is not None or not path:
+                scopes[unit.module] = path if found is not None else ""
+                break
+            path = path.rpartition(".")[0]
+    port_scopes = {}
+    for path in set(scopes.values()):
+        mapped = map_name(path, plain)
+        port_scopes[path] = mapped if mapped in sides.port_types else by_canonical.get(canonical(mapped), "")
+    deepest = sorted(port_scopes.items(), key=lambda item: -len(item[1]))
+
+    def port_scope(name: str) -> str | None:
+        return next((scope for scope, path in deepest if not path or name == path or name.startswith(path + ".")), None)
+
+    considered: set[str] = set()  # the units a scope's alignment has seen: the model-wide one is for the rest
+    ordered: list[str | None] = [*sorted(set(scopes.values()), key=len, reverse=True), None]
+    for scope in ordered:  # each scope, then model-wide
+        references = [name for name in left.reference if name not in considered and (scope is None or scopes.get(_module(name)) == scope)]
+        ports = [name for name in left.port if name not in considered and (scope is None or port_scope(_module(name)) == scope)]
+        if not references or not ports:
+            continue
+        considered.update(references + ports)
+        matches, ambiguous = align(_units(references, reference_order), _units(ports, port_order), sides)
+        for groups in matches:
+            for group in groups:
+                left.take(group, report)
+        report.ambiguous += ambiguous
 
 
 def align(references: list[Unit], ports: list[Unit], sides: Sides) -> tuple[list[list[Group]], list[tuple[str, list[str]]]]:
@@ -566,13 +597,14 @@ def align(references: list[Unit], ports: list[Unit], sides: Sides) -> tuple[list
     n, m = len(references), len(ports)
     sizes = [sum(sides.reference[name].size for name in unit.names) for unit in references]
     port_sizes = [sum(sides.port[name].size for name in unit.names) for unit in ports]
+    largest = [max(sides.reference[name].size for name in unit.names) for unit in references]
+    port_largest = [max(sides.port[name].size for name in unit.names) for unit in ports]
     cache: dict[tuple, list[Group] | None] = {}
 
     def fit(i: int, a: int, j: int, b: int) -> list[Group] | None:
         key = (i, a, j, b)
-        if key not in cache:
-            ours, theirs = sum(sizes[i : i + a]), sum(port_sizes[j : j + b])
-            plausible = ours <= theirs if a == b == 1 else ours == theirs  # one module may hold a bias the other has not
+        if key not in cache:  # the sizes first: most pairs of modules end there, before any shape is read
+            plausible = largest[i] == port_largest[j] if a == b == 1 else sum(sizes[i : i + a]) == sum(port_sizes[j : j + b])
             cache[key] = _fit_units(references[i : i + a], ports[j : j + b], sides) if plausible else None
         return cache[key]
 
@@ -673,21 +705,27 @@ def _by_role(units: list[Unit]) -> list[Unit]:
 
 
 def _one_to_one(reference: Unit, port: Unit, sides: Sides) -> list[Group] | None:
+    """One module's parameters against another's, each by its name or its kind, its shape fitting:
+    the groups of those that pair (a bias the port has not stays unpaired, for the check to name),
+    None where the weight does not pair or a parameter could pair several ways."""
     groups = []
     free = list(port.names)
     for name in reference.names:
         kind = _kind(_leaf(name))
         same = [other for other in free if _leaf(other) == _leaf(name)]
         options = same or [other for other in free if kind is not None and _leaf(other) in kind]
-        fits = [
-            (other, view) for other in options if (view := _fitting(name, other, sides.reference[name].shape, sides.port[other].shape)) is not None
-        ]
-        if len(fits) != 1:
+        shape = sides.reference[name].shape
+        fits = [(other, view) for other in options if (view := _fitting(name, other, shape, sides.port[other].shape)) is not None]
+        if len(fits) > 1:
             return None
+        if not fits:
+            if _role_of(_leaf(name)) == "weight":
+                return None
+            continue
         other, view = fits[0]
         free.remove(other)
         groups.append(transforms.one(name, other, view, "structure"))
-    return groups
+    return groups or None
 
 
 def _role_of(leaf: str) -> str | None:
@@ -761,8 +799,8 @@ def renamed_modules(groups: Sequence[Group], sides: Sides, plain: dict) -> dict[
     changes nothing else: with the user's map, what the rows and the lint pair modules by."""
     entries: dict[str, str] = {}
     for group in groups:
-        if len(group.reference) != 1 or len(group.port) != 1:
-            continue
+        if len(group.reference) != 1 or len(group.port) != 1 or group.found in ("cells", "map"):
+            continue  # a recurrent layer's cells, and what a map pairs, are no module under another name
         reference, port = _module(group.reference[0]), _module(group.port[0])
         if map_name(reference, plain) != port:
             entries[reference] = port

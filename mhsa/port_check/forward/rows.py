@@ -43,9 +43,14 @@ def compare_arrays(a: np.ndarray, b: np.ndarray, sides: tuple[str, str], axes=(N
         try:
             shape = np.broadcast_shapes(a.shape, b.shape)
         except ValueError:
-            return float("nan"), float("nan"), "shape", f"shape {a.shape} in {sides[0]}, {b.shape} in {sides[1]}: they do not broadcast"
-        note = f"compared after broadcasting: {a.shape} in {sides[0]}, {b.shape} in {sides[1]}"
-        a, b = np.broadcast_to(a, shape), np.broadcast_to(b, shape)
+            readings = layouts.reshapings(a.shape, b.shape)
+            if not readings:
+                why = f"shape {a.shape} in {sides[0]}, {b.shape} in {sides[1]}: no reshape or broadcast joins them"
+                return float("nan"), float("nan"), "shape", why
+            a, note = _read_as(a, b, readings)
+        else:
+            note = f"compared after broadcasting: {a.shape} in {sides[0]}, {b.shape} in {sides[1]}"
+            a, b = np.broadcast_to(a, shape), np.broadcast_to(b, shape)
     diff = largest(finite_gap, a, b)  # inf when a NaN or an infinity is in either block: looked at below
     if diff == np.inf:
         nan_a, nan_b = (largest(lambda block: float(np.isnan(block).any()), x) > 0 for x in (a, b))
@@ -55,6 +60,20 @@ def compare_arrays(a: np.ndarray, b: np.ndarray, sides: tuple[str, str], axes=(N
         diff = largest(max_abs_diff, a, b)
     scale = largest_abs(a)
     return diff, diff / scale if scale > 0 else (0.0 if diff == 0 else float("inf")), "", note
+
+
+def _read_as(a: np.ndarray, b: np.ndarray, readings) -> tuple[np.ndarray, str]:
+    """(the reference's output `a` read in the port's shape, how) by the reading of layouts.reshapings
+    under which the two differ least: where one agrees it is that one, where none does the check
+    reports the closest (it fails there all the same)."""
+    best = None
+    for how, axes in readings:
+        read = (a if axes is None else a.transpose(axes)).reshape(b.shape)
+        gap = largest(finite_gap, read, b)
+        if best is None or gap < best[0]:
+            best = (gap, read, how)
+    assert best is not None
+    return best[1], best[2]
 
 
 def _calls(outputs: list[Output]) -> list[tuple[str, int, list[Output]]]:
@@ -88,7 +107,17 @@ def _pair_leaves(source: list[Output], target: list[Output]) -> tuple[list[tuple
     floats_t = [output for output in target if output.value is not None]
     if len(floats_s) == len(floats_t) and not all(output.label in by_label for output in floats_s):
         return list(zip(floats_s, floats_t)), True
+    if not pairs and floats_s and floats_t and (len(floats_s) == 1) != (len(floats_t) == 1):
+        # one side returns a bare array, the other a tuple that starts with it (torch's RNN: (output, state))
+        one, many = (floats_s[0], floats_t[0]) if len(floats_s) == 1 else (floats_t[0], floats_s[0])
+        if one.label == "" and (one.shape == many.shape or layouts.reshapings(many.shape, one.shape) or _moved(many.shape, one.shape)):
+            return [(floats_s[0], floats_t[0])], True
     return pairs, False
+
+
+def _moved(a: tuple, b: tuple) -> bool:
+    """Whether shape `a` is `b` with its channels moved (NCHW against NHWC)."""
+    return len(a) >= 3 and len(a) == len(b) and b in ((a[0], *a[2:], a[1]), (a[0], a[-1], *a[1:-1]))
 
 
 def output_rows(source_outputs, target_outputs, source_desc, target_desc, asked, sides, name_map=None, derived=None):
@@ -101,6 +130,7 @@ def output_rows(source_outputs, target_outputs, source_desc, target_desc, asked,
     index = {(path, call): (position, leaves) for position, (path, call, leaves) in enumerate(target)}
     floor_s, floor_t = precision.floors(source_outputs, asked, source_desc), precision.floors(target_outputs, asked, target_desc)
     rows, unmatched, used, skipped = [], [], set(), []
+    left_over: dict[tuple[str, int], list[Output]] = {}
     for position, (path, call, leaves) in enumerate(source):
         key = (map_name(path, name_map), call)
         if key not in index:
@@ -108,6 +138,9 @@ def output_rows(source_outputs, target_outputs, source_desc, target_desc, asked,
             continue
         used.add(key)
         pairs, by_position = _pair_leaves(leaves, index[key][1])
+        paired_s, paired_t = {id(s) for s, _ in pairs}, {id(t) for _, t in pairs}  # a leaf of one side that pairs with none of the other's is said
+        unmatched += [label(path, call, counts_s[path], output.label) for output in leaves if output.value is not None and id(output) not in paired_s]
+        left_over[key] = [output for output in index[key][1] if output.value is not None and id(output) not in paired_t]
         kind = source_desc[path].kind if path in source_desc else ""
         for s, t in pairs:
             name, target_name = label(path, call, counts_s[path], s.label), label(*key, counts_t[key[0]], t.label)
@@ -136,8 +169,8 @@ def output_rows(source_outputs, target_outputs, source_desc, target_desc, asked,
             rows.append(row)
     unmatched_target = []
     for path, call, leaves in target:
-        if (path, call) not in used:
-            unmatched_target += [label(path, call, counts_t[path], output.label) for output in leaves if output.value is not None]
+        leaves = left_over.get((path, call), []) if (path, call) in used else leaves
+        unmatched_target += [label(path, call, counts_t[path], output.label) for output in leaves if output.value is not None]
     return rows, unmatched, unmatched_target, skipped
 
 

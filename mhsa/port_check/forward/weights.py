@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mhsa.port_check.core import transforms
 from mhsa.port_check.core.chunks import BLOCK, blocks, dot, largest, largest_abs, within
 from mhsa.port_check.core.records import Differing, Transfer
 from mhsa.port_check.core.transforms import Group
@@ -90,6 +91,12 @@ def _group_differs(group: Group, references, expected, actual, tol: float) -> st
         swapped = _parts_swapped(group, expected, actual, tol)
         if swapped is not None:
             return swapped
+    view = group.views[0]
+    plain = len(view.source) == 2 and view.shape in (view.source, view.source[::-1])  # a 2-d transpose: how_it_differs says it best
+    if len(group.views) == 1 and len(group.reference) == 1 and not plain:  # laid out another way that fits the shapes (untransposed, say)
+        for other in transforms.views(view.source, view.shape, None):
+            if other != view and within(max_abs_diff, tol, other.push(references[0]), actual[0]):
+                return f"holds the reference's values {other.words()} where the names' conventions lay them out {view.words()}"
     if group.exact and len(group.reference) == 1:
         pulled = group.pull(actual, sliced=True)[0]
         how = how_it_differs(references[0], pulled, tol)
@@ -100,12 +107,12 @@ def _group_differs(group: Group, references, expected, actual, tol: float) -> st
     for port, a, b in zip(group.port, expected, actual):
         if not within(max_abs_diff, tol, a, b):
             how = how_it_differs(a, b, tol)
-            return None if how is None else f"{port} {how}"
+            return None if how is None else f"is held otherwise in {port}: {how}"
     return None
 
 
 def _parts_swapped(group: Group, expected, actual, tol: float) -> str | None:
-    """'attn.key.kernel holds part 3 of 3 (the part of attn.value.kernel), attn.value.kernel part 2':
+    """'is held with its parts in another order: attn.key.kernel holds part 3 of 3, attn.value.kernel's; ...':
     where the port's arrays of a split (or concatenation) hold the reference's parts in another
     order; None otherwise."""
     if len({a.shape for a in expected}) != 1:
@@ -119,7 +126,8 @@ def _parts_swapped(group: Group, expected, actual, tol: float) -> str | None:
     if all(n == k for n, k in holds.items()):
         return None
     count = len(expected)
-    return ", ".join(f"{group.port[n]} holds part {k + 1} of {count} (the part of {group.port[k]})" for n, k in holds.items() if n != k)
+    moved = [f"{group.port[n]} holds part {k + 1} of {count}, {group.port[k]}'s" for n, k in holds.items() if n != k]
+    return "is held with its parts in another order: " + "; ".join(moved)
 
 
 def how_it_differs(reference: np.ndarray, port: np.ndarray, tol: float) -> str | None:
@@ -139,6 +147,10 @@ def how_it_differs(reference: np.ndarray, port: np.ndarray, tol: float) -> str |
             order = _reordering(reference, port, axis, tol)
             if order is not None:
                 what = "values" if reference.ndim == 1 else what
+                first, _, later = order.partition(", from ")
+                if later:  # the first places agree: the sentence starts where they part
+                    start = int(later.split()[0])
+                    return f"holds the reference's {what} in another order (the port's {what} {start}, {start + 1}, ... are its {first})"
                 return f"holds the reference's {what} in another order (the port's {what} 0, 1, 2, ... are its {order})"
     if reference.ndim >= 3:
         spatial = tuple(range(2, reference.ndim))
@@ -203,8 +215,9 @@ def _reordering(reference, port, axis, tol) -> str | None:
     source_of[order_b] = order_a  # the port's slice i is the reference's slice source_of[i]
     if np.array_equal(source_of, np.arange(len(source_of))):
         return None
-    shown = ", ".join(str(int(i)) for i in source_of[:6])
-    return shown + (", ..." if len(source_of) > 6 else "")
+    start = int(np.flatnonzero(source_of != np.arange(len(source_of)))[0])  # where the orders part: the places before agree
+    shown = ", ".join(str(int(i)) for i in source_of[start : start + 6]) + (", ..." if len(source_of) > start + 6 else "")
+    return shown if start == 0 else f"{shown}, from {start} on"
 
 
 def _project(slices: np.ndarray, direction: np.ndarray) -> np.ndarray:

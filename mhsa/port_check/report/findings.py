@@ -32,6 +32,12 @@ def _lint(d: f.LintDifference, sides) -> str:
     where = d.path or "(the model)"
     if d.setting == "type":
         return f"{where}: {d.kind} in {sides[0]}, {d.port} in {sides[1]}"
+    if (d.kind, d.setting) == ("BatchNorm", "momentum") and isinstance(d.port, float):  # read in torch's convention: say both
+        return (
+            f"{where}: BatchNorm momentum {d.reference!r} in {sides[0]}, {d.port!r} in {sides[1]} in {sides[0]}'s convention "
+            f"({sides[1]}'s own setting {round(1 - d.port, 12)!r}: torch weighs the new batch by momentum, Flax and Equinox "
+            f"the running statistics; {sides[0]}'s {d.reference!r} is their {round(1 - d.reference, 12)!r})"
+        )
     why = explain_same(*d.same) if d.same is not None else WHY.get((d.kind, d.setting), "")
     if d.setting in ("bias", "active"):
         return f"{where}: {d.kind} {d.setting} in {sides[0] if d.reference else sides[1]} only" + (f" ({why})" if why else "")
@@ -124,7 +130,10 @@ def _hint(h: f.Hint, sides) -> str:
             "one side may compute in float32 there without saying so (a cast in its code, a float32 constant or buffer)"
         )
     if h.kind == "grows":
-        return f"the difference grows {h.ratio:.0f}x from '{h.before}' to '{h.row}': a second cause may sit between them"
+        return (
+            f"the difference grows {h.ratio:.0f}x at '{h.row}' over the largest of the outputs it is computed from ('{h.before}'): "
+            f"a second cause may sit in '{h.row}' or in the code that feeds it"
+        )
     return "read with the switches of the probes that close a gap (below) in place:"
 
 
@@ -145,9 +154,16 @@ def _probe(p: f.Probe, sides) -> str:
     if p.outcome == "error":
         return f"probe: {what}: could not run ({p.error})"
     if p.outcome == "open":
-        return f"probe: {what}: does not close the gap ('{p.row}' still {'no output' if p.after is None else f'{p.after:.2e}'})"
+        return f"probe: {what}: does not close the gap ('{p.row}' still {_gap(p.after)})"
     after = "every output then agrees" if p.moves_to is None else f"the first failure moves to '{p.moves_to}'"
-    return f"probe: {what}: closes the gap at '{p.row}' ({p.before:.2e} -> {p.after:.2e}); {after}"
+    return f"probe: {what}: closes the gap at '{p.row}' ({_gap(p.before)} -> {_gap(p.after)}); {after}"
+
+
+def _gap(value: float | None) -> str:
+    """A row's max abs difference as a probe says it: '3.12e-01', 'NaN' (a NaN in an output), 'no output' (None)."""
+    if value is None:
+        return "no output"
+    return "NaN" if value != value else "not comparable (shapes)" if value == float("inf") else f"{value:.2e}"
 
 
 FAMILIES = {
@@ -260,6 +276,11 @@ RENDERERS: dict[type, Callable[[Any, tuple[str, str]], str]] = {
     f.Untied: lambda u, sides: (
         f"{u.path}: tied to {u.tied_to} in {sides[0]}, a parameter of its own in {sides[1]} "
         "(untied: equal once copied, they part as soon as either is trained; --grads shows it)"
+    ),
+    f.Unheld: lambda u, sides: f"{u.path}: {sides[1]} has no room for {u.what} ({u.why}): copied it is lost, and its gradient is 0 there",
+    f.Summed: lambda s, sides: (
+        f"{', '.join(s.parameters)}: held as one array in {sides[1]} ({s.port}): equal in the forward pass and its gradients, "
+        f"but {sides[0]}'s optimizer moves each by its own update, so the trainings part there"
     ),
     f.Note: lambda n, sides: NOTES[n.kind](n, sides),
     f.Precision: _precision,

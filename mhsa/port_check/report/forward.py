@@ -28,10 +28,15 @@ def format_report(report: PortReport) -> str:
     if report.rows:
         lines += _table(report)
         lines.append("")
-    if report.unmatched_source:
-        lines.append(f"no counterpart in {b} (compared only through the next matched output): " + ", ".join(report.unmatched_source))
-    if report.unmatched_target:
-        lines.append(f"no counterpart in {a}: " + ", ".join(report.unmatched_target))
+    both = [name for name in report.unmatched_source if name in report.unmatched_target]  # a module both call, its calls unpaired
+    if both:
+        lines.append(f"called in {a} and in {b}, but their calls pair by number and these do not (a call more on one side?): " + ", ".join(both))
+    only = [name for name in report.unmatched_source if name not in both]
+    if only:
+        lines.append(f"no counterpart in {b} (compared only through the next matched output): " + ", ".join(only))
+    only = [name for name in report.unmatched_target if name not in both]
+    if only:
+        lines.append(f"no counterpart in {a}: " + ", ".join(only))
     lines += [f"hint: {line(hint, sides)}" for hint in report.hints]
     lines += [line(probe, sides) for probe in report.probes]
     lines.append("note: max rel = max |difference| / max |reference output|; a row passes on max abs <= tolerance")
@@ -67,7 +72,6 @@ def _weights(t: Transfer, listed: bool = True) -> list[str]:
             + ", ".join(renamed[:SHOWN])
             + (f" and {len(renamed) - SHOWN} more" if len(renamed) > SHOWN else "")
         )
-    lines += [f"  {b} cannot hold {what} of '{module}': {why}" for module, what, why in t.lost]
     lines += _listed([f"  fits only transposed (not paired): {pair.reference} {pair.shape} -> {pair.port}" for pair in t.transposed_only])
     lines += _listed([f"  shape mismatch (not paired): {pair.reference} {pair.shape} -> {pair.port} {pair.port_shape}" for pair in t.mismatched])
     lines += _listed([f"  paired with none of {b}'s: {name}" for name in t.reference_left])
@@ -172,10 +176,14 @@ def _tolerance_notes(report: PortReport) -> list[str]:
             "of the largest value compared (shared/tolerances.py)"
         )
     if report.port_twin:
+        marked = (
+            f"the {report.port_sets} marked * take {report.sides[1]}'s (its float32 run against its float64 run)"
+            if report.port_sets
+            else "the reference's own error stays the larger at every row (none is marked *)"
+        )
         notes.append(
             f"note: a row failed without the port's own error, so {report.sides[1]} ran in {report.port_twin} too: each float32 row is held "
-            f"to {K:g} x the larger of the two sides' own errors (a fixed one widened to the port's), and the {report.port_sets} marked * "
-            f"take {report.sides[1]}'s (its float32 run against its float64 run)"
+            f"to {K:g} x the larger of the two sides' own errors (a fixed one widened to the port's), and {marked}"
         )
     zero = [row for row in report.rows if row.zero]
     if zero:

@@ -25,7 +25,6 @@ def format_train_report(report: TrainReport) -> str:
     if t.renamed:
         lines.append(f"  modules under other names in {b}: " + ", ".join(f"{reference} -> {port}" for reference, port in t.renamed.items()))
     lines += [f"  transform: {group_line(group)}" for group in t.groups if group.moved]
-    lines += [f"  note: {_summed(group, report.sides)}" for group in t.groups if not group.exact]
     lines += [f"  not copied ({why}): {name}" for why, names in _not_copied(report).items() for name in names]
     lines += [f"  {line(moment)}" for moment in report.only_one_side]
     lines.append(report.tolerance_note)
@@ -46,16 +45,6 @@ def format_train_report(report: TrainReport) -> str:
 def _not_copied(report: TrainReport) -> dict[str, list[str]]:
     """The port's parameters that pair with none of the reference's: they train from their own values."""
     return {f"{report.sides[1]}'s, paired with none of {report.sides[0]}'s": list(report.transfer.port_left)}
-
-
-def _summed(group, sides) -> str:
-    """Why a group the port holds as one array (a sum) parts the trainings though the forward pass and
-    the gradients agree."""
-    a, b = sides
-    return (
-        f"{b} holds {', '.join(group.reference)} of {a} {group.words()} as {group.port_names()}: they agree in the forward pass "
-        f"and their gradients, but {a}'s optimizer moves each by its own update and {b}'s the one array by one: the trainings part there"
-    )
 
 
 def _steps_shown(report: TrainReport) -> list[int]:

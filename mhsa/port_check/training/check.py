@@ -26,7 +26,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from mhsa.comparison import held
-from mhsa.port_check.core.findings import OneSided
+from mhsa.port_check.core.findings import OneSided, Summed
 from mhsa.port_check.core.records import PortCheckError, PortReport
 from mhsa.port_check.core.structure import as_inputs
 from mhsa.port_check.core.training_records import MOMENTS, StepRecord, StepSummary, TrainReport, TrainRow
@@ -127,7 +127,11 @@ def check_training(reference, port, steps: int, *, dtype: str = "float32", name_
         steps=steps,
         transfer=transfer,
         tolerance_note=_tolerance_note(dtype),
-        config_lint=lint(ref_reader.describe(ref32.model, as_inputs(first_ref)), port_reader.describe(port_model, as_inputs(first_port)), name_map),
+        config_lint=[
+            *lint(ref_reader.describe(ref32.model, as_inputs(first_ref)), port_reader.describe(port_model, as_inputs(first_port)), name_map),
+            *transfer.lost,
+            *(Summed(group.reference, group.port_names()) for group in transfer.groups if not group.exact),  # they train apart
+        ],
     )
     report.lint, report.lint_notes, report.settings = train_lint.optimizer_lint(reference, port, port_model, steps, name_map, probes)
     before, failed_before = train_torch.snapshot(ref32.model), None

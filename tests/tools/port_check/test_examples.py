@@ -179,6 +179,8 @@ def test_linen_ports_are_linted_and_compared_too():
     report = check_port(torch_block.block()[0], (module, module.init(jax.random.key(0), x)), x, dtype="float64")
     assert LintDifference("ln2", "LayerNorm", "eps", 1e-5, 1e-6) in report.lint
     assert first(report) == "ln2"
+    # a Linen module's settings are frozen fields: the probe runs a clone of it with torch's eps
+    assert [(probe.switch, probe.outcome, probe.moves_to) for probe in report.probes] == [(Switch("eps", "ln2", 1e-5, 1e-6), "closes", None)]
 
 
 def test_names_that_do_not_correspond_are_matched_through_a_name_map():
@@ -258,7 +260,8 @@ def test_batchnorm_momentum_and_conv_settings_are_compared_in_one_convention():
         LintDifference("conv", "Conv", "stride", (2,), (1,)),
     ]
     assert [line(finding, ("torch", "jax")) for finding in findings] == [  # the sentences the lint prints
-        "bn: BatchNorm momentum 0.1 in torch, 0.01 in jax (in torch's convention (weight of the new batch): torch 0.1 = Flax momentum 0.9)",
+        "bn: BatchNorm momentum 0.1 in torch, 0.01 in jax in torch's convention (jax's own setting 0.99: torch weighs the new batch "
+        "by momentum, Flax and Equinox the running statistics; torch's 0.1 is their 0.9)",
         "conv: Conv stride (2,) in torch, (1,) in jax",
     ]
 
@@ -293,7 +296,7 @@ def planted_eps():
 @pytest.mark.slow  # the command, twice: models built, transferred and run
 def test_the_command_exits_0_on_the_example_pair_and_1_on_a_planted_bug(capsys, tmp_path):
     assert mhsa(["port-check", "examples.torch_block:block", "examples.flax_block:block", "--dtype", "float64", "--grads"]) == 0
-    assert "PASS: all 22 comparisons (10 outputs)" in capsys.readouterr().out
+    assert "PASS: 12 of 12 parameters paired, all 22 comparisons (10 outputs)" in capsys.readouterr().out
     assert mhsa(["port-check", "examples.torch_block:block", "tests.tools.port_check.test_examples:planted_eps", "--dtype", "float64"]) == 1
     out = capsys.readouterr().out
     assert "| ln1 " in out and "<- the models part here" in out.split("| ln1 ")[1].splitlines()[0]

@@ -60,3 +60,53 @@ def test_without_a_closing_probe_the_hints_stay():
     assert gelu in report.hints, report.hints
     assert line(gelu, report.sides).startswith("'mlp.act' (GELU: approximate='none') ran in torch just before 'mlp.fc2'")  # its sentence
     assert all(probe.outcome == "open" for probe in report.probes), report.probes
+
+
+class TorchBranches(torch.nn.Module):
+    """Two branches, x through `fc_a` and t through `fc_t`, summed, normed, through `head`: `fc_t`
+    runs between `fc_a` and `norm` in call order, and only `norm` is computed from both."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc_a, self.fc_t = torch.nn.Linear(models.D, models.D), torch.nn.Linear(models.D, models.D)
+        self.norm, self.head = torch.nn.LayerNorm(models.D), torch.nn.Linear(models.D, models.D)
+
+    def forward(self, x, t):
+        return self.head(self.norm(self.fc_a(x) + self.fc_t(t)))
+
+
+class NNXBranches(nnx.Module):
+    def __init__(self):
+        rngs = nnx.Rngs(0)
+        self.fc_a, self.fc_t = nnx.Linear(models.D, models.D, rngs=rngs), nnx.Linear(models.D, models.D, rngs=rngs)
+        self.norm, self.head = nnx.LayerNorm(models.D, epsilon=1e-5, rngs=rngs), nnx.Linear(models.D, models.D, rngs=rngs)
+
+    def __call__(self, x, t):
+        return self.head(self.norm(self.fc_a(x) + self.fc_t(t)))
+
+
+def _branches(scale: float, transpose_head: bool):
+    """The pair, the port holding the reference's weights but fc_a's kernel times `scale` and, if
+    asked, head's kernel transposed."""
+    from mhsa.port_check import copy_weights
+
+    torch.manual_seed(0)
+    reference, inputs = TorchBranches(), (models.activations()[:, 0], models.activations()[:, 1])
+    port, _ = copy_weights(reference, NNXBranches(), inputs)
+    port.fc_a.kernel[...] = port.fc_a.kernel[...] * scale
+    if transpose_head:
+        port.head.kernel[...] = port.head.kernel[...].T
+    return check_port(reference, port, inputs, transfer=False, probes=False)
+
+
+def test_a_growth_is_measured_against_the_outputs_an_output_is_computed_from_not_the_row_before_it():
+    # the difference enters at fc_a and flows on through norm at its own size: fc_t, the row before
+    # norm in call order, agrees, and is no measure of how norm's difference grew
+    report = _branches(1.5, transpose_head=False)
+    assert report.first_failure.name == "fc_a" and report.rows[1].name == "fc_t" and report.rows[1].passed, format_report(report)
+    assert not any(hint.kind == "grows" for hint in report.hints), [line(hint, report.sides) for hint in report.hints]
+    # a second cause, head's kernel transposed, grows the difference far beyond that of every output feeding it
+    report = _branches(1.0001, transpose_head=True)
+    grows = [hint for hint in report.hints if hint.kind == "grows"]
+    assert [(hint.row, hint.before) for hint in grows] == [("head", "fc_a")], format_report(report)  # the largest of its inputs' differences
+    assert line(grows[0], report.sides).endswith("a second cause may sit in 'head' or in the code that feeds it")

@@ -24,7 +24,11 @@ M = "tests.tools.port_check.models"
         ),
         (
             ["examples.flax_block:block", "examples.torch_block:block"],
-            "TORCH_FACTORY returned a Flax model; the torch reference comes first, then the Flax port",
+            "TORCH_FACTORY returned a Flax model; the torch reference comes first, then its port (Flax NNX, Linen or Equinox)",
+        ),
+        (
+            ["examples.equinox_block:block", "examples.torch_block:block"],
+            "TORCH_FACTORY returned an Equinox model; the torch reference comes first, then its port (Flax NNX, Linen or Equinox)",
         ),
         (
             [f"{M}:no_parameters", "examples.flax_block:block"],
@@ -52,6 +56,7 @@ M = "tests.tools.port_check.models"
         "factory-raises",
         "factory-returns-none",
         "factories-swapped",
+        "equinox-first",
         "no-parameters",
         "port-too-narrow",
         "wrong-input-shape",

@@ -32,11 +32,37 @@ def test_a_bug_after_broadcast_position_embeddings_is_named_at_its_own_module():
     assert "FAIL: the models part at output 'proj' (Linear)" in format_report(report)
 
 
+def test_outputs_equal_up_to_a_reshape_are_compared_after_it_and_the_row_says_how():
+    from mhsa.port_check.forward.rows import compare_arrays
+
+    rng = np.random.default_rng(0)
+    fused = rng.standard_normal((2, 5, 72))  # torch's qkv (B, T, 3D) against a (B, T, 3, H, d_head) LinearGeneral's
+    assert compare_arrays(fused, fused.reshape(2, 5, 3, 4, 6), ("torch", "jax"))[:4] == (
+        0.0,
+        0.0,
+        "",
+        "compared after a reshape ((2, 5, 72) as (2, 5, 3, 4, 6))",
+    )
+    normed = rng.standard_normal((3, 12, 35))  # a GroupNorm's (B, C, H*W) in torch against (B, H, W, C) in Flax
+    nhwc = normed.transpose(0, 2, 1).reshape(3, 5, 7, 12)
+    assert compare_arrays(normed, nhwc, ("torch", "jax"))[:4] == (
+        0.0,
+        0.0,
+        "",
+        "compared channels-last after a reshape ((3, 12, 35) as (3, 5, 7, 12))",
+    )
+    # a port that differs is read the same way, and fails by its own numbers, not as a shape
+    abs_diff, _, status, note = compare_arrays(normed, nhwc + 0.5, ("torch", "jax"))
+    assert (status, note) == ("", "compared channels-last after a reshape ((3, 12, 35) as (3, 5, 7, 12))") and abs_diff == pytest.approx(0.5)
+    # heads split the other way round mix the heads with their channels: no reshape reads them
+    assert compare_arrays(rng.standard_normal((3, 5, 24)), rng.standard_normal((5, 3, 24)), ("torch", "jax"))[2] == "shape"
+
+
 def test_shapes_that_cannot_broadcast_fail_as_a_shape_never_as_inf():
     from mhsa.port_check.forward.rows import compare_arrays
 
     abs_diff, _, status, note = compare_arrays(np.zeros((3, 5)), np.zeros((3, 7)), ("torch", "jax"))
-    assert status == "shape" and note == "shape (3, 5) in torch, (3, 7) in jax: they do not broadcast" and np.isnan(abs_diff)
+    assert status == "shape" and note == "shape (3, 5) in torch, (3, 7) in jax: no reshape or broadcast joins them" and np.isnan(abs_diff)
     # a channels-first reference against a channels-last port is compared channels-last, as their layouts say
     first, last = (0, 1, 2), (0, 2, 1)
     assert compare_arrays(np.ones((3, 4, 9)), np.ones((3, 9, 4)), ("torch", "jax"), (first, last))[2:] == ("", "compared channels-last")

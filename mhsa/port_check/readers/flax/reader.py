@@ -244,6 +244,10 @@ def load_parameters(model: Model, arrays: dict[str, np.ndarray]) -> Model:
             for key in path[:-1]:
                 tree = tree[key]
             tree[path[-1]] = jax_program.on_device(_from_torch(value, layout), tree[path[-1]].dtype)
+        if isinstance(model, LinenSwitched):  # a probe's switches stay with the pair
+            pair = LinenSwitched((module, variables))
+            pair.switches = model.switches
+            return pair
         return module, variables
     for name, value in arrays.items():
         path, layout = native[name]
@@ -347,11 +351,12 @@ def _program(model) -> jax_program.Program:
     named = [_named(types, key) if kind < 2 else (None, None) for key, kind in zip(keys, kinds)]
     names, layouts = [name for name, _ in named], [layout for _, layout in named]
     program = jax_program.Program([leaf for _, leaf in flat], names, layouts, [kind == 0 for kind in kinds], None, modules={} if linen else None)
+    switches = getattr(model, "switches", {})
 
     def call(leaves, inputs):
         variables = jax.tree_util.tree_unflatten(treedef, leaves)
         if linen:
-            calls, seen = _linen_run((module, variables), inputs)
+            calls, seen = _linen_run((module, variables), inputs, switches)
             program.modules.update(seen)
             return calls, calls[-1][1] if calls else None
         instance = nnx.merge(graphdef, *variables)
@@ -437,16 +442,19 @@ def _recording(cls: type) -> type:
     return _RECORDERS[cls]
 
 
-def _linen_run(model, inputs: Inputs):
+def _linen_run(model, inputs: Inputs, switches: dict | None = None):
     """One Linen apply: ([(path, output)] in return order, {path: module}), recorded by an interceptor
     on every module's __call__ (once per call: a subclass's __call__ calling super().__call__ is
     intercepted twice). A module that the model's code runs with an apply of its own (a library's tied
     head: `self.decoder.apply({"params": {"kernel": embedding.T}}, x)`) has paths relative to its own
-    scope: it is named where it sits, the calling module's path and its name."""
+    scope: it is named where it sits, the calling module's path and its name. switches: {path: (a
+    setting, its value)} for a probe (LinenSwitched): that module runs as a clone with the setting
+    changed, on its own variables, its calls inside not recorded."""
     module, variables = model
     calls: list[tuple[str, Any]] = []
     modules: dict[str, nn.Module] = {}
     active: list[tuple[nn.Module, str]] = []  # the modules whose __call__ is running and their paths, innermost last
+    switching: list[bool] = []  # non-empty while a switched clone runs: its own calls are the module's
     roots: dict[int, str] = {}  # id(root scope) -> the path its modules' paths are relative to
 
     def path_of(instance) -> str:
@@ -458,11 +466,12 @@ def _linen_run(model, inputs: Inputs):
         return ".".join(part for part in (roots[id(root)], _join(instance.path)) if part)
 
     def watch(next_fun, args, kwargs, context):
-        if context.method_name != "__call__" or any(seen is context.module for seen, _ in active):  # not a call, or an inner one
+        if context.method_name != "__call__" or any(seen is context.module for seen, _ in active) or switching:  # not a call, or an inner one
             return next_fun(*args, **kwargs)
         active.append((context.module, path_of(context.module)))
         try:
-            output = next_fun(*args, **kwargs)
+            switch = (switches or {}).get(active[-1][1])
+            output = next_fun(*args, **kwargs) if switch is None else _switched_call(context.module, switch, args, kwargs, switching)
         finally:
             _, path = active.pop()
         modules[path] = context.module
@@ -472,6 +481,37 @@ def _linen_run(model, inputs: Inputs):
     with nn.intercept_methods(watch):
         module.apply(dict(variables), *inputs.args, **inputs.kwargs)
     return calls, modules
+
+
+def _switched_call(module: nn.Module, switch: tuple[str, Any], args, kwargs, switching: list) -> Any:
+    """The output of a Linen `module`'s call with one setting switched (a probe): a clone with the
+    setting changed, applied to the module's own variables."""
+    setting, value = switch
+    field = next((name for name in EPS_NAMES if isinstance(getattr(module, name, None), float)), None) if setting == "eps" else setting
+    clone = module.clone(parent=None, **({field: value} if field is not None else {}))
+    switching.append(True)
+    try:
+        return clone.apply(dict(module.variables), *args, **kwargs)
+    finally:
+        switching.pop()
+
+
+class LinenSwitched(tuple):
+    """A Linen (module, variables) pair with some modules' settings switched for the probes:
+    `switches` {path: (setting, value)}, applied by _linen_run (a Linen module's fields are frozen)."""
+
+    switches: dict
+
+
+def _linen_switched(model, switch: str, path: str, value: Any) -> Model | None:
+    """A Linen pair whose module at `path` runs with its eps or padding set to `value`; None where
+    the variables show no layer there (a Linen module's settings exist only while it is called)."""
+    kind = _types(model).get(path)
+    if (switch == "eps" and kind not in ("LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm")) or (switch == "padding" and kind != "Conv"):
+        return None
+    pair = LinenSwitched(model)
+    pair.switches = {**getattr(model, "switches", {}), path: (switch, value)}
+    return pair
 
 
 def _arrays(model, inputs: Inputs) -> tuple[list, Any]:
@@ -485,7 +525,8 @@ def switched(model: Model, switch: str, path: str, value: Any = None) -> Model |
     """Reader.switched (readers/protocol.py): "transpose" the (square) kernel of the Linear at `path`,
     "eps" = value for the norm at `path`, "padding" = value ((low, high) per axis) for the Conv at
     `path`, "load" the parameters of `value` ({neutral name: array}; path unused); None where the
-    switch does not apply (a Linen module's settings are frozen)."""
+    switch does not apply. A Linen module's settings are frozen fields: its pair comes back as a
+    LinenSwitched, whose run calls a clone of that module with the setting changed."""
     if switch == "load":  # value: {neutral name: array}, the reference's values for parameters that differ
         return load_parameters(model if _is_linen(model) else nnx.clone(model), value)
     kind = _types(model).get(path)
@@ -493,8 +534,10 @@ def switched(model: Model, switch: str, path: str, value: Any = None) -> Model |
         name = f"{path}.weight" if path else "weight"
         kernel = parameters(model)[name]
         return switched(model, "load", path, {name: kernel.T}) if kernel.shape[0] == kernel.shape[1] else None
-    if _is_linen(model) or switch not in ("padding", "eps"):
+    if switch not in ("padding", "eps"):
         return None
+    if _is_linen(model):
+        return _linen_switched(model, switch, path, value)
     copy = nnx.clone(model)
     module: Any = _modules(copy).get(path)  # any layer: its padding or eps is looked up by name
     if switch == "padding" and kind == "Conv":
