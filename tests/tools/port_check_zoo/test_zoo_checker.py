@@ -10,6 +10,7 @@ import pytest
 
 from examples.zoo import catalog, llama_train, survey
 from mhsa.port_check import check_port, format_report
+from mhsa.port_check.report.findings import line
 from mhsa.port_check.report.training import format_train_report
 from mhsa.port_check.training.check import check_training
 from tests.tiers import first_fast
@@ -83,3 +84,65 @@ def test_the_llama_pair_trains_alike_through_the_check_and_a_port_without_the_cl
     port["optimizer"] = optax.adamw(llama_train.LR, b1=llama_train.BETAS[0], b2=llama_train.BETAS[1], weight_decay=llama_train.WEIGHT_DECAY)
     report = check_training(llama_train.reference(), port, 3, probes=False)
     assert report.first_failure is not None and report.first_failure.step == 1, format_train_report(report)
+
+
+# what a report on a port that changes the model's shape must say besides PASS: how the transform
+# table read its kernels, or how an output was read, or why no row is missing
+TRANSFORMED = {
+    "heads": "  transform: blocks.0.attn.in_proj_weight (72, 24) -> blocks.0.attn.query.kernel, blocks.0.attn.key.kernel, "
+    "blocks.0.attn.value.kernel: split in 3 along its first axis, each transposed and reshaped to (24, 4, 6)",
+    "heads_equinox": "  modules under other names in equinox: blocks.0.attn.out_proj -> blocks.0.attn.output_proj",
+    "fused": "  transform: blocks.0.attn.qkv.weight (72, 24) -> blocks.0.attn.qkv.kernel: transposed and reshaped to (24, 3, 4, 6)",
+    "vae": "| attn.group_norm ",
+    "lstm": "  transform: lstm.bias_ih_l0, lstm.bias_hh_l0 -> lstm.layers.0.cell.hi.bias, lstm.layers.0.cell.hf.bias, "
+    "lstm.layers.0.cell.hg.bias, lstm.layers.0.cell.ho.bias: summed, split in 4 along its first axis",
+    "lstm_equinox": "  transform: lstm.bias_ih_l0, lstm.bias_hh_l0 -> lstm.layers.0.bias: summed",
+    "lstm_no_bias_equinox": "| lstm[0] ",
+    "gru_equinox": "  transform: gru.bias_ih_l0, gru.bias_hh_l0 -> gru.layers.0.bias, gru.layers.0.bias_n: as torch's GRU biases",
+    "gru_no_bias_equinox": "| gru[0] ",
+}
+SHAPED_MODES = [("converted", "float32", True), ("fresh", "float64", True), ("converted", "float32", False), ("fresh", "float64", False)]
+
+
+@pytest.mark.parametrize(("name", "kind", "dtype", "grads"), first_fast([(name, *mode) for mode in SHAPED_MODES for name in catalog.SHAPED]))
+def test_port_check_passes_every_port_that_changes_the_models_shape(name, kind, dtype, grads):
+    pair = catalog.SHAPED[name]
+    (reference, x), (port, y) = catalog.build(pair.reference), catalog.build(pair.port if kind == "converted" else pair.fresh)
+    report = check_port(reference, port, x, target_inputs=y, dtype=dtype, grads=grads)
+    text = format_report(report)
+    assert report.passed and not report.transfer.reference_left, text
+    assert WEIGHTS[kind] in text and TRANSFORMED[name] in text, f"{name} ({kind}) does not say {TRANSFORMED[name]!r}:\n{text}"
+    assert text.splitlines()[-1].startswith(f"PASS: {len(report.transfer.paired)} of {len(report.transfer.paired)} parameters paired"), text
+    if grads:  # a gradient row for every parameter of the reference, whatever group holds it
+        assert {row.name for row in report.rows if row.section == "gradient"} == set(report.transfer.paired), text
+
+
+@pytest.mark.parametrize("name", first_fast(list(catalog.SHAPED_BUGS)))
+def test_port_check_names_every_bug_planted_in_a_port_that_changes_the_models_shape(name):
+    bug = catalog.SHAPED_BUGS[name]
+    (reference, x), (port, y) = catalog.build(bug.reference), catalog.build(bug.port, dtype=bug.dtype)
+    report = check_port(reference, port, x, target_inputs=y, dtype=bug.dtype, grads=bug.section == "gradient", probes=False)
+    assert not report.passed and survey.names(report, bug), format_report(report)
+
+
+def test_a_gru_cell_without_room_for_b_hn_is_named_by_the_lint():
+    bug = catalog.SHAPED_BUGS["gru_cell_without_b_hn"]
+    (reference, x), (port, y) = catalog.build(bug.reference), catalog.build(bug.port)
+    report = check_port(reference, port, x, target_inputs=y, probes=False)  # b_hn is zero: the outputs agree, with a warning
+    assert report.passed and [line(finding, report.sides) for finding in report.lint] == [
+        "gru: jax has no room for torch's b_hn (the last third of each bias_hh) (its GRU cell has no bias inside r * (W_hn h + b_hn)): "
+        "copied it is lost, and its gradient is 0 there"
+    ], format_report(report)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(catalog.TRAINED))
+def test_the_shaped_pairs_train_alike_through_three_steps_and_summed_biases_part_at_once(name):
+    reference, port, parts = catalog.TRAINED[name]
+    report = check_training(catalog.build(reference), catalog.build(port), 3, probes=False)
+    text = format_train_report(report)
+    if not parts:
+        assert report.passed, text
+        return
+    assert report.first_failure is not None and report.first_failure.step == parts, text
+    assert "held as one array in jax" in text and "the trainings part there" in text, text
