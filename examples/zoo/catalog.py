@@ -135,6 +135,15 @@ SHAPED = {
     "gru_no_bias_equinox": _shaped(
         "rnn_torch:gru_no_bias", "rnn_convert:ported_gru_no_bias_equinox", "rnn_equinox:fresh_gru_no_bias", "rnn_convert:gru_no_bias_to_equinox"
     ),
+    # GPT-2's blocks stacked on a leading layer axis and scanned: nnx.scan, jax.lax.scan over an
+    # nnx.split state, a scan over blocks of two layers, nnx.remat around the body, Linen's nn.scan
+    "gpt2_scan": _shaped("gpt2_scan_convert:reference", "gpt2_scan_convert:ported", "gpt2_scan:fresh", "gpt2_scan_convert:to_flax"),
+    "gpt2_scan_split": _shaped("gpt2_scan_convert:reference", "gpt2_scan_convert:ported_split", "gpt2_scan:fresh_split", "gpt2_scan_convert:to_flax"),
+    "gpt2_scan_grouped": _shaped(
+        "gpt2_scan_convert:reference_grouped", "gpt2_scan_convert:ported_grouped", "gpt2_scan:fresh_grouped", "gpt2_scan_convert:to_flax_grouped"
+    ),
+    "gpt2_scan_remat": _shaped("gpt2_scan_convert:reference", "gpt2_scan_convert:ported_remat", "gpt2_scan:fresh_remat", "gpt2_scan_convert:to_flax"),
+    "gpt2_scan_linen": _shaped("gpt2_scan_convert:reference", "gpt2_scan_convert:ported_linen", "gpt2_scan_linen:fresh", "gpt2_scan_convert:to_flax"),
 }
 
 # one line per bug: (reference, port, where the check must name it, what it is[, section[, dtype]]);
@@ -216,6 +225,19 @@ _SHAPED_TABLE = {
         "gradient",
         "float32",
     ),
+    "scan_out_kernel_transposed": (
+        "gpt2_scan_convert:reference",
+        "gpt2_scan_bugs:out_kernel_transposed_layer1",
+        "transformer.h.1.attn.c_proj",
+        "the converter transposes layer 1's square c_proj kernel only (its slice of the stack)",
+    ),
+    "scan_out_kernel_transposed_linen": (
+        "gpt2_scan_convert:reference",
+        "gpt2_scan_bugs:out_kernel_transposed_layer1_linen",
+        "transformer.h.1.attn.c_proj",
+        "the same in the nn.scan port",
+    ),
+    "scan_mask_off": ("gpt2_scan_convert:reference", "gpt2_scan_bugs:mask_off_layer1", "transformer.h.1.attn.c_proj", "layer 1's attention unmasked"),
     "gru_cell_without_b_hn": (
         "rnn_torch:gru_zero_hn",
         "rnn_convert:ported_gru_flax",
@@ -243,6 +265,8 @@ TRAINED = {
     "lstm_no_bias_equinox": (f"{ZOO}.rnn_train:lstm_no_bias_reference", f"{ZOO}.rnn_train:lstm_no_bias_port", 0),
     "gru_no_bias_equinox": (f"{ZOO}.rnn_train:gru_no_bias_reference", f"{ZOO}.rnn_train:gru_no_bias_port", 0),
     "lstm_summed_biases": (f"{ZOO}.rnn_train:lstm_reference", f"{ZOO}.rnn_train:lstm_port", 1),
+    "gpt2_scan": (f"{ZOO}.gpt2_scan_train:reference", f"{ZOO}.gpt2_scan_train:port", 0),
+    "gpt2_scan_split": (f"{ZOO}.gpt2_scan_train:reference", f"{ZOO}.gpt2_scan_train:port_split", 0),
 }
 
 

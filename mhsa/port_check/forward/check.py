@@ -58,10 +58,20 @@ def transfer_weights(source: Any, target: Any, name_map: dict | None = None, cop
         types = (_types(source_reader.describe(source, given or Inputs())), _types(target_reader.describe(target, given or Inputs())))
     orders = (lambda: (_order(source_reader, source, given, source_params), _order(target_reader, target, given, target_params))) if given else None
     report = _pairing(source_params, target_params, types, orders, name_map, (source_name, target_name))
+    _aliases(report, source_reader.tied(source))
     refuse_unpaired(report)
     if _decide(report, source_params, target_params, copy, source_reader.frozen(source)):
         target = target_reader.load_parameters(target, weights.arrays_to_copy(report, source_params, target_params))
     return target, report
+
+
+def _aliases(pairing: Transfer, tied: dict[str, str]) -> list[str]:
+    """The reference's second names of a tied weight (an lm_head that is the embedding) left unpaired
+    while the first is paired: one parameter, paired once; taken off the parameters left, and returned."""
+    paired = set(pairing.paired)
+    aliases = [name for name in pairing.reference_left if name in tied and tied[name] in paired]
+    pairing.reference_left = [name for name in pairing.reference_left if name not in aliases]
+    return aliases
 
 
 def _types(desc: dict[str, ModuleInfo]) -> dict[str, str]:
@@ -246,9 +256,8 @@ def pair_models(source, target, inputs, *, target_inputs=None, name_map=None, dt
         source_params = _read(source_reader.parameters(source), source_traced, "reference", notes)
         pairing = _pairing(source_params, target_params, types, orders, name_map, sides)
     tied = source_reader.tied(source)
-    aliases = [name for name in pairing.reference_left if name in tied and tied[name] in pairing.paired]
-    if aliases:  # a tied weight is one parameter: paired once, under its first name
-        pairing.reference_left = [name for name in pairing.reference_left if name not in aliases]
+    aliases = _aliases(pairing, tied)
+    if aliases:
         notes.append(Note("tied", tuple((name, tied[name]) for name in aliases)))
     title = f"mhsa port-check · {_type_name(source)} ({source_name}) vs {_type_name(target)} ({target_name}) · {asked}"
     report = PortReport(title, sides, pairing, notes=notes, name_map={**(name_map or {}), **pairing.renamed})

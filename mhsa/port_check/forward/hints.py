@@ -76,19 +76,20 @@ def hints(rows: list[Row], call_paths: list[str], source_desc: dict[str, ModuleI
 def _growth(outputs: list[Row], at: int, upstream) -> tuple[float, Row, Row] | None:
     """(ratio, the output with the largest difference of those feeding `row`, row) for the row after
     the first failure (at `at`) whose difference is the most times that of every output it is
-    computed from, where that is GROWS times or more; None where none is, or the dataflow is unknown."""
+    computed from (the largest of them failing too: the difference grows, it does not enter), where
+    that is GROWS times or more; None where none is, or the dataflow is unknown."""
     if upstream is None:
         return None
     # one row per call, its largest difference: the leaves of one call are not steps of the computation
     calls = {position: max(leaves, key=lambda row: row.abs_diff) for position, leaves in groupby(outputs, key=lambda row: row.position)}
     found = []
     for row in calls.values():
-        if row.position < outputs[at].position or not np.isfinite(row.abs_diff):
-            continue
+        if row.position <= outputs[at].position or not np.isfinite(row.abs_diff):
+            continue  # the first failure is where the difference enters, not where it grows
         feeding = [calls[p] for p in calls if p < row.position and upstream.get(row.position, 0) >> p & 1 and np.isfinite(calls[p].abs_diff)]
         if feeding:
             before = max(feeding, key=lambda other: other.abs_diff)
-            if before.abs_diff > 0 and row.abs_diff >= GROWS * before.abs_diff:
+            if before.failed and before.abs_diff > 0 and row.abs_diff >= GROWS * before.abs_diff:  # a difference there already, grown
                 found.append((row.abs_diff / before.abs_diff, before, row))
     return max(found, key=lambda jump: jump[0]) if found else None
 

@@ -131,8 +131,26 @@ def pair_parameters(sides: Sides, name_map=None, names=("torch", "jax")) -> Tran
     report.reference_left = [name for name in left.reference if name not in said]
     misfits = {pair.port for pair in report.mismatched} | {pair.port for pair in report.transposed_only}
     report.port_left = [name for name in left.port if name not in misfits]
-    report.renamed = renamed_modules(report.groups, sides, plain)
+    report.port_left = _unstacked(report, sides, report.port_left)
+    report.renamed = {**renamed_modules(report.groups, sides, {**plain, **report.renamed}), **report.renamed}
     return report
+
+
+def _unstacked(report: Transfer, sides: Sides, left: list[str]) -> list[str]:
+    """The port's parameters left over, a stacked array whose every slice some group pairs not among
+    them, one with some slices paired named by the slices left (`h.attn.kernel[3]`)."""
+    covered: dict[str, set[int]] = {}
+    for group in report.groups:
+        if group.index is not None:
+            for name in group.port:
+                covered.setdefault(name, set()).add(group.index)
+    found = []
+    for name in left:
+        if name not in covered:
+            found.append(name)
+        else:
+            found += [f"{name}[{index}]" for index in range(sides.port[name].shape[0]) if index not in covered[name]]
+    return found
 
 
 @dataclass
@@ -414,6 +432,122 @@ def _fitting(reference: str, port: str, source, shape) -> View | None:
         return transforms.same(source)
     options = transforms.views(source, shape, convention)
     return options[0] if options and (len(options) == 1 or convention is not None) else None
+
+
+# --- stacked layers ---
+
+
+def _stacked_rule(report: Transfer, sides: Sides, left: Left, plain: dict, entries: list) -> None:
+    """A list of layers (torch's `h.0`, `h.1`, ... in a ModuleList) against one stacked array per
+    parameter, its leading axis the layer (nnx.vmap at init, run by nnx.scan or jax.lax.scan; Linen's
+    nn.scan): `h.1.attn.c_proj.weight` is `h.attn.c_proj.kernel[1]`, each layer's slice laid out as a
+    layer's parameter is (transposed, reshaped). Where the port scans a block of g layers, its g
+    sub-blocks (`h.layers_0`, `h.layers_1`) each stack every g-th layer: layer i is sub-block i % g,
+    slice i // g. Each pairing is a group of one layer (Group.index); the modules pair as
+    `h.{i}` -> `h[{i}]` (report.renamed), the port's calls inside its scan recorded so."""
+    stacked = {name: int(sides.port[name].shape[0]) for name in left.port if sides.port[name].ndim >= 1}
+    if not stacked:
+        return
+    by_module: dict[str, list[str]] = {}
+    for name in stacked:
+        by_module.setdefault(canonical(_module(name)), []).append(name)
+    layers: dict[tuple[str, int], list[str]] = {}  # (reference prefix, where its layer index sits) -> the reference's parameters there
+    for name in left.reference:
+        parts = name.split(".")
+        for k in range(len(parts) - 1):
+            if parts[k].isdigit():
+                layers.setdefault((".".join(parts[:k]), k), []).append(name)
+    for (prefix, k), names in sorted(layers.items(), key=lambda item: -len(item[1])):
+        count = len({int(name.split(".")[k]) for name in names})
+        names = [name for name in names if name in left.reference]
+        port_prefix = canonical(map_name(prefix, plain)) if prefix else ""
+        for group_size in _group_sizes(port_prefix, by_module, count):
+            found = _layers(names, k, port_prefix, group_size, by_module, stacked, sides, report)
+            if found:
+                for group in found:
+                    left.take(group, report)
+                actual = {canonical(path): path for path in sides.port_types}  # the port's own spelling of a module (Linen's layers_0)
+                report.renamed.update(_stack_entries(prefix, port_prefix, group_size, count, by_module, actual))
+                break
+
+
+def _group_sizes(port_prefix: str, by_module: dict, count: int) -> list[int]:
+    """1 (each stacked array holds every layer), then the sizes g of blocks of g sub-blocks the
+    port's modules under `port_prefix` show (`h.layers_0` ... `h.layers_{g-1}`) that divide `count`."""
+    found = [1]
+    start = f"{port_prefix}." if port_prefix else ""
+    subs: set[tuple[str, int]] = set()
+    for module in by_module:
+        if module.startswith(start):
+            parts = module[len(start) :].split(".")
+            if len(parts) >= 2 and parts[1].isdigit():
+                subs.add((parts[0], int(parts[1])))
+    for word in {word for word, _ in subs}:
+        size = 1 + max(index for other, index in subs if other == word)
+        if size > 1 and count % size == 0 and {index for other, index in subs if other == word} == set(range(size)):
+            found.append(size)
+    return found
+
+
+def _layers(names, k, port_prefix: str, size: int, by_module, stacked, sides: Sides, report: Transfer) -> list[Group]:
+    """The groups pairing each reference parameter of a list of layers (`names`, its layer index
+    the k-th part of its name) with a slice of a stacked port array; [] unless every one pairs. A
+    layer's 2-d weights are laid out as the name rule lays them out: transposed for a pair of layer
+    types where one is no standard layer and a non-square weight fits only transposed (a library's
+    Conv1D against a Linear), square ones included."""
+    sub = {}
+    if size > 1:  # the sub-blocks' own names: (word, index) -> their module prefix
+        start = f"{port_prefix}." if port_prefix else ""
+        for module in by_module:
+            parts = module[len(start) :].split(".") if module.startswith(start) else []
+            if len(parts) >= 2 and parts[1].isdigit() and int(parts[1]) < size:
+                sub[int(parts[1])] = f"{start}{parts[0]}.{parts[1]}"
+    candidates = []
+    for name in names:
+        parts = name.split(".")
+        layer, rest = int(parts[k]), parts[k + 1 :]
+        block = port_prefix if size == 1 else sub.get(layer % size, "")
+        index = layer if size == 1 else layer // size
+        module = canonical(".".join(part for part in [block, *rest[:-1]] if part))
+        kind = _kind(rest[-1])
+        options = [other for other in by_module.get(module, []) if _leaf(other) == rest[-1]]
+        options = options or [other for other in by_module.get(module, []) if kind is not None and _leaf(other) in kind]
+        options = [other for other in options if index < stacked[other]]
+        if len(options) != 1:
+            return []
+        candidates.append((name, options[0], index))
+    layouts = Transfer(sides=report.sides)
+    transposed_types = _transposed_types(candidates, sides, layouts)
+    groups = []
+    for name, other, index in candidates:
+        source, shape = tuple(sides.reference[name].shape), tuple(sides.port[other].shape[1:])
+        kinds = (sides.reference_types.get(_module(name), ""), sides.port_types.get(_module(other), ""))
+        if len(source) == 2 and kinds in transposed_types:
+            view = transforms.transpose(source) if source[::-1] == shape else None
+        else:
+            view = _fitting(name, other, source, shape)
+        if view is None:
+            return []
+        groups.append(transforms.one(name, other, view, "stacked", index))
+    report.layouts += [line for line in layouts.layouts if line not in report.layouts]
+    return groups
+
+
+def _stack_entries(prefix: str, port_prefix: str, size: int, count: int, by_module, actual: dict[str, str]) -> dict[str, str]:
+    """The module map of a stack: {"h.{i}": "h[{i}]"}, or one entry per layer where the port scans
+    blocks of `size` layers ({"h.3": "h[1].layers_1"}); port modules as the port spells them."""
+    head = f"{prefix}." if prefix else ""
+    root = actual.get(port_prefix, port_prefix)
+    if size == 1:
+        return {f"{head}{{i}}": f"{root}[{{i}}]"}
+    start = f"{port_prefix}." if port_prefix else ""
+    blocks = {}
+    for module in by_module:
+        parts = module[len(start) :].split(".") if module.startswith(start) else []
+        if len(parts) >= 2 and parts[1].isdigit():
+            spelled = actual.get(f"{start}{parts[0]}.{parts[1]}", f"{start}{parts[0]}.{parts[1]}")
+            blocks[int(parts[1])] = spelled[len(actual.get(port_prefix, port_prefix)) + 1 :] if port_prefix else spelled
+    return {f"{head}{layer}": f"{root}[{layer // size}].{blocks[layer % size]}" for layer in range(count)}
 
 
 # --- recurrent cells ---
@@ -785,6 +919,7 @@ RULES = (
     Rule("name", "the same name through the map", _name_rule),
     Rule("list index", "Linen's blocks_0 for torch's blocks.0", _list_index_rule),
     Rule("convention", "weight / kernel / scale / embedding / gamma, bias / beta, in the module's counterpart", _convention_rule),
+    Rule("stacked", "a list of layers against arrays stacked on a leading layer axis (scanned)", _stacked_rule),
     Rule("cells", "torch's LSTM, GRU, RNN against a JAX library's cells (CELLS)", _cells_rule),
     Rule("structure", "modules in call order: one with one, one split into several, several concatenated", _structure_rule),
 )
@@ -799,8 +934,8 @@ def renamed_modules(groups: Sequence[Group], sides: Sides, plain: dict) -> dict[
     changes nothing else: with the user's map, what the rows and the lint pair modules by."""
     entries: dict[str, str] = {}
     for group in groups:
-        if len(group.reference) != 1 or len(group.port) != 1 or group.found in ("cells", "map"):
-            continue  # a recurrent layer's cells, and what a map pairs, are no module under another name
+        if len(group.reference) != 1 or len(group.port) != 1 or group.found in ("cells", "map", "stacked"):
+            continue  # a recurrent layer's cells, a stacked layer (its own entry), what a map pairs: no module under another name
         reference, port = _module(group.reference[0]), _module(group.port[0])
         if map_name(reference, plain) != port:
             entries[reference] = port

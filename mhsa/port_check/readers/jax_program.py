@@ -30,7 +30,9 @@ class Program:
     names: list[str | None]  # each leaf's neutral name (None: not a parameter)
     layouts: list[str | None]  # each leaf's layout in the neutral form ("linear", "conv" or None)
     differentiated: list[bool]
-    call: Any  # call(leaves, inputs) runs the model on them: ([(path, output)] of every call, the model's output)
+    # call(leaves, inputs, eager=False) runs the model on them: ([(path, output)] of every call, the model's output),
+    # traced and interpreted (readers/marks.py), or eagerly: a model that cannot be traced
+    call: Any
     modules: dict | None = None  # Linen's {path: module} as last called
 
 
@@ -129,7 +131,7 @@ def run(
         if compiled is not None:
             values = compiled.lower().compile()(program.leaves, arrays)
         else:
-            calls, _ = program.call(program.leaves, rebuild(arrays))
+            calls, _ = program.call(program.leaves, rebuild(arrays), eager=True)
             values = record(calls, labels)
         gradients = None
     else:
@@ -138,7 +140,7 @@ def run(
             model_call = max((call for call, path, *_ in labels if path == ""), default=None)
             top = [output for output in traced.outputs if output.call == model_call]
         else:  # run eagerly: the model's own output leaves are known once it has run
-            _, output = program.call(program.leaves, rebuild(arrays))
+            _, output = program.call(program.leaves, rebuild(arrays), eager=True)
             top = [
                 Output(-1, "", label, None, dtype_name(v.dtype) if is_array(v) else "", tuple(getattr(v, "shape", ())))
                 for label, v in flatten(output, is_array)
@@ -176,7 +178,7 @@ def with_gradients(program: Program, arrays, rebuild, labels: list, top: list[Ou
     def objective(differentiated, others, arrays, weights):
         d, o = iter(differentiated), iter(others)
         leaves = [next(d) if is_param else next(o) for is_param in mask]
-        calls, output = program.call(leaves, rebuild(arrays))
+        calls, output = program.call(leaves, rebuild(arrays), eager=eager)
         terms = [jnp.sum(value * weights[label].astype(value.dtype)) for label, value in flatten(output, is_array) if label in weights]
         return sum(terms), record(calls, labels)
 

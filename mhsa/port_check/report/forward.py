@@ -64,7 +64,7 @@ def _weights(t: Transfer, listed: bool = True) -> list[str]:
         unpaired = len(dict.fromkeys(t.unpaired))
         lines.append(f"weights: {paired} of {paired + unpaired} parameters of {a} paired with {b}'s, {unpaired} not")
     lines += [f"  layout: {line}" for line in t.layouts]
-    lines += _listed([f"  transform: {group_line(group)}" for group in t.groups if group.moved])
+    lines += _listed([f"  transform: {line}" for line in group_lines(t.groups)])
     if t.renamed:
         renamed = [f"{reference} -> {port}" for reference, port in t.renamed.items()]
         lines.append(
@@ -85,6 +85,31 @@ def _weights(t: Transfer, listed: bool = True) -> list[str]:
 def _count(n: int, what: str) -> str:
     """'1 parameter', '12 parameters'."""
     return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def group_lines(groups) -> list[str]:
+    """One line per group that moves anything, the layers of a stack in one line ('h.{i}.fc.weight
+    (8, 8) -> h.fc.kernel[{i}] for each of the 3 layers: transposed, stacked on its first axis')."""
+    lines: dict[str, list] = {}
+    for group in groups:
+        if not group.moved:
+            continue
+        if group.index is None:
+            lines[group_line(group)] = []
+            continue
+        layer = str(group.index)
+        pattern = tuple(".".join("{i}" if part == layer else part for part in name.split(".")) for name in group.reference)
+        key = f"{', '.join(pattern)} {group.shapes[0]} -> {', '.join(name + '[{i}]' for name in group.port)}"
+        lines.setdefault(key, []).append(group)
+    found = []
+    for key, members in lines.items():
+        if not members:
+            found.append(key)
+            continue
+        how = members[0].words().replace(f", stacked at index {members[0].index} of the port's first axis", "")
+        layers = "the layer" if len(members) == 1 else f"each of the {len(members)} layers"
+        found.append(f"{key} for {layers}: {how + ', ' if how != 'as it is' else ''}stacked on its first axis")
+    return found
 
 
 def group_line(group) -> str:

@@ -100,6 +100,12 @@ TRANSFORMED = {
     "lstm_no_bias_equinox": "| lstm[0] ",
     "gru_equinox": "  transform: gru.bias_ih_l0, gru.bias_hh_l0 -> gru.layers.0.bias, gru.layers.0.bias_n: as torch's GRU biases",
     "gru_no_bias_equinox": "| gru[0] ",
+    "gpt2_scan": "  transform: transformer.h.{i}.attn.c_proj.weight (20, 20) -> transformer.h.attn.c_proj.weight[{i}] for each of the 3 layers: "
+    "transposed, stacked on its first axis",
+    "gpt2_scan_split": "| transformer.h.2.attn.c_proj ",
+    "gpt2_scan_grouped": "transformer.h.3 -> transformer.h[1].layers_1",
+    "gpt2_scan_remat": "| transformer.h.1.mlp.c_fc ",
+    "gpt2_scan_linen": "| transformer.h.2.ln_2 ",
 }
 SHAPED_MODES = [("converted", "float32", True), ("fresh", "float64", True), ("converted", "float32", False), ("fresh", "float64", False)]
 

@@ -336,8 +336,9 @@ def _program(model) -> jax_program.Program:
     names = _names(model)
     whole = batched(model)
 
-    def call(leaves, inputs):
-        return _record().run(tree.rebuild(leaves), names, inputs, whole)
+    def call(leaves, inputs, eager=False):
+        parameters = {id(leaf): name for leaf, name in zip(leaves, tree.names) if name is not None}  # a scan of them runs layer by layer
+        return _record().run(tree.rebuild(leaves), names, inputs, whole, parameters, eager)
 
     return jax_program.Program(list(tree.leaves), tree.names, tree.layouts, [name is not None for name in tree.names], call)
 

@@ -2,64 +2,22 @@
 patching any class and without letting a traced value escape its transformation.
 
 An Equinox model is an immutable pytree, and its code calls its submodules inside transformations
-of its own (`jax.vmap(self.norm)(x)` over a sequence): a value appended to a list there would leak
-that vmap's tracer. So a copy of the model is built (`eqx.tree_at`) whose every submodule is a
-`Recorder`: it calls its module and passes the output's arrays through `mark`, an identity
-primitive named for that call, which vmap moves the batch axes of to the front (the outermost
-first, as the arrays of a batch are). The whole forward pass is traced once to a jaxpr, and
-`interpret` runs that jaxpr operation by operation: each mark's values, values of the running
-program, are recorded where the mark sits, which is where its call returned (a child before its
-parent). A mark inside a jit of the model's own is found there too; one inside a scan or a cond
-runs as the identity, unrecorded.
+of its own (`jax.vmap(self.norm)(x)` over a sequence, `jax.lax.scan` over a stack of layers). So a
+copy of the model is built (`eqx.tree_at`) whose every submodule is a `Recorder`: it calls its
+module and passes the output through readers/marks.py's `Calls.mark`, which records it where it
+returns, inside those transformations too (a stack of layers scanned, one layer at a time).
 """
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
-from jax.extend import core
-from jax.interpreters import ad, batching, mlir
 
 from mhsa.port_check.core.structure import Inputs, split_arrays
-
-PREFIX = "mhsa_port_check_call_"  # a mark's name: the call it records
-
-mark = core.Primitive("mhsa_port_check_mark")
-mark.multiple_results = True
-mark.def_impl(lambda *values, name: list(values))
-mark.def_abstract_eval(lambda *avals, name: list(avals))
-mlir.register_lowering(mark, mlir.lower_fun(lambda *values, name: list(values), multiple_results=True))
-
-
-def _mark_batched(values, axes, *, name):
-    """The batch axis of every mapped value moved to the front; an unmapped one (axis None: a value
-    every example shares) stays as it is."""
-    moved = [value if axis is None else jnp.moveaxis(value, axis, 0) for value, axis in zip(values, axes)]
-    return mark.bind(*moved, name=name), [None if axis is None else 0 for axis in axes]
-
-
-batching.primitive_batchers[mark] = _mark_batched
-ad.primitive_jvps[mark] = lambda primals, tangents, *, name: (mark.bind(*primals, name=name), list(tangents))
-
-
-class Calls:
-    """The recorded calls of one trace: {mark name: (module path, the output's array structure, its
-    other values)}, filled while the model is traced."""
-
-    def __init__(self) -> None:
-        self.entries: dict[str, tuple[str, Any, Any]] = {}
-
-    def call(self, path: str, module: Any, args: tuple, kwargs: dict) -> Any:
-        """module(*args, **kwargs), its output's arrays passed through a mark of their own."""
-        arrays, static = eqx.partition(module(*args, **kwargs), eqx.is_array)
-        leaves, structure = jax.tree_util.tree_flatten(arrays)
-        name = f"{PREFIX}{len(self.entries)}"
-        self.entries[name] = (path, structure, static)
-        return eqx.combine(jax.tree_util.tree_unflatten(structure, mark.bind(*leaves, name=name)), static)
+from mhsa.port_check.readers import marks
+from mhsa.port_check.readers.marks import Calls
 
 
 class Recorder(eqx.Module):
@@ -76,7 +34,7 @@ class Recorder(eqx.Module):
         return getattr(self.module, name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.calls.call(self.path, self.module, args, kwargs)
+        return self.calls.mark(self.path, self.module(*args, **kwargs))
 
 
 def is_module(value: Any) -> bool:
@@ -130,11 +88,14 @@ def recording_copy(model: Any, names: list[str], calls: Calls) -> Any:
     return wrap(model)
 
 
-def run(model: Any, names: list[str], inputs: Inputs, batched: bool) -> tuple[list[tuple[str, Any]], Any]:
+def run(
+    model: Any, names: list[str], inputs: Inputs, batched: bool, parameters: dict[int, str] | None = None, eager: bool = False
+) -> tuple[list[tuple[str, Any]], Any]:
     """Call `model` on `inputs`, per example under jax.vmap over the first axis of every input array
     unless `batched`: ([(path, output)] of every recorded call in return order, the model's own
-    last under path "", the model's output)."""
-    calls = Calls()
+    last under path "", the model's output). parameters: {id(array): neutral name} of the model's
+    arrays (readers/marks.py runs a scan of them layer by layer); eager: run untraced."""
+    calls = Calls(eager)
     copy = recording_copy(model, names, calls)
     arrays, rebuild = split_arrays(inputs)
     dynamic, static = eqx.partition(copy, eqx.is_array)
@@ -148,57 +109,6 @@ def run(model: Any, names: list[str], inputs: Inputs, batched: bool) -> tuple[li
 
         return one(arrays) if batched else jax.vmap(one)(arrays)
 
-    closed, shape = jax.make_jaxpr(forward, return_shape=True)(dynamic, arrays)
-    recorded_calls: list[tuple[str, list]] = []
-    flat = interpret(closed.jaxpr, closed.consts, jax.tree_util.tree_leaves((dynamic, arrays)), recorded_calls)
-    output = eqx.combine(jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(shape), flat), kept["static"])
-    found = []
-    for name, values in recorded_calls:
-        path, structure, other = calls.entries[name]
-        found.append((path, eqx.combine(jax.tree_util.tree_unflatten(structure, values), other)))
+    found, output = marks.run(forward, (dynamic, arrays), parameters or {}, calls)
+    output = eqx.combine(output, kept["static"])
     return found + [("", output)], output
-
-
-def interpret(jaxpr: core.Jaxpr, consts: list, args: list, recorded_calls: list) -> list:
-    """jaxpr's outputs on `args`, binding each operation on them (so that it runs under whatever
-    transformation calls it: jit, grad); a mark passes its values on and appends (name, values) to
-    `recorded_calls`; a jit holding a mark is run operation by operation too, any other bound whole."""
-    env: dict = {}
-
-    def read(atom):
-        return atom.val if isinstance(atom, core.Literal) else env[atom]
-
-    env.update(zip(jaxpr.constvars, consts))
-    env.update(zip(jaxpr.invars, args))
-    for eqn in jaxpr.eqns:
-        values = [read(atom) for atom in eqn.invars]
-        if eqn.primitive is mark:
-            outs = values
-            recorded_calls.append((eqn.params["name"], values))
-        elif _is_jit(eqn) and _marked(eqn.params["jaxpr"].jaxpr):
-            inner = eqn.params["jaxpr"]
-            outs = interpret(inner.jaxpr, inner.consts, values, recorded_calls)
-        else:
-            outs = _bind(eqn, values)
-        env.update(zip(eqn.outvars, outs))
-    return [read(atom) for atom in jaxpr.outvars]
-
-
-def _is_jit(eqn) -> bool:
-    return eqn.primitive.name in ("jit", "pjit")
-
-
-def _bind(eqn, values: list) -> list:
-    """One operation bound on `values`, as jax.core.eval_jaxpr binds it (get_bind_params gives the
-    parameters, and, in JAX versions before 0.7, the sub-functions first)."""
-    params: Any = eqn.primitive.get_bind_params(eqn.params)
-    subfuns, params = params if isinstance(params, tuple) else ((), params)
-    manager = getattr(getattr(eqn, "ctx", None), "manager", None)  # the operation's own context (its sharding, say)
-    with manager if manager is not None else contextlib.nullcontext():
-        outs = eqn.primitive.bind(*subfuns, *values, **params)
-    return list(outs) if eqn.primitive.multiple_results else [outs]
-
-
-def _marked(jaxpr: core.Jaxpr) -> bool:
-    """Whether a mark sits in `jaxpr` or in a jit inside it (a user's jit around a submodule, say)."""
-    return any(eqn.primitive is mark or (_is_jit(eqn) and _marked(eqn.params["jaxpr"].jaxpr)) for eqn in jaxpr.eqns)

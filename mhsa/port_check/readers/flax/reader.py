@@ -25,8 +25,8 @@ from flax.traverse_util import flatten_dict
 
 from mhsa.port_check.core import padding
 from mhsa.port_check.core.cotangents import Direction
-from mhsa.port_check.core.structure import Inputs, Output, Traced, dtype_name
-from mhsa.port_check.readers import jax_program
+from mhsa.port_check.core.structure import Inputs, Output, Traced, dtype_name, split_arrays
+from mhsa.port_check.readers import jax_program, marks
 from mhsa.port_check.readers.protocol import Model, ModuleInfo
 
 DTYPES = {"float32": jnp.float32, "float64": jnp.float64}
@@ -177,8 +177,12 @@ def variable_names(model: Model) -> dict[tuple, tuple[str, str | None]]:
 
 def _named(types: dict[str, str], path: tuple) -> tuple[str, str | None]:
     """(neutral name, layout) of the variable at `path` (its module's keys, then its own name), by
-    its module's neutral type in `types` (LAYOUTS); a variable of a type not listed keeps its own."""
-    own, layout = LAYOUTS.get(types.get(_join(path[:-1]), ""), {}).get(str(path[-1]), (str(path[-1]), None))
+    its module's neutral type in `types` (LAYOUTS; a Conv's "Conv<n>", n its spatial axes, for its
+    layout); a variable of a type not listed keeps its own name and layout."""
+    kind = types.get(_join(path[:-1]), "")
+    own, layout = LAYOUTS.get(kind.rstrip("0123456789"), {}).get(str(path[-1]), (str(path[-1]), None))
+    if layout == "conv":
+        layout = f"conv{kind[len('Conv') :] or 2}"
     return _join(path[:-1] + (own,)), layout
 
 
@@ -196,16 +200,20 @@ def neutral(names: dict[tuple, tuple[str, str | None]], tree) -> dict[str, np.nd
 
 
 def _types(model) -> dict[str, str]:
-    """module path -> neutral type, for naming variables. Linen's submodules exist only while
-    called, so there the type is read off the variables: a 2-d `kernel` is a Dense, a deeper one
-    a Conv, an `embedding` an Embed, `scale` a norm, `mean` and `var` BatchNorm statistics."""
+    """module path -> neutral type, for naming variables, a Conv's as "Conv<n>" (n spatial axes).
+    Linen's submodules exist only while called, so there the type is read off the variables: a
+    `kernel` of two axes more than the module's stacked ones (stacked_axes) is a Dense, a deeper
+    one a Conv, an `embedding` an Embed, `scale` a norm, `mean` and `var` BatchNorm statistics."""
     if not _is_linen(model):
-        return {_join(path): module_type(module) for path, module in nnx.iter_modules(model)}
+        return {_join(path): _kind(module) for path, module in nnx.iter_modules(model)}
+    variables = flatten_dict(_variables(model))
+    stacked = stacked_axes(variables)
     types = {}
-    for path, value in flatten_dict(_variables(model)).items():
+    for path, value in variables.items():
         module, name = _join(path[:-1]), path[-1]
         if name == "kernel":
-            types[module] = "Linear" if np.ndim(value) == 2 else "Conv"
+            axes = np.ndim(value) - stacked.get(module, 0)
+            types[module] = "Linear" if axes == 2 else f"Conv{axes - 2}"
         elif name == "embedding":
             types[module] = "Embedding"
         elif name in ("mean", "var"):
@@ -215,19 +223,60 @@ def _types(model) -> dict[str, str]:
     return types
 
 
+def _kind(module) -> str:
+    kind = module_type(module)
+    return f"Conv{len(module.kernel_size)}" if kind == "Conv" else kind
+
+
+# the variables whose own shape is a vector: an extra leading axis of theirs is a stack of layers
+VECTORS = ("bias", "scale", "mean", "var")
+
+
+def stacked_axes(variables: dict[tuple, Any]) -> dict[str, int]:
+    """{Linen module path: how many leading axes its variables have for a stack of layers (nn.scan
+    with variable_axes={"params": 0}: 1)}: read off its vectors (a bias (L, out) where a layer's is
+    (out,)); a module without one (a Dense without bias) takes its siblings' count, then its
+    ancestors' siblings', as a stack's modules all have one."""
+    own: dict[str, int] = {}
+    for path, value in variables.items():
+        if path[-1] in VECTORS:
+            own[_join(path[:-1])] = max(own.get(_join(path[:-1]), 0), np.ndim(value) - 1)
+    found = {}
+    for module in {_join(path[:-1]) for path in variables}:
+        if module in own:
+            found[module] = own[module]
+            continue
+        parts = module.split(".")
+        for depth in range(len(parts) - 1, -1, -1):
+            scope = ".".join(parts[:depth])
+            near = [count for other, count in own.items() if other.startswith(scope + ".") or not scope]
+            if near:
+                found[module] = max(near)
+                break
+    return found
+
+
 def _to_torch(value, layout):
-    """A kernel in torch's layout: a Dense's (in, out) -> (out, in) (its last two axes swapped, so that
-    a stack of them, (L, in, out), keeps its leading axis), a Conv's (k..., in, out) -> (out, in, k...)."""
+    """A kernel in torch's layout, any leading stacked axes kept: a Dense's (in, out) -> (out, in) (its
+    last two axes swapped), a Conv's (k..., in, out) -> (out, in, k...) ("conv<n>": n spatial axes)."""
     if layout == "linear":
         return np.swapaxes(value, -1, -2)
-    return value.transpose(-1, -2, *range(value.ndim - 2)) if layout == "conv" else value
+    if layout and layout.startswith("conv"):
+        n = int(layout[4:])
+        lead = value.ndim - n - 2
+        return value.transpose(*range(lead), value.ndim - 1, value.ndim - 2, *range(lead, lead + n))
+    return value
 
 
 def _from_torch(value, layout):
     """A kernel in Flax's layout (_to_torch undone): (out, in) -> (in, out), (out, in, k...) -> (k..., in, out)."""
     if layout == "linear":
         return np.swapaxes(value, -1, -2)
-    return value.transpose(*range(2, value.ndim), 1, 0) if layout == "conv" else value
+    if layout and layout.startswith("conv"):
+        n = int(layout[4:])
+        lead = value.ndim - n - 2
+        return value.transpose(*range(lead), *range(lead + 2, lead + 2 + n), lead + 1, lead)
+    return value
 
 
 def load_parameters(model: Model, arrays: dict[str, np.ndarray]) -> Model:
@@ -353,17 +402,21 @@ def _program(model) -> jax_program.Program:
     program = jax_program.Program([leaf for _, leaf in flat], names, layouts, [kind == 0 for kind in kinds], None, modules={} if linen else None)
     switches = getattr(model, "switches", {})
 
-    def call(leaves, inputs):
-        variables = jax.tree_util.tree_unflatten(treedef, leaves)
-        if linen:
-            calls, seen = _linen_run((module, variables), inputs, switches)
-            program.modules.update(seen)
-            return calls, calls[-1][1] if calls else None
-        instance = nnx.merge(graphdef, *variables)
-        calls = []
-        with _wrapped(instance, calls):
-            output = instance(*inputs.args, **inputs.kwargs)
-        return calls, output
+    def call(leaves, inputs, eager=False):
+        calls = marks.Calls(eager)
+        arrays, rebuild = split_arrays(inputs)
+
+        def forward(leaves, arrays):
+            variables = jax.tree_util.tree_unflatten(treedef, leaves)
+            given = rebuild(arrays)
+            if linen:
+                return _linen_run((module, variables), given, calls, program.modules, switches)
+            instance = nnx.merge(graphdef, *variables)
+            with _wrapped(instance, calls):
+                return instance(*given.args, **given.kwargs)
+
+        parameters = {id(leaf): name for leaf, name in zip(leaves, program.names) if name is not None}  # a scan of them runs layer by layer
+        return marks.run(forward, (leaves, arrays), parameters, calls)
 
     program.call = call
     return program
@@ -379,7 +432,7 @@ def trace(model: Model, inputs: Inputs) -> Traced:
     except UNTRACEABLE:
         if not _is_linen(model):
             return Traced()
-        program.call(program.leaves, rebuild(arrays))  # Linen's modules exist only while called: once, eagerly
+        program.call(program.leaves, rebuild(arrays), eager=True)  # Linen's modules exist only while called: once, eagerly
         return Traced(modules=program.modules)
 
 
@@ -399,16 +452,19 @@ def run(
 
 
 @contextlib.contextmanager
-def _wrapped(model, calls):
-    """While open, every call of a submodule of `model` (a throwaway copy: nnx.merge's) appends
-    (path, output) to `calls`, once per call. No class is patched: each submodule instance gets a
-    recording subclass of its class (_recording) for the block, its own back after, even on error."""
+def _wrapped(model, calls: marks.Calls):
+    """While open, every call of a submodule of `model` (a throwaway copy: nnx.merge's) passes its
+    output through calls.mark under its path, once per call. No class is patched: each submodule
+    instance gets a recording subclass of its class (_recording) for the block, and its path as an
+    attribute (PATH), both of which NNX's transforms carry into their copies of it (nnx.scan's copy
+    of a stacked block, one per layer); its own class back after, even on error."""
     modules = list(nnx.iter_modules(model))
     swapped = []
-    token = _RECORDING_INTO.set(({id(module): _join(path) for path, module in modules}, calls))
+    token = _RECORDING_INTO.set(calls)
     try:
-        for _, module in modules:
+        for path, module in modules:
             cls = type(module)
+            object.__setattr__(module, PATH, _join(path))
             if "__call__" in dir(cls):
                 object.__setattr__(module, "__class__", _recording(cls))
                 swapped.append((module, cls))
@@ -416,11 +472,15 @@ def _wrapped(model, calls):
     finally:
         for module, cls in swapped:
             object.__setattr__(module, "__class__", cls)
+        for _, module in modules:
+            vars(module).pop(PATH, None)
         _RECORDING_INTO.reset(token)
 
 
-# ({id(module): path}, calls) of the capture in progress
-_RECORDING_INTO: contextvars.ContextVar[tuple[dict[int, str], list] | None] = contextvars.ContextVar("recording_into", default=None)
+# the attribute naming a module's path in the throwaway copy, carried into NNX's copies of it
+PATH = "_mhsa_port_check_path"
+# the calls of the capture in progress
+_RECORDING_INTO: contextvars.ContextVar[marks.Calls | None] = contextvars.ContextVar("recording_into", default=None)
 _RECORDERS: dict[type, type] = {}
 
 
@@ -431,10 +491,8 @@ def _recording(cls: type) -> type:
 
         def __call__(self, *args, **kwargs):
             output = super(recorder, self).__call__(*args, **kwargs)
-            into = _RECORDING_INTO.get()
-            if into is not None and id(self) in into[0]:
-                into[1].append((into[0][id(self)], output))
-            return output
+            calls, path = _RECORDING_INTO.get(), vars(self).get(PATH)
+            return calls.mark(path, output) if calls is not None and path is not None else output
 
         namespace = {"__call__": __call__, "__module__": cls.__module__, "__qualname__": cls.__qualname__}
         recorder = type(cls)(cls.__name__, (cls,), namespace)
@@ -442,17 +500,18 @@ def _recording(cls: type) -> type:
     return _RECORDERS[cls]
 
 
-def _linen_run(model, inputs: Inputs, switches: dict | None = None):
-    """One Linen apply: ([(path, output)] in return order, {path: module}), recorded by an interceptor
-    on every module's __call__ (once per call: a subclass's __call__ calling super().__call__ is
-    intercepted twice). A module that the model's code runs with an apply of its own (a library's tied
-    head: `self.decoder.apply({"params": {"kernel": embedding.T}}, x)`) has paths relative to its own
-    scope: it is named where it sits, the calling module's path and its name. switches: {path: (a
+def _linen_run(model, inputs: Inputs, calls: marks.Calls, modules: dict | None, switches: dict | None = None) -> Any:
+    """One Linen apply, its output; every module's __call__ passes its output through calls.mark
+    under its path, by an interceptor (once per call: a subclass's __call__ calling
+    super().__call__ is intercepted twice), and `modules` gets {path: module} as called. A module
+    inside a lifted transform (nn.scan) keeps its own path; one that the model's code runs with an
+    apply of its own (a library's tied head: `self.decoder.apply({"params": {"kernel":
+    embedding.T}}, x)`) has paths relative to its own scope: it is named where it sits, the calling
+    module's path and its name. switches: {path: (a
     setting, its value)} for a probe (LinenSwitched): that module runs as a clone with the setting
     changed, on its own variables, its calls inside not recorded."""
     module, variables = model
-    calls: list[tuple[str, Any]] = []
-    modules: dict[str, nn.Module] = {}
+    modules = {} if modules is None else modules
     active: list[tuple[nn.Module, str]] = []  # the modules whose __call__ is running and their paths, innermost last
     switching: list[bool] = []  # non-empty while a switched clone runs: its own calls are the module's
     roots: dict[int, str] = {}  # id(root scope) -> the path its modules' paths are relative to
@@ -461,12 +520,15 @@ def _linen_run(model, inputs: Inputs, switches: dict | None = None):
         root = instance.scope.root if instance.scope is not None else None
         if not roots:
             roots[id(root)] = ""
+        if id(root) not in roots and instance.path:  # a lifted transform's scope (nn.scan's): its paths are the model's own
+            roots[id(root)] = ""
         if id(root) not in roots:  # a nested apply: placed under the module that runs it
             roots[id(root)] = ".".join(part for part in (active[-1][1] if active else "", instance.name or type(instance).__name__) if part)
         return ".".join(part for part in (roots[id(root)], _join(instance.path)) if part)
 
     def watch(next_fun, args, kwargs, context):
-        if context.method_name != "__call__" or any(seen is context.module for seen, _ in active) or switching:  # not a call, or an inner one
+        inner = any(seen is context.module for seen, _ in active) or switching  # a subclass's super().__call__, or a switched clone's own
+        if context.method_name != "__call__" or inner:
             return next_fun(*args, **kwargs)
         active.append((context.module, path_of(context.module)))
         try:
@@ -475,12 +537,10 @@ def _linen_run(model, inputs: Inputs, switches: dict | None = None):
         finally:
             _, path = active.pop()
         modules[path] = context.module
-        calls.append((path, output))
-        return output
+        return calls.mark(path, output)
 
     with nn.intercept_methods(watch):
-        module.apply(dict(variables), *inputs.args, **inputs.kwargs)
-    return calls, modules
+        return module.apply(dict(variables), *inputs.args, **inputs.kwargs)
 
 
 def _switched_call(module: nn.Module, switch: tuple[str, Any], args, kwargs, switching: list) -> Any:
@@ -506,7 +566,7 @@ class LinenSwitched(tuple):
 def _linen_switched(model, switch: str, path: str, value: Any) -> Model | None:
     """A Linen pair whose module at `path` runs with its eps or padding set to `value`; None where
     the variables show no layer there (a Linen module's settings exist only while it is called)."""
-    kind = _types(model).get(path)
+    kind = _types(model).get(path, "").rstrip("0123456789")
     if (switch == "eps" and kind not in ("LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm")) or (switch == "padding" and kind != "Conv"):
         return None
     pair = LinenSwitched(model)
@@ -529,7 +589,7 @@ def switched(model: Model, switch: str, path: str, value: Any = None) -> Model |
     LinenSwitched, whose run calls a clone of that module with the setting changed."""
     if switch == "load":  # value: {neutral name: array}, the reference's values for parameters that differ
         return load_parameters(model if _is_linen(model) else nnx.clone(model), value)
-    kind = _types(model).get(path)
+    kind = _types(model).get(path, "").rstrip("0123456789")
     if switch == "transpose" and kind == "Linear":
         name = f"{path}.weight" if path else "weight"
         kernel = parameters(model)[name]
