@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from examples.zoo import inputs
-from examples.zoo.configs import GPT2Config
+from examples.zoo.configs import GPT2Config, gpt2_small
 from examples.zoo.convert import jax_dtype
 from examples.zoo.gpt2_flax import TINY, Block, CausalLMOutput, layer_norm
 
@@ -211,3 +211,10 @@ def fresh_grouped(dtype: str = "float32"):
 def fresh_remat(dtype: str = "float32"):
     """The rematerialized nnx.scan port as built, and the reference's inputs."""
     return RematScanGPT2LMHeadModel(CONFIG, dtype=dtype, rngs=nnx.Rngs(0)), inputs.gpt2(CONFIG)
+
+
+def small(batch: int = 1, length: int = 1024):
+    """GPT-2 small's shape (12 layers) stacked and scanned, a fresh port, and gpt2_torch.small's
+    inputs: for benchmarks (benchmarks/port_check_scan.py: the scan against gpt2_flax.small's list)."""
+    config = gpt2_small()
+    return ScanGPT2LMHeadModel(config, rngs=nnx.Rngs(0)), inputs.gpt2(config, (batch, length))

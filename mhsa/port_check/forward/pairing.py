@@ -189,7 +189,7 @@ def split_map(name_map: dict | None) -> tuple[dict[str, str], list[tuple[tuple[s
         ports = tuple(value) if isinstance(value, list) else (value,)
         combine = "sum" if " + " in key else "concat"
         references = tuple(part.strip() for part in re.split(r" \+ |,", key))
-        if isinstance(value, list) or len(references) > 1:
+        if isinstance(value, list) or len(references) > 1 or value.endswith(".T"):  # a transform, or a layout forced: a group of its own
             entries.append((references, ports, combine))
         else:
             plain[key] = value
@@ -466,7 +466,9 @@ def _stacked_rule(report: Transfer, sides: Sides, left: Left, plain: dict, entri
             if found:
                 for group in found:
                     left.take(group, report)
-                actual = {canonical(path): path for path in sides.port_types}  # the port's own spelling of a module (Linen's layers_0)
+                # the port's own spelling of a module (Linen's layers_0), every prefix of its parameters' names among them
+                modules = {".".join(name.split(".")[:n]) for name in sides.port for n in range(1, name.count(".") + 1)}
+                actual = {canonical(path): path for path in [*sides.port_types, *modules]}
                 report.renamed.update(_stack_entries(prefix, port_prefix, group_size, count, by_module, actual))
                 break
 
