@@ -9,10 +9,13 @@ core/transforms.py. The rules run in the order of RULES, each on what the ones b
 | convention | `weight`, `kernel`, `scale`, `embedding`, `gamma`; `bias`, `beta` | the one of that kind in the module whose shape fits |
 | cells | torch's LSTM, GRU, RNN against a JAX library's cells | the cells' layouts: per-gate kernels, packed gates, biases (CELLS) |
 | structure | modules left on both sides, in call order | one against one (renamed), one split into several (q, k, v), several into one |
+| values | a parameter the names leave ambiguous, in a converted port | the one candidate holding its values |
 
 A transform is chosen by structure (names, their conventions, layer types, shapes, call order), never
-by the port's values: a converter that forgot a transpose must be named, not explained away. Where
-structure leaves several choices, or none, the parameter stays unpaired and the check stops.
+by the port's values: a converter that forgot a transpose must be named, not explained away. Only
+which of several same-shaped candidates a parameter is may be read off a converted port's values,
+laid out as the names say. Where structure leaves several choices, or none, the parameter stays
+unpaired and the check stops.
 """
 
 from __future__ import annotations
@@ -26,9 +29,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mhsa.port_check.core import transforms
+from mhsa.port_check.core.chunks import within
 from mhsa.port_check.core.findings import Unheld
 from mhsa.port_check.core.records import Mismatched, Paired, Transfer, map_name
 from mhsa.port_check.core.transforms import Group, View
+from shared.tolerances import max_abs_diff, tolerance
 
 # the layer types whose layouts the readers convert: a pair of these that fits only transposed is a bug of the port
 STANDARD = ("Linear", "Embedding", "Conv", "LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm")
@@ -876,18 +881,23 @@ def _role_of(leaf: str) -> str | None:
     return None
 
 
+def _of_role(units: list[Unit], role: str | None) -> list[str] | None:
+    """Each unit's one parameter of `role` (weight, bias), in order; None where a unit has none or several."""
+    found = []
+    for unit in units:
+        of_role = [name for name in unit.names if _role_of(_leaf(name)) == role]
+        if len(of_role) != 1:
+            return None
+        found.append(of_role[0])
+    return found
+
+
 def _split(reference: Unit, ports: list[Unit], sides: Sides) -> list[Group] | None:
     """One module's weight and bias (say a fused qkv) cut into several modules' (q, k, v)."""
     groups = []
     for name in reference.names:
-        role = _role_of(_leaf(name))
-        parts = []
-        for unit in ports:
-            of_role = [other for other in unit.names if _role_of(_leaf(other)) == role]
-            if len(of_role) != 1:
-                return None
-            parts.append(of_role[0])
-        group = _group((name,), tuple(parts), "concat", sides)
+        parts = _of_role(ports, _role_of(_leaf(name)))
+        group = None if parts is None else _group((name,), tuple(parts), "concat", sides)
         if group is None:
             return None
         groups.append(group)
@@ -901,19 +911,39 @@ def _concatenated(references: list[Unit], port: Unit, sides: Sides) -> list[Grou
     """Several modules' weights and biases (q, k, v) held concatenated in one port module's."""
     groups = []
     for other in port.names:
-        role = _role_of(_leaf(other))
-        parts = []
-        for unit in references:
-            of_role = [name for name in unit.names if _role_of(_leaf(name)) == role]
-            if len(of_role) != 1:
-                return None
-            parts.append(of_role[0])
-        group = _group(tuple(parts), (other,), "concat", sides)
+        parts = _of_role(references, _role_of(_leaf(other)))
+        group = None if parts is None else _group(tuple(parts), (other,), "concat", sides)
         if group is None:
             return None
         groups.append(group)
     covered = {name for group in groups for name in group.reference}
     return groups if all(name in covered for unit in references for name in unit.names) else None
+
+
+def _values_rule(report: Transfer, sides: Sides, left: Left, plain: dict, entries: list) -> None:
+    """A reference parameter that conventions leave ambiguous (a norm holding both `scale` and
+    `gamma`), paired with the one candidate that holds its values, laid out as the names say: a
+    converted port says by its values which it is. A fresh port's random values match none, and
+    the parameter stays ambiguous: the check stops. The outputs of a converted port are its own
+    whichever it is paired with, so no verdict rests on this choice, only which array a gradient
+    row or a differing weight is named by."""
+    still = []
+    for name, options in report.ambiguous:
+        if name not in sides.reference or name not in left.reference:
+            still.append((name, options))
+            continue
+        value = sides.reference[name]
+        tol = tolerance("weights", "float64" if value.dtype == np.float64 else "float32")
+        matching = []
+        for other in options:
+            view = _fitting(name, other, value.shape, sides.port[other].shape) if other in left.port else None
+            if view is not None and within(max_abs_diff, tol, view.push(value), sides.port[other]) and np.ptp(value) > 0:
+                matching.append((other, view))
+        if len(matching) == 1:
+            left.take(transforms.one(name, matching[0][0], matching[0][1], "values"), report)
+        else:
+            still.append((name, options))
+    report.ambiguous = still
 
 
 RULES = (
@@ -924,6 +954,7 @@ RULES = (
     Rule("stacked", "a list of layers against arrays stacked on a leading layer axis (scanned)", _stacked_rule),
     Rule("cells", "torch's LSTM, GRU, RNN against a JAX library's cells (CELLS)", _cells_rule),
     Rule("structure", "modules in call order: one with one, one split into several, several concatenated", _structure_rule),
+    Rule("values", "a parameter the names leave ambiguous, with the one candidate holding its values (a converted port)", _values_rule),
 )
 
 

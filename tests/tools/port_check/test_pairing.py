@@ -99,3 +99,12 @@ def test_a_maps_mistake_is_one_line_before_any_model_is_built(entry, message, tm
     assert mhsa(["port-check", "examples.torch_block:block", "examples.flax_block:block", "--map", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err and err.startswith(f"mhsa port-check: error: --map file '{path}': ")
+
+
+def test_a_parameter_the_names_leave_ambiguous_pairs_with_the_candidate_holding_its_values_in_a_converted_port():
+    reference = arrays(norm__weight=(5,))
+    held = {"norm.scale": reference["norm.weight"].copy(), "norm.gamma": RNG.standard_normal(5)}  # a converter wrote scale
+    report = pair_parameters(sides(reference, held))
+    assert [(group.reference, group.port, group.found) for group in report.groups] == [(("norm.weight",), ("norm.scale",), "values")]
+    fresh = {"norm.scale": RNG.standard_normal(5), "norm.gamma": RNG.standard_normal(5)}  # values say nothing: ambiguous, the check stops
+    assert pair_parameters(sides(reference, fresh)).ambiguous == [("norm.weight", ["norm.gamma", "norm.scale"])]

@@ -39,6 +39,7 @@ def test_a_bug_in_one_scanned_layer_is_named_at_that_layer(style):
     assert any(hint.kind == "enters" and hint.before == "h.1.fc" for hint in report.hints), report.hints
 
 
+@pytest.mark.slow
 def test_a_converted_stack_holding_one_layer_transposed_is_named_at_that_slice():
     reference, port = sm.reference(), sm.NNXStack("scan")
     state = {name: value.detach().numpy() for name, value in reference.state_dict().items()}
@@ -55,6 +56,7 @@ def test_a_converted_stack_holding_one_layer_transposed_is_named_at_that_slice()
     assert report.first_failure.name == "h.2.fc", format_report(report)
 
 
+@pytest.mark.slow
 def test_an_rnn_scanned_over_time_runs_whole_and_a_bidirectional_lstm_pairs_with_both_cells():
     torch.manual_seed(0)
     x = np.random.default_rng(0).standard_normal((3, 5, 7)).astype(np.float32)

@@ -19,7 +19,6 @@ from examples.zoo.convert import StateDict
 from examples.zoo.fused_torch import TINY
 from examples.zoo.torch_weights import numpy_state
 from shared.tolerances import assert_close, tolerance
-from tests.tiers import first_fast
 from tests.tools.port_check_zoo import families, sides
 from tests.tools.port_check_zoo.families import x64  # noqa: F401  (autouse: every test here in float64)
 
@@ -69,6 +68,7 @@ def matched(torch_calls, flax_calls) -> list[tuple[str, np.ndarray, np.ndarray]]
     return [(path, value, in_reference_layout(path, value, flax_calls[path, 0])) for path, value in torch_calls if (path, 0) in flax_calls]
 
 
+@pytest.mark.slow  # the checker's tests hold the property in the fast tier (tests/tools/port_check_zoo/test_zoo_checker.py)
 def test_the_faithful_port_agrees_at_the_output_every_module_and_every_gradient():
     (reference, x), (port, y) = fused_torch.reference(), fused_convert.ported(dtype=DTYPE)
     expected = sides.torch_run(reference, x, DTYPE, convert=lambda grads: grads)  # the gradients in torch's names and layouts
@@ -111,7 +111,8 @@ def test_the_head_shaped_qkv_output_is_torchs_flat_one_split_row_major():
     assert_close("q head 1", shaped[:, :, 0, 1], q_head_1, tolerance("stage", DTYPE))
 
 
-@pytest.mark.parametrize("name", first_fast(list(PARTS_AT)))
+@pytest.mark.slow  # the checker's tests hold the property in the fast tier (tests/tools/port_check_zoo/test_zoo_checker.py)
+@pytest.mark.parametrize("name", list(PARTS_AT))
 def test_every_planted_bug_parts_the_models_at_its_module_and_not_before(name):
     (reference, x), (port, y) = fused_torch.reference(), getattr(fused_bugs, name)(dtype=DTYPE)
     expected, actual = sides.torch_run(reference, x, DTYPE), sides.flax_run(port, y, DTYPE)

@@ -194,7 +194,8 @@ def reference_run(factory: str):
     return torch_side(model, ids)
 
 
-@pytest.mark.parametrize("style", first_fast(list(PORTS)))
+@pytest.mark.slow  # the checker's tests hold the property in the fast tier (tests/tools/port_check_zoo/test_zoo_checker.py)
+@pytest.mark.parametrize("style", list(PORTS))
 def test_each_faithful_port_agrees_at_the_logits_every_layer_and_every_gradient(style):
     reference, ported, convert, config = PORTS[style]
     logits, hidden, calls, grads = reference_run(reference)
@@ -237,7 +238,8 @@ def test_the_converters_take_every_array_once_stacked_and_are_undone_by_their_in
     assert np.array_equal(grouped["transformer.h.layers_1.ln_2.scale"][1], state["transformer.h.3.ln_2.weight"])  # layer 3: layers_1, slice 1
 
 
-@pytest.mark.parametrize("name", first_fast(list(PARTS_AT)))
+@pytest.mark.slow  # the checker's tests hold the property in the fast tier (tests/tools/port_check_zoo/test_zoo_checker.py)
+@pytest.mark.parametrize("name", list(PARTS_AT))
 def test_every_planted_bug_parts_the_models_at_its_module_and_not_before(name):
     logits, _, calls, _ = reference_run("reference")
     port, (ids,) = getattr(gpt2_scan_bugs, name)(dtype=DTYPE)

@@ -31,7 +31,6 @@ from examples.zoo import convert_equinox, heads_bugs, heads_convert, heads_equin
 from examples.zoo.convert import abstract
 from examples.zoo.heads_torch import TINY
 from shared.tolerances import assert_close, max_abs_diff, tolerance
-from tests.tiers import first_fast
 from tests.tools.port_check_zoo import families, sides
 
 DTYPE = "float64"
@@ -105,7 +104,8 @@ def port_run(kind: str, model, grads: bool = True) -> sides.Run:
     return run
 
 
-@pytest.mark.parametrize("kind", first_fast(["nnx", "equinox"]))
+@pytest.mark.slow  # the checker's tests hold the property in the fast tier (tests/tools/port_check_zoo/test_zoo_checker.py)
+@pytest.mark.parametrize("kind", ["nnx", "equinox"])
 def test_each_faithful_port_agrees_at_the_output_every_module_and_every_gradient(kind):
     port = heads_convert.ported(DTYPE)[0] if kind == "nnx" else heads_convert.ported_equinox(DTYPE)[0]
     expected, calls, grads = reference_run()
@@ -156,7 +156,8 @@ def test_the_converters_use_every_array_once_fill_every_variable_and_round_trip_
         convert_equinox.load_equinox(eqx_port, square)
 
 
-@pytest.mark.parametrize("name", first_fast(list(BUGS)))
+@pytest.mark.slow  # the checker's tests hold the property in the fast tier (tests/tools/port_check_zoo/test_zoo_checker.py)
+@pytest.mark.parametrize("name", list(BUGS))
 def test_every_planted_bug_parts_the_models_first_where_we_say(name):
     kind, parts_at = BUGS[name]
     port, (x,) = getattr(heads_bugs, name)(DTYPE)

@@ -28,7 +28,6 @@ from examples.zoo.convert_equinox import equinox_arrays, equinox_shapes
 from examples.zoo.rnn_torch import GRU, GRU_NO_BIAS, LSTM, LSTM_NO_BIAS, RNNConfig
 from examples.zoo.torch_weights import numpy_state
 from shared.tolerances import assert_close, max_abs_diff, tolerance
-from tests.tiers import first_fast
 from tests.tools.port_check_zoo import families, sides
 from tests.tools.port_check_zoo.families import FAR, x64  # noqa: F401  (x64, autouse: every test here in float64)
 
@@ -176,7 +175,8 @@ def run_pair(reference_spec: str, port, cell: str):
     return families.torch_hooked(reference, x, r), port_side(model, y.astype(np.float64), r, cell)
 
 
-@pytest.mark.parametrize("name", first_fast(sorted(PAIRS, key=lambda name: name != "gru_flax")))  # the fast tier's: a GRU compiles fastest
+@pytest.mark.slow  # the checker's tests hold the property in the fast tier (tests/tools/port_check_zoo/test_zoo_checker.py)
+@pytest.mark.parametrize("name", sorted(PAIRS))
 def test_every_faithful_pair_agrees_at_the_output_the_recurrent_module_and_every_gradient(name):
     reference_spec, port_spec, _, _, inverse, config = PAIRS[name]
     (expected, torch_calls, torch_grads), (actual, port_calls, port_grads) = run_pair(reference_spec, build(port_spec, dtype=DTYPE), config.cell)
@@ -222,7 +222,8 @@ def test_the_nnx_gru_converter_refuses_a_b_hn_it_cannot_hold():
     assert not np.any(numpy_state(build("rnn_torch:gru_zero_hn")[0])["gru.bias_hh_l0"][2 * H :])
 
 
-@pytest.mark.parametrize("name", first_fast(sorted(BUGS, key=lambda name: name != "gru_keras_gate_order")))  # the fast tier's: a GRU
+@pytest.mark.slow  # the checker's tests hold the property in the fast tier (tests/tools/port_check_zoo/test_zoo_checker.py)
+@pytest.mark.parametrize("name", sorted(BUGS))
 def test_every_planted_bug_parts_the_models_where_the_table_says(name):
     reference_spec, parts_at, section = BUGS[name]
     cell = reference_spec.rpartition(":")[2].split("_")[0]
@@ -242,7 +243,8 @@ def test_every_planted_bug_parts_the_models_where_the_table_says(name):
         assert parted == set(parts_at.split()) and agreed == set(torch_grads) - parted, (parted, agreed)
 
 
-@pytest.mark.parametrize("optimizer", first_fast(["sgd", "adam"]))
+@pytest.mark.slow  # the checker's tests hold the property in the fast tier (tests/tools/port_check_zoo/test_zoo_checker.py)
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_a_step_moves_torchs_two_biases_twice_as_far_as_the_cells_one_bias_of_their_sum(optimizer):
     # rnn_train's claim for the LSTM against nnx.RNN(nnx.LSTMCell): both of torch's biases get the
     # gradient of their sum, and each takes the step the cell's one bias takes (Adam's first step

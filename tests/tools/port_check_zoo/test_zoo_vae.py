@@ -20,7 +20,6 @@ from examples.zoo.convert import StateDict
 from examples.zoo.torch_weights import numpy_state
 from examples.zoo.vae_torch import TINY
 from shared.tolerances import assert_close, tolerance
-from tests.tiers import first_fast
 from tests.tools.port_check_zoo import families, sides
 from tests.tools.port_check_zoo.families import x64  # noqa: F401  (autouse: every test here in float64)
 
@@ -68,6 +67,7 @@ def matched(torch_calls, flax_calls) -> list[tuple[str, np.ndarray, np.ndarray]]
     return [(path, in_port_layout(path, value, flax_calls[path, 0]), flax_calls[path, 0]) for path, value in torch_calls if (path, 0) in flax_calls]
 
 
+@pytest.mark.slow  # the checker's tests hold the property in the fast tier (tests/tools/port_check_zoo/test_zoo_checker.py)
 def test_the_faithful_port_agrees_at_the_output_every_module_and_every_gradient():
     (reference, x), (port, y) = vae_torch.reference(), vae_convert.ported(dtype=DTYPE)
     expected, actual = sides.torch_run(reference, x, DTYPE), sides.flax_run(port, y, DTYPE, grads=True)
@@ -109,7 +109,8 @@ def test_group_norms_of_both_layouts_agree_and_the_eps_defaults_differ():
     assert_close("GroupNorm, two layouts", nhwc, in_port_layout("attn.group_norm", flat, nhwc), tolerance("stage", DTYPE))
 
 
-@pytest.mark.parametrize("name", first_fast(list(PARTS_AT)))
+@pytest.mark.slow  # the checker's tests hold the property in the fast tier (tests/tools/port_check_zoo/test_zoo_checker.py)
+@pytest.mark.parametrize("name", list(PARTS_AT))
 def test_every_planted_bug_parts_the_models_at_its_module_and_not_before(name):
     (reference, x), (port, y) = vae_torch.reference(), getattr(vae_bugs, name)(dtype=DTYPE)
     expected, actual = sides.torch_run(reference, x, DTYPE), sides.flax_run(port, y, DTYPE)
