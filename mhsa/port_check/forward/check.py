@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from mhsa.port_check.core import cotangents, layouts
+from mhsa.port_check.core import cotangents
 from mhsa.port_check.core.findings import Hint, LintDifference, Note, Untied
-from mhsa.port_check.core.records import NORMS, PortCheckError, PortReport, Row, Transfer, map_name
+from mhsa.port_check.core.records import NORMS, PortCheckError, PortReport, Transfer, map_name
 from mhsa.port_check.core.structure import (
     RANKS,
     Inputs,
@@ -105,10 +105,19 @@ def stopped_reason(report: Transfer) -> str:
     a, b = report.sides
     parts = []
     if report.reference_left:
-        parts.append(f"{_count(report.reference_left)} of the reference ({a}) pair with none of the port's ({b}): {_some(report.reference_left)}")
-    if report.mismatched:
-        shown = [f"'{pair.reference}' {pair.shape} vs '{pair.port}' {pair.port_shape}" for pair in report.mismatched]
+        verb = "pairs" if len(report.reference_left) == 1 else "pair"
+        parts.append(f"{_count(report.reference_left)} of the reference ({a}) {verb} with none of the port's ({b}): {_some(report.reference_left)}")
+    misfits = [pair for pair in report.mismatched if not pair.layouts]
+    if misfits:
+        shown = [f"'{pair.reference}' {pair.shape} vs '{pair.port}' {pair.port_shape}" for pair in misfits]
         parts.append(f"{_count(shown)} of the reference fit no transform of the port's of that name: {_some(shown, 3)}")
+    open_layouts = [pair for pair in report.mismatched if pair.layouts]
+    if open_layouts:
+        shown = [f"'{pair.reference}' {pair.shape} as '{pair.port}' {pair.port_shape}" for pair in open_layouts]
+        parts.append(
+            f"{_count(shown)} of the reference fit the port's of that name in several layouts, and the port's values hold none "
+            f"of them (a map entry ending in .T takes the transposed one): {_some(shown, 3)}"
+        )
     if report.transposed_only:
         shown = [f"'{pair.reference}' {pair.shape} fits '{pair.port}' only transposed" for pair in report.transposed_only]
         parts.append(f"{_count(shown)} of standard layers fit only transposed (is the port's layer built with its sizes swapped?): {_some(shown, 3)}")
@@ -168,7 +177,7 @@ def one_line(error: BaseException) -> str:
     if len(message) > 300:
         message = message[:297] + "..."
     libraries = {sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}
-    ours = os.path.dirname(os.path.abspath(__file__))
+    ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the port checker's package, its readers included
     where = ""
     for frame in reversed(traceback.extract_tb(error.__traceback__)):
         path = os.path.abspath(frame.filename)
@@ -416,7 +425,7 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
         report.rows += gradient_rows(source_grads, target_grads, min(floors), sides, port_of, tolerances.grads, zero)
     if any(row.failed and row.status == "" and (asked == "float32" or row.reference_error is not None) for row in report.rows):
         _port_errors(report, target, target_outputs, target_grads, direction, asked)
-    boundaries(report.rows, source_outputs, _explainer(source_outputs, target_outputs))
+    boundaries(report.rows, source_outputs, target_outputs)
     del target_outputs, target_grads, source_grads  # compared: a large model's outputs are not held any longer
     paths, feeds = call_paths(source_outputs), upstream(source_outputs)
     del source_outputs
@@ -434,25 +443,6 @@ def _run(doing: str, side: Side, *args, also: str = "") -> tuple[list[Output], A
     """side.reader.run(model, inputs, *args) under kept_for_reuse; its failure one PortCheckError line (`doing`, `also`)."""
     with kept_for_reuse():
         return _running(f"{doing} on the inputs ({describe_inputs(side.inputs)})", side.reader.run, side.model, side.inputs, *args, also=also)
-
-
-def _explainer(source_outputs: list[Output], target_outputs: list[Output]):
-    """explain(row) -> how the port's output differs from the reference's there (weights.how_it_differs), or ''."""
-    source = {(output.call, output.label): output for output in source_outputs}
-    target = {(output.call, output.label): output for output in target_outputs}
-
-    def explain(row: Row) -> str:
-        a, b = source.get(row.key), target.get(row.target_key)
-        if a is None or b is None or a.value is None or b.value is None:
-            return ""
-        permutation = layouts.order(a.layout, b.layout)
-        value = a.value if permutation is None else a.value.transpose(permutation)
-        how = weights.how_it_differs(value, b.value, row.tol) if value.shape == b.value.shape else None
-        if how is None:
-            return ""
-        return f"the port's is the reference's {how}" if how.startswith("scaled") else f"the port's output {how}"
-
-    return explain
 
 
 def _derive(report: PortReport, source: Side, outputs, grads, direction) -> derived.Derived | None:

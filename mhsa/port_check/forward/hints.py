@@ -23,6 +23,7 @@ import numpy as np
 
 from mhsa.port_check.core.findings import Hint, Probe, Switch
 from mhsa.port_check.core.records import Row
+from mhsa.port_check.forward.boundaries import boundaries
 from mhsa.port_check.forward.precision import inside
 from mhsa.port_check.forward.rows import output_rows, rejudge
 from mhsa.port_check.readers.protocol import ModuleInfo
@@ -102,8 +103,15 @@ def _unmatched(rows, call_paths, source_desc, before, row) -> list[str]:
 
 
 def _unmatched_between(rows, call_paths, source_desc, before, row) -> list[Hint]:
+    """A hint for each unmatched module between `before` and `row` that computes something: an
+    inactive Dropout or an Identity (its input as it is) is no cause of a difference."""
     found = [(path, source_desc[path]) for path in _unmatched(rows, call_paths, source_desc, before, row)]
+    found = [(path, info) for path, info in found if not _identity(info)]
     return [Hint("unmatched", row.name, path=path, module_kind=info.kind, settings=tuple(info.settings.items())) for path, info in found]
+
+
+def _identity(info: ModuleInfo) -> bool:
+    return info.kind == "Identity" or (info.kind == "Dropout" and info.settings.get("active") is False)
 
 
 def run_probes(rows, call_paths, source: Side, target: Side, sides, asked, name_map, steps: int = 4) -> tuple[list[Probe], list[Row] | None]:
@@ -152,6 +160,7 @@ def _probe(first: Row, what: Switch, kind, make, source: Side, target: Side, sid
     probed, *_ = output_rows(*runs, source.desc, target.desc, asked, sides, name_map, source.derived and source.derived.outputs)
     if target.derived is not None:
         rejudge(probed, target.derived.outputs)
+    boundaries(probed, *runs)  # a difference the switched run still splits at another boundary is none there either
     row = next((r for r in probed if r.name == first.name), None)
     if row is None or not row.passed:
         return Probe(what, "open", first.name, first.abs_diff, None if row is None else row.abs_diff), None, source, target

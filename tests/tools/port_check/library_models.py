@@ -2,8 +2,9 @@
 pair faithful unless a planted bug is asked for: a final LayerNorm at its init, Flax's one-pass
 LayerNorm variance, an encoder-decoder sharing one embedding with a converter's leftovers, a conv
 net with C = H = W, a frozen sinusoidal table, an embedding scaled inside torch's module and after
-Flax's, a weight-normed conv and a norm whose weight is called `scale`, attention weights one side
-returns as None. Odd, distinct sizes: B=3, T=5, D=24, V=11."""
+Flax's, one output read by two modules of which one is blind to a bug in it, a zero-initialized
+projection, a weight-normed conv and a norm whose weight is called `scale`, attention weights one
+side returns as None. Odd, distinct sizes: B=3, T=5, D=24, V=11."""
 
 from __future__ import annotations
 
@@ -273,18 +274,31 @@ class ScaledEmbedding(torch.nn.Embedding):
         return super().forward(ids) * math.sqrt(D)
 
 
+class TorchMixer(torch.nn.Module):
+    """(B, T, D) -> ((B, T, D), None): a Linear returning an attention's tuple, its weights not asked for."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(D, D)
+
+    def forward(self, x):
+        return self.proj(x), None
+
+
 class TorchScaled(torch.nn.Module):
-    """ids (B, T) -> (B, T, D): a scaled embedding, LayerNorm, two Linears."""
+    """ids (B, T) -> (B, T, D): a scaled embedding, LayerNorm, a mixer returning (output, None), two Linears."""
 
     def __init__(self):
         super().__init__()
         torch.manual_seed(0)
         self.embed_tokens = ScaledEmbedding(V, D)
         self.norm = torch.nn.LayerNorm(D)
+        self.mixer = TorchMixer()
         self.fc1, self.fc2 = torch.nn.Linear(D, 2 * D), torch.nn.Linear(2 * D, D)
 
     def forward(self, ids):
-        return self.fc2(torch.tanh(self.fc1(self.norm(self.embed_tokens(ids)))))
+        hidden, _ = self.mixer(self.norm(self.embed_tokens(ids)))
+        return self.fc2(torch.tanh(self.fc1(hidden)))
 
 
 class FlaxScaled(nnx.Module):
@@ -294,12 +308,93 @@ class FlaxScaled(nnx.Module):
         rngs = nnx.Rngs(0)
         self.embed_tokens = nnx.Embed(V, D, rngs=rngs)
         self.norm = nnx.LayerNorm(D, epsilon=1e-5, rngs=rngs)
+        self.mixer = FlaxMixer(rngs)
         self.fc1, self.fc2 = nnx.Linear(D, 2 * D, rngs=rngs), nnx.Linear(2 * D, D, rngs=rngs)
         self.bug = bug
 
     def __call__(self, ids):
-        hidden = jnp.tanh(self.fc1(self.norm(self.embed_tokens(ids) * math.sqrt(D))))
+        hidden, _ = self.mixer(self.norm(self.embed_tokens(ids) * math.sqrt(D)))
+        hidden = jnp.tanh(self.fc1(hidden))
         return self.fc2(hidden) + (self.fc2.bias[...] if self.bug == "fc2_bias" else 0.0)
+
+
+class FlaxMixer(nnx.Module):
+    def __init__(self, rngs):
+        self.proj = nnx.Linear(D, D, rngs=rngs)
+
+    def __call__(self, x):
+        return self.proj(x), None
+
+
+# --- one output read by two modules, one of which cannot see a difference in it ---
+
+
+class TorchTwoReaders(torch.nn.Module):
+    """(B, T, D) -> (B, T, D): `time`'s output read by a LayerNorm (blind to a shift of all its
+    features by one number) and by a Linear, as a diffusion model's time embedding is read by the
+    norm of one block and the projection of another."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.time = torch.nn.Linear(D, D)
+        self.norm = torch.nn.LayerNorm(D)
+        self.proj, self.out = torch.nn.Linear(D, D), torch.nn.Linear(D, D)
+
+    def forward(self, x):
+        t = self.time(x)
+        return self.out(self.norm(t) + self.proj(t))
+
+
+class FlaxTwoReaders(nnx.Module):
+    def __init__(self):
+        rngs = nnx.Rngs(0)
+        self.time = nnx.Linear(D, D, rngs=rngs)
+        self.norm = nnx.LayerNorm(D, epsilon=1e-5, rngs=rngs)
+        self.proj, self.out = nnx.Linear(D, D, rngs=rngs), nnx.Linear(D, D, rngs=rngs)
+
+    def __call__(self, x):
+        t = self.time(x)
+        return self.out(self.norm(t) + self.proj(t))
+
+
+# --- a zero-initialized projection (a ControlNet's zero conv): its output is 0 whatever it reads ---
+
+
+class TorchZeroOut(torch.nn.Module):
+    """(B, T, D) -> (B, T, D): a Linear, then a Linear whose weight and bias are 0."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inner = torch.nn.Linear(D, D)
+        self.zero = torch.nn.Linear(D, D)
+        torch.nn.init.zeros_(self.zero.weight), torch.nn.init.zeros_(self.zero.bias)
+
+    def forward(self, x):
+        return self.zero(torch.tanh(self.inner(x)))
+
+
+class FlaxZeroOut(nnx.Module):
+    def __init__(self):
+        rngs = nnx.Rngs(0)
+        self.inner, self.zero = nnx.Linear(D, D, rngs=rngs), nnx.Linear(D, D, rngs=rngs)
+
+    def __call__(self, x):
+        return self.zero(jnp.tanh(self.inner(x)))
+
+
+def converted_linears(reference: torch.nn.Module, port: nnx.Module, bug: str = "") -> nnx.Module:
+    """`port` with each of its nnx.Linear holding the reference's Linear of the same name; bug:
+    "shifted:<name>" adds 0.5 to that Linear's bias, "transposed:<name>" loads its weight
+    untransposed (square)."""
+    kind, _, buggy = bug.partition(":")
+    for name, layer in reference.named_children():
+        if isinstance(layer, torch.nn.Linear):
+            weight, bias = layer.weight.detach().numpy(), layer.bias.detach().numpy()
+            getattr(port, name).kernel[...] = jnp.asarray(weight if kind == "transposed" and name == buggy else weight.T)
+            getattr(port, name).bias[...] = jnp.asarray(bias + (0.5 if kind == "shifted" and name == buggy else 0.0))
+    return port
 
 
 # --- a weight-normed conv (torch's parametrization; the port's weight_g and weight_v) and a norm's `scale` ---
@@ -390,3 +485,51 @@ class FlaxWithWeights(nnx.Module):
     def __call__(self, x):
         hidden = self.fc(x)
         return hidden, jax.nn.softmax(hidden @ hidden.swapaxes(-2, -1), axis=-1)
+
+
+# --- Gemma's head-shaped Einsum kernels, the input between the head axes, against q, k, v, o Linears ---
+
+N, K, DH = 3, 1, 8  # query heads, key-value heads, d_head: N * DH == D
+
+
+class TorchGroupedAttention(torch.nn.Module):
+    """(B, T, D) -> (B, T, D): grouped-query attention (N query heads share K key-value heads), no
+    mask, with q, k, v, o as four Linears without biases, as a Hugging Face Gemma keeps them."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.q_proj, self.o_proj = torch.nn.Linear(D, N * DH, bias=False), torch.nn.Linear(N * DH, D, bias=False)
+        self.k_proj, self.v_proj = (torch.nn.Linear(D, K * DH, bias=False) for _ in range(2))
+
+    def forward(self, x):
+        q = self.q_proj(x).unflatten(-1, (N, DH)).transpose(1, 2)  # (B, N, T, DH)
+        k, v = (proj(x).unflatten(-1, (K, DH)).transpose(1, 2).repeat_interleave(N // K, dim=1) for proj in (self.k_proj, self.v_proj))
+        weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(DH), dim=-1)  # (B, N, T, T)
+        return self.o_proj((weights @ v).transpose(1, 2).flatten(2))
+
+
+class FlaxEinsumAttention(nnx.Module):
+    """The same with big_vision's Gemma kernels: q (N, D, DH), k and v fused (2, K, D, DH), o (N, DH, D)."""
+
+    def __init__(self):
+        rngs = nnx.Rngs(0)
+        self.q_einsum = nnx.Einsum("BTD,NDH->BTNH", (N, D, DH), rngs=rngs)
+        self.kv_einsum = nnx.Einsum("BSD,CKDH->CBSKH", (2, K, D, DH), rngs=rngs)
+        self.attn_vec_einsum = nnx.Einsum("BTNH,NHD->BTD", (N, DH, D), rngs=rngs)
+
+    def __call__(self, x):
+        q = self.q_einsum(x)  # (B, T, N, DH)
+        k, v = (jnp.repeat(part, N // K, axis=2) for part in self.kv_einsum(x))  # (B, S, N, DH) each
+        weights = jax.nn.softmax(jnp.einsum("BTNH,BSNH->BNTS", q, k) / math.sqrt(DH), axis=-1)
+        return self.attn_vec_einsum(jnp.einsum("BNTS,BSNH->BTNH", weights, v))
+
+
+def converted_einsum(reference: TorchGroupedAttention) -> FlaxEinsumAttention:
+    """big_vision's converter: each Linear's weight in the Einsum's layout."""
+    state = {name: value.detach().numpy() for name, value in reference.state_dict().items()}
+    port = FlaxEinsumAttention()
+    port.q_einsum.kernel[...] = state["q_proj.weight"].reshape(N, DH, D).transpose(0, 2, 1)
+    port.kv_einsum.kernel[...] = np.stack([state[f"{p}_proj.weight"].reshape(K, DH, D).transpose(0, 2, 1) for p in "kv"])
+    port.attn_vec_einsum.kernel[...] = state["o_proj.weight"].T.reshape(N, DH, D)
+    return port

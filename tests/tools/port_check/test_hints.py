@@ -62,6 +62,33 @@ def test_without_a_closing_probe_the_hints_stay():
     assert all(probe.outcome == "open" for probe in report.probes), report.probes
 
 
+class TorchDroppingMLP(torch.nn.Module):
+    """fc1, GELU, Dropout, Identity, fc2: in eval mode the Dropout and the Identity pass their input on as it is."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(models.D, models.D), torch.nn.Linear(models.D, models.D)
+        self.act, self.drop, self.keep = torch.nn.GELU(), torch.nn.Dropout(0.1), torch.nn.Identity()
+
+    def forward(self, x):
+        return self.fc2(self.keep(self.drop(self.act(self.fc1(x)))))
+
+
+class NNXReluMLP(nnx.Module):
+    def __init__(self):
+        self.fc1, self.fc2 = nnx.Linear(models.D, models.D, rngs=nnx.Rngs(0)), nnx.Linear(models.D, models.D, rngs=nnx.Rngs(1))
+
+    def __call__(self, x):
+        return self.fc2(jax.nn.relu(self.fc1(x)))
+
+
+def test_a_module_that_passes_its_input_on_as_it_is_is_no_hinted_cause():
+    torch.manual_seed(0)
+    report = check_port(TorchDroppingMLP().eval(), NNXReluMLP(), models.activations(), probes=False)
+    assert report.first_failure.name == "fc2", format_report(report)
+    assert [hint.path for hint in report.hints if hint.kind == "unmatched"] == ["act"], report.hints
+
+
 class TorchBranches(torch.nn.Module):
     """Two branches, x through `fc_a` and t through `fc_t`, summed, normed, through `head`: `fc_t`
     runs between `fc_a` and `norm` in call order, and only `norm` is computed from both."""

@@ -1,7 +1,8 @@
 """The classes of model that popular libraries ship, on which a port check once gave a faithful
 port a false FAIL (library_models.py holds a small pair of each): a fresh final LayerNorm under
 --grads, a Flax side that rounds more than torch, a converter's leftovers, C = H = W, a
-deterministic table, a computation split at another module boundary, weight norm and renamed
+deterministic table, a computation split at another module boundary (and differences that only
+look healed: one reader of two blind to them, a zero-initialized projection), weight norm and renamed
 weights, attention weights one side returns as None. Each faithful pair passes; a bug in each
 is still named where it is."""
 
@@ -118,6 +119,27 @@ def test_a_computation_split_at_another_module_boundary_passes_with_a_note_and_a
         assert "1 split at another module boundary (notes above)" in format_report(report)
 
 
+@pytest.mark.parametrize(("bug", "parts_at"), [("", None), ("shifted:time", "time"), ("shifted:proj", "proj")])
+def test_a_difference_one_reader_cannot_see_and_another_carries_is_no_split(bug, parts_at):
+    # the norm reading `time` is blind to a shift of all its features: the projection reading it is not
+    reference = lib.TorchTwoReaders().eval()
+    port = lib.converted_linears(reference, lib.FlaxTwoReaders(), bug)
+    report = check_port(reference, port, lib.activations(), probes=False)
+    text = format_report(report)
+    if parts_at is None:
+        assert report.passed, text
+    else:
+        assert report.first_failure.name == parts_at and not any(row.boundary for row in report.rows), text
+
+
+def test_a_difference_read_only_by_a_zero_initialized_projection_is_no_split():
+    # the zero projection's output is 0 on both sides whatever `inner` computes: it shows nothing healed
+    reference = lib.TorchZeroOut().eval()
+    report = check_port(reference, lib.converted_linears(reference, lib.FlaxZeroOut(), "transposed:inner"), lib.activations(), probes=False)
+    assert report.first_failure.name == "inner" and not report.first_failure.boundary, format_report(report)
+    assert _rows(report)["(model output)"].passed
+
+
 def test_a_difference_that_flows_on_is_no_split_even_when_the_next_row_is_within_its_tolerance():
     from tests.tools.port_check.test_derived import FlaxNorm, TorchNorm, inputs
 
@@ -158,3 +180,15 @@ def test_an_output_one_side_returns_as_none_is_a_note_never_a_row():
     assert "not compared, as one side returns None there: '(model output)[1]' (None in torch, float32 in the other)" in [
         line(note, report.sides) for note in report.notes
     ]  # the sentence it prints
+
+
+def test_head_shaped_einsum_kernels_with_the_input_between_the_head_axes_pair_converted_and_fresh():
+    reference = lib.TorchGroupedAttention().eval()
+    converted = check_port(reference, lib.converted_einsum(reference), lib.activations(), grads=True)
+    text = format_report(converted)
+    assert converted.passed and not converted.transfer.copied, text  # the values say which of q's two interleavings the converter chose
+    assert "q_proj.weight (24, 24) -> q_einsum.kernel: its rows split into (3, 8), its columns into (24,), laid out as (3, 24, 8)" in text, text
+    stopped = check_port(reference, lib.FlaxEinsumAttention(), lib.activations()).stopped  # fresh: (24, 24) fits (3, 24, 8) two ways
+    assert stopped == "1 parameter of the reference (torch) pairs with none of the port's (jax): q_proj.weight", stopped
+    fresh = check_port(reference, lib.FlaxEinsumAttention(), lib.activations(), grads=True, name_map={"q_proj.weight": "q_einsum.kernel"})
+    assert fresh.passed and fresh.transfer.copied, format_report(fresh)  # an entry naming the parameter takes it untransposed

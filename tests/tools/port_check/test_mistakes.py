@@ -109,3 +109,20 @@ def test_nan_on_one_side_only_is_named_on_that_side():
     a, b = np.ones((2, 3)), np.ones((2, 3))
     b[1, 2] = np.nan
     assert compare_arrays(a, b, ("torch", "jax"))[2:] == ("nan", "NaN in jax's output only")
+
+
+def test_an_error_is_located_in_the_users_code_never_in_the_checkers_own_readers():
+    from pathlib import Path
+
+    from mhsa.port_check.forward.check import one_line
+    from mhsa.port_check.readers import marks
+
+    def raised_in(filename):  # raised and caught in `filename`, as a reader's error is caught in the checker's own code
+        caught = "try:\n    raise ValueError('no such axis')\nexcept ValueError as error:\n    said = one_line(error)\n"
+        scope = {"one_line": one_line}
+        exec(compile(caught, filename, "exec"), scope)
+        return scope["said"]
+
+    assert raised_in(marks.__file__) == "ValueError: no such axis"  # the interpreter of a traced program, not the model
+    user = Path(marks.__file__).parents[2] / "port_check_models.py"  # beside the package: a name that begins like it
+    assert raised_in(str(user)).startswith("ValueError: no such axis (at "), raised_in(str(user))
