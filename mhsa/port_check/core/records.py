@@ -77,6 +77,7 @@ class Mismatched(NamedTuple):
     port: str
     shape: tuple  # the reference's, as the port would take it
     port_shape: tuple
+    layouts: int = 0  # how many layouts fit where the shapes do not say which (a square weight as (N, D, H) or (D, N, H)); 0: none fits
 
 
 class Differing(NamedTuple):

@@ -12,6 +12,7 @@ group of that form:
 | as it is | one -> one | `norm.weight` -> `norm.scale` |
 | transposed | one -> one | a Linear's (out, in) weight -> a (in, out) kernel |
 | head axes split or merged | one -> one | (H*d_head, D) -> a LinearGeneral kernel (D, H, d_head); (D, H*d_head) -> (H, d_head, D) |
+| rows and columns interleaved | one -> one | (N*H, D) -> an Einsum kernel (N, D, H), the input between the head axes |
 | split | one -> several | a fused qkv (3D, D) -> query, key, value; torch's packed gates (4H, I) -> one kernel per gate |
 | concatenated | several -> one | q, k, v (D, D) each -> a fused (D, 3, H, d_head) kernel |
 | summed | several -> one or more | torch's LSTM biases b_ih + b_hh -> the one bias of a JAX cell (per gate, or packed) |
@@ -27,6 +28,7 @@ tests/tools/port_check/test_transforms.py runs every row both ways.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -41,20 +43,38 @@ class View:
 
     source: tuple  # the part's shape in the reference's layout
     shape: tuple  # the port array's shape (one layer's, for a stacked group)
-    transposed: bool = False
+    transposed: bool = False  # the port's first axis is of the 2-d form's columns (a kernel's input first)
     rows: int = 1  # how many leading axes of `source` make the 2-d form's rows
+    # rows and columns interleaved (Gemma's q kernel (N, D, H) for a (N*H, D) weight): the 2-d form
+    # split into `split` (the rows' axes, then the columns'), its axes then in `order`; () otherwise
+    split: tuple = ()
+    order: tuple = ()
 
     def push(self, x: np.ndarray) -> np.ndarray:
         """The reference's part -> the port's array (a view where NumPy can make one)."""
+        if self.order:
+            return x.reshape(self.split).transpose(self.order)
         if self.transposed:
             x = x.reshape(math.prod(self.source[: self.rows]), -1).T
         return x if x.shape == self.shape else x.reshape(self.shape)
 
     def pull(self, y: np.ndarray) -> np.ndarray:
         """The port's array -> the reference's part (push undone)."""
+        if self.order:
+            return y.transpose(np.argsort(self.order)).reshape(self.source)
         if self.transposed:
             y = y.reshape(-1, math.prod(self.source[: self.rows])).T
         return y if y.shape == self.source else y.reshape(self.source)
+
+    @property
+    def _row_axes(self) -> int:
+        """How many axes of `split` are the rows'."""
+        rows = self.source[: self.rows]
+        count, product = 0, 1
+        while product < math.prod(rows):
+            product *= self.split[count]
+            count += 1
+        return count
 
     @property
     def moved(self) -> bool:
@@ -64,6 +84,9 @@ class View:
     def words(self) -> str:
         """'as it is', 'transposed', 'reshaped to (4, 6)', 'transposed and reshaped to (24, 4, 6)'."""
         two_d = len(self.source) == 2 and self.rows == 1
+        if self.order:
+            rows = len(self.split) - sum(axis >= self._row_axes for axis in self.order)
+            return f"its rows split into {self.split[:rows]}, its columns into {self.split[rows:]}, laid out as {self.shape}"
         if not self.transposed:
             return "as it is" if self.shape == self.source else f"reshaped to {self.shape}"
         if two_d and self.shape == self.source[::-1]:
@@ -228,6 +251,44 @@ def views(source: tuple, shape: tuple, kernel: bool | None) -> list[View]:
             found.append(View(source, shape, False, rows))
         if b in prefixes:  # columns first: transposed
             found.append(View(source, shape, True, rows))
+    if not found:  # a head-shaped kernel with the input between its head axes
+        found = _interleaved(source, shape)
     if kernel is not None:  # the port's convention first
         found.sort(key=lambda view: view.transposed != kernel)
     return found
+
+
+def _interleaved(source: tuple, shape: tuple) -> list[View]:
+    """The views that give each axis of `shape` to the 2-d form's rows or its columns, each side's
+    axes in their own order, the two interleaved: (N*H, D) as (N, D, H), a fused (2*K*H, D) as
+    (2, K, D, H). Only where neither the rows-first nor the columns-first form fits."""
+    found: dict[tuple, View] = {}
+    for rows in range(1, len(source)):
+        a, b = flat(source, rows)
+        for mask in itertools.product((True, False), repeat=len(shape)):  # True: the axis is the rows'
+            row_axes = [n for n, is_row in enumerate(mask) if is_row]
+            column_axes = [n for n, is_row in enumerate(mask) if not is_row]
+            if not row_axes or not column_axes or row_axes[-1] < column_axes[0] or column_axes[-1] < row_axes[0]:
+                continue  # all rows first, or all columns first: the plain views
+            if math.prod(shape[n] for n in row_axes) != a or math.prod(shape[n] for n in column_axes) != b:
+                continue
+            split = tuple(shape[n] for n in row_axes + column_axes)
+            order = tuple(int(n) for n in np.argsort(row_axes + column_axes))
+            view = View(source, shape, transposed=not mask[0], rows=rows, split=split, order=order)
+            found.setdefault(_moves(split, order), view)  # a size-1 axis given to either side moves nothing
+    return [view for key, view in found.items() if key != _moves((math.prod(source),), (0,))]
+
+
+def _moves(split: tuple, order: tuple) -> tuple:
+    """What a reshape to `split` then a transpose to `order` does to the values, whatever the axes of
+    size 1 and the axes that stay neighbours: the runs of `split`'s axes, in the port's order."""
+    rank = {axis: n for n, axis in enumerate(axis for axis in range(len(split)) if split[axis] > 1)}
+    kept = [rank[axis] for axis in order if axis in rank]
+    split = tuple(size for size in split if size > 1)
+    runs: list[list[int]] = []
+    for axis in kept:
+        if runs and axis == runs[-1][-1] + 1:
+            runs[-1].append(axis)
+        else:
+            runs.append([axis])
+    return tuple((math.prod(split[axis] for axis in run), run[0]) for run in runs) if len(runs) > 1 else ()

@@ -120,6 +120,7 @@ def pair_parameters(sides: Sides, name_map=None, names=("torch", "jax")) -> Tran
     report = Transfer(sides=names)
     left = Left(list(sides.reference), list(sides.port))
     plain, entries = split_map(name_map)
+    _check_plain(plain, sides)
     for rule in RULES:
         rule.run(report, sides, left, plain, entries)
     order = {name: n for n, name in enumerate(sides.reference)}
@@ -222,6 +223,38 @@ def check_map(name_map: dict) -> None:
             raise ValueError(f"the entry {key!r}: a list of one name; give the name itself")
 
 
+def _check_plain(plain: dict[str, str], sides: Sides) -> None:
+    """Raise ValueError naming a renaming entry that pairs nothing: its key no reference parameter
+    or module, or, naming a reference parameter, its value no port parameter. A module's entry may
+    name a module whose parameters other rules pair (a fused projection's), so its value is not
+    held to the port's parameter names."""
+    modules = set(sides.reference_types) | {".".join(name.split(".")[:n]) for name in sides.reference for n in range(1, name.count(".") + 1)}
+    held = {canonical(re.sub(r"\[\d+\]", "", name)) for name in sides.port}
+    for key, value in plain.items():
+        parameters = [name for name in sides.reference if _names(key, name)]
+        if not parameters and not any(_names(key, module) for module in modules):
+            raise ValueError(f"the map's entry {key!r} -> {value!r}: the reference has no parameter or module {key!r}")
+        landed = [map_name(name, {key: value}) for name in parameters]
+        if parameters and not any(canonical(re.sub(r"\[\d+\]", "", name)) in held for name in landed):
+            raise ValueError(f"the map's entry {key!r} -> {value!r}: the port has no parameter {landed[0]!r}{_own_name(landed[0], held)}")
+
+
+def _names(key: str, name: str) -> bool:
+    """Whether the map's key (a name or a pattern with {fields}) is the whole of `name`."""
+    return map_name(name, {key: "*"}) == "*"  # no name is "*": the key matched all of it
+
+
+def _own_name(name: str, held: set[str]) -> str:
+    """', named ... here' where the port holds the parameter under the neutral name its reader gives
+    it (a kernel or a scale read as torch's weight), else ''."""
+    module, _, leaf = name.rpartition(".")
+    leaf, index = re.fullmatch(r"(.*?)(\[\d+\])?", leaf).groups()
+    neutral = f"{module}.weight{index or ''}" if module else f"weight{index or ''}"
+    if leaf != "weight" and canonical(re.sub(r"\[\d+\]", "", neutral)) in held:
+        return f" ({leaf} is read under torch's name here: '{neutral}')"
+    return ""
+
+
 def _indexed(name: str) -> tuple[str, int | None]:
     """'h.attn.c_proj.kernel[1]' or 'h[1].attn.c_proj.kernel' -> ('h.attn.c_proj.kernel', 1)."""
     found = re.findall(r"\[(\d+)\]", name)
@@ -273,8 +306,15 @@ def _map_rule(report: Transfer, sides: Sides, left: Left, plain: dict, entries: 
         if group is None:
             shapes = ", ".join(f"{name} {sides.reference[name].shape}" for name in references)
             held = ", ".join(f"{name} {_shape(sides.port[name], index)}" for name in port_names)
-            raise ValueError(f"{where}: {shapes} cannot be laid out as {held}")
+            raise ValueError(f"{where}: {shapes} cannot be laid out as {held} (no layout fits, or several do)")
         left.take(group, report)
+
+
+def _interleavings(options: list[View]) -> bool:
+    """Whether the first layout of `options` is one of several that interleave the rows and columns:
+    the shapes do not say which the port holds, and neither does a name's convention (an Einsum's
+    `kernel` (N, D, H) keeps no input axis first), so none is taken."""
+    return bool(options[0].order) and len(options) > 1
 
 
 def _shape(array, index) -> tuple:
@@ -307,7 +347,7 @@ def _group(references, ports, combine, sides: Sides, index=None, forced=None, fo
         options = transforms.views((size, *rest), shape, input_first(_leaf(references[0]), _leaf(port)))
         if forced is not None and forced[n]:
             options = [view for view in options if view.transposed]
-        if not options:
+        if not options or _interleavings(options):
             return None
         chosen.append(options[0])
     return Group(tuple(references), tuple(ports), tuple(chosen), shapes, combine, index, found)
@@ -345,8 +385,18 @@ def _by_name(report: Transfer, sides: Sides, left: Left, plain: dict, port_name:
         value, shape = sides.reference[name], _shape(sides.port[mapped], index)
         kinds = (sides.reference_types.get(_module(name), ""), sides.port_types.get(_module(mapped), ""))
         view = _named_view(name, mapped, value.shape, shape, kinds, transposed_types, report)
+        how = found
+        if view is None and report.mismatched and report.mismatched[-1].reference == name and report.mismatched[-1].layouts:
+            options = transforms.views(value.shape, shape, None)
+            port = sides.port[mapped] if index is None else sides.port[mapped][index]
+            untransposed = [option for option in options if not option.transposed]
+            view, how = _held(value, port, options), "values"
+            if view is None and any(_names(key, name) for key in plain) and len(untransposed) == 1:
+                view, how = untransposed[0], "map"  # the user's entry for this parameter: untransposed, as `.T` would say otherwise
+            if view is not None:
+                report.mismatched.pop()
         if view is not None:
-            left.take(transforms.one(name, mapped, view, found, index), report)
+            left.take(transforms.one(name, mapped, view, how, index), report)
         else:  # one name, shapes that no transform joins: a misfit, said as such, not for another rule to pair
             left.reference.remove(name)
             if index is None and mapped in left.port:
@@ -371,9 +421,19 @@ def _named_view(name, mapped, source, shape, kinds, transposed_types, report: Tr
         return None
     options = transforms.views(source, shape, input_first(_leaf(name), _leaf(mapped)))
     if len(source) != len(shape) and options and (len(options) == 1 or input_first(_leaf(name), _leaf(mapped)) is not None):
-        return options[0]
-    report.mismatched.append(Mismatched(name, mapped, source, shape))
+        if not _interleavings(options):
+            return options[0]
+    open_layouts = len(source) != len(shape) and (len(options) > 1 and (input_first(_leaf(name), _leaf(mapped)) is None or _interleavings(options)))
+    report.mismatched.append(Mismatched(name, mapped, source, shape, len(options) if open_layouts else 0))
     return None
+
+
+def _held(value: np.ndarray, port: np.ndarray, options: list[View]) -> View | None:
+    """The one layout of `options` under which the port's array holds `value` (a converted port
+    says by its values what its shapes leave open); None where none or several do."""
+    tol = tolerance("weights", "float64" if value.dtype == np.float64 else "float32")
+    holding = [view for view in options if np.ptp(value) > 0 and within(max_abs_diff, tol, view.push(value), port)]
+    return holding[0] if len(holding) == 1 else None
 
 
 def _transposed_types(candidates, sides: Sides, report: Transfer) -> set[tuple[str, str]]:
@@ -413,7 +473,11 @@ def _convention_rule(report: Transfer, sides: Sides, left: Left, plain: dict, en
         target = canonical(_module(map_name(name, plain))) if module else ""
         options = [other for other in by_module.get(target, []) if _leaf(other) in kind and other not in taken]
         value = sides.reference[name]
-        fits = [(other, view) for other in options if (view := _fitting(name, other, value.shape, sides.port[other].shape)) is not None]
+        fits = [
+            (other, view)
+            for other in options
+            if (view := _fitting(name, other, value.shape, sides.port[other].shape, (value, sides.port[other]))) is not None
+        ]
         siblings = [other for other in left.reference if _module(other) == module and _leaf(other) in kind]
         if len(fits) == 1 and len(options) == 1 and len(siblings) == 1:
             found.append((name, fits[0][0], fits[0][1]))
@@ -424,9 +488,11 @@ def _convention_rule(report: Transfer, sides: Sides, left: Left, plain: dict, en
         left.take(transforms.one(name, other, view, "convention"), report)
 
 
-def _fitting(reference: str, port: str, source, shape) -> View | None:
+def _fitting(reference: str, port: str, source, shape, values=None) -> View | None:
     """The one layout a conventionally renamed pair takes: a kernel transposed, otherwise as it is;
-    reshaped (its head axes) where the ranks differ and the names' conventions, or the shapes, leave one."""
+    reshaped (its head axes) where the ranks differ and the names' conventions, or the shapes, leave
+    one; where several interleave the rows and columns, the one the port's values hold (values:
+    (the reference's array, the port's), a converted port) or none."""
     source, shape = tuple(source), tuple(shape)
     convention = input_first(_leaf(reference), _leaf(port))
     if len(source) == 2 and len(shape) == 2:
@@ -436,6 +502,8 @@ def _fitting(reference: str, port: str, source, shape) -> View | None:
     if source == shape:
         return transforms.same(source)
     options = transforms.views(source, shape, convention)
+    if options and _interleavings(options):
+        return _held(*values, options) if values is not None else None
     return options[0] if options and (len(options) == 1 or convention is not None) else None
 
 
@@ -465,17 +533,47 @@ def _stacked_rule(report: Transfer, sides: Sides, left: Left, plain: dict, entri
     for (prefix, k), names in sorted(layers.items(), key=lambda item: -len(item[1])):
         count = len({int(name.split(".")[k]) for name in names})
         names = [name for name in names if name in left.reference]
-        port_prefix = canonical(map_name(prefix, plain)) if prefix else ""
-        for group_size in _group_sizes(port_prefix, by_module, count):
-            found = _layers(names, k, port_prefix, group_size, by_module, stacked, sides, report)
-            if found:
-                for group in found:
-                    left.take(group, report)
-                # the port's own spelling of a module (Linen's layers_0), every prefix of its parameters' names among them
-                modules = {".".join(name.split(".")[:n]) for name in sides.port for n in range(1, name.count(".") + 1)}
-                actual = {canonical(path): path for path in [*sides.port_types, *modules]}
-                report.renamed.update(_stack_entries(prefix, port_prefix, group_size, count, by_module, actual))
-                break
+        mapped = canonical(map_name(prefix, plain)) if prefix else ""
+        found = _stack(names, k, mapped, count, by_module, stacked, sides, report)
+        if not found or len(found[0]) < len(names):
+            wrapped = [
+                found
+                for found in (_stack(names, k, inner, count, by_module, stacked, sides, report) for inner in _wrappers(mapped, by_module))
+                if found
+            ]
+            most = max((len(other[0]) for other in wrapped), default=0)
+            if most > (len(found[0]) if found else 0):
+                best = [other for other in wrapped if len(other[0]) == most]
+                found = best[0] if len(best) == 1 else None  # two wrappers that fit alike: the names do not say which
+        if found:
+            groups, port_prefix, group_size, lines = found
+            for group in groups:
+                left.take(group, report)
+            report.layouts += [line for line in lines if line not in report.layouts]
+            # the port's own spelling of a module (Linen's layers_0), every prefix of its parameters' names among them
+            modules = {".".join(name.split(".")[:n]) for name in sides.port for n in range(1, name.count(".") + 1)}
+            actual = {canonical(path): path for path in [*sides.port_types, *modules]}
+            report.renamed.update(_stack_entries(prefix, port_prefix, group_size, count, by_module, actual))
+
+
+def _stack(names, k, port_prefix: str, count: int, by_module, stacked, sides: Sides, report: Transfer):
+    """(groups, port_prefix, block size g, layout lines) of the block size under which the most of
+    `names` pair with a slice of a stacked array under `port_prefix`; None where none does."""
+    best = None
+    for group_size in _group_sizes(port_prefix, by_module, count):
+        layouts = Transfer(sides=report.sides)
+        found = _layers(names, k, port_prefix, group_size, by_module, stacked, sides, layouts)
+        if found and (best is None or len(found) > len(best[0])):
+            best = (found, port_prefix, group_size, layouts.layouts)
+    return best
+
+
+def _wrappers(port_prefix: str, by_module: dict) -> list[str]:
+    """The modules one level under `port_prefix` that hold stacked arrays, where the port wraps its
+    stack in a module of its own (a library's StackedLayers holding `_stacked`): `h._stacked`."""
+    start = f"{port_prefix}." if port_prefix else ""
+    found = {module[len(start) :].split(".")[0] for module in by_module if module.startswith(start) and module != port_prefix}
+    return [f"{start}{word}" for word in sorted(found) if not word.isdigit()]
 
 
 def _group_sizes(port_prefix: str, by_module: dict, count: int) -> list[int]:
@@ -498,10 +596,11 @@ def _group_sizes(port_prefix: str, by_module: dict, count: int) -> list[int]:
 
 def _layers(names, k, port_prefix: str, size: int, by_module, stacked, sides: Sides, report: Transfer) -> list[Group]:
     """The groups pairing each reference parameter of a list of layers (`names`, its layer index
-    the k-th part of its name) with a slice of a stacked port array; [] unless every one pairs. A
-    layer's 2-d weights are laid out as the name rule lays them out: transposed for a pair of layer
-    types where one is no standard layer and a non-square weight fits only transposed (a library's
-    Conv1D against a Linear), square ones included."""
+    the k-th part of its name) with a slice of a stacked port array, a parameter of the layer (its
+    path in it, `attn.q_proj.weight`) paired in every layer or in none (left for the map to say,
+    where the port names or shapes it otherwise). A layer's 2-d weights are laid out as the name
+    rule lays them out: transposed for a pair of layer types where one is no standard layer and a
+    non-square weight fits only transposed (a library's Conv1D against a Linear), square ones included."""
     sub = {}
     if size > 1:  # the sub-blocks' own names: (word, index) -> their module prefix
         start = f"{port_prefix}." if port_prefix else ""
@@ -509,7 +608,7 @@ def _layers(names, k, port_prefix: str, size: int, by_module, stacked, sides: Si
             parts = module[len(start) :].split(".") if module.startswith(start) else []
             if len(parts) >= 2 and parts[1].isdigit() and int(parts[1]) < size:
                 sub[int(parts[1])] = f"{start}{parts[0]}.{parts[1]}"
-    candidates = []
+    candidates, dropped = [], set()
     for name in names:
         parts = name.split(".")
         layer, rest = int(parts[k]), parts[k + 1 :]
@@ -521,23 +620,25 @@ def _layers(names, k, port_prefix: str, size: int, by_module, stacked, sides: Si
         options = options or [other for other in by_module.get(module, []) if kind is not None and _leaf(other) in kind]
         options = [other for other in options if index < stacked[other]]
         if len(options) != 1:
-            return []
-        candidates.append((name, options[0], index))
-    layouts = Transfer(sides=report.sides)
-    transposed_types = _transposed_types(candidates, sides, layouts)
-    groups = []
+            dropped.add(".".join(rest))
+        candidates.append((name, options[0] if len(options) == 1 else "", index, ".".join(rest)))
+    candidates = [(name, other, index) for name, other, index, rest in candidates if rest not in dropped]
+    transposed_types = _transposed_types(candidates, sides, report)
+    views = {}
     for name, other, index in candidates:
         source, shape = tuple(sides.reference[name].shape), tuple(sides.port[other].shape[1:])
         kinds = (sides.reference_types.get(_module(name), ""), sides.port_types.get(_module(other), ""))
         if len(source) == 2 and kinds in transposed_types:
-            view = transforms.transpose(source) if source[::-1] == shape else None
+            views[name] = transforms.transpose(source) if source[::-1] == shape else None
         else:
-            view = _fitting(name, other, source, shape)
-        if view is None:
-            return []
-        groups.append(transforms.one(name, other, view, "stacked", index))
-    report.layouts += [line for line in layouts.layouts if line not in report.layouts]
-    return groups
+            views[name] = _fitting(name, other, source, shape, (sides.reference[name], sides.port[other][index]))
+        if views[name] is None:
+            dropped.add(".".join(name.split(".")[k + 1 :]))
+    return [
+        transforms.one(name, other, views[name], "stacked", index)
+        for name, other, index in candidates
+        if ".".join(name.split(".")[k + 1 :]) not in dropped
+    ]
 
 
 def _stack_entries(prefix: str, port_prefix: str, size: int, count: int, by_module, actual: dict[str, str]) -> dict[str, str]:
@@ -856,7 +957,11 @@ def _one_to_one(reference: Unit, port: Unit, sides: Sides) -> list[Group] | None
         same = [other for other in free if _leaf(other) == _leaf(name)]
         options = same or [other for other in free if kind is not None and _leaf(other) in kind]
         shape = sides.reference[name].shape
-        fits = [(other, view) for other in options if (view := _fitting(name, other, shape, sides.port[other].shape)) is not None]
+        fits = [
+            (other, view)
+            for other in options
+            if (view := _fitting(name, other, shape, sides.port[other].shape, (sides.reference[name], sides.port[other]))) is not None
+        ]
         if len(fits) > 1:
             return None
         if not fits:
@@ -967,8 +1072,8 @@ def renamed_modules(groups: Sequence[Group], sides: Sides, plain: dict) -> dict[
     changes nothing else: with the user's map, what the rows and the lint pair modules by."""
     entries: dict[str, str] = {}
     for group in groups:
-        if len(group.reference) != 1 or len(group.port) != 1 or group.found in ("cells", "map", "stacked"):
-            continue  # a recurrent layer's cells, a stacked layer (its own entry), what a map pairs: no module under another name
+        if len(group.reference) != 1 or len(group.port) != 1 or group.found in ("cells", "map") or group.index is not None:
+            continue  # a recurrent layer's cells, a layer's slice of a stack (however paired: its own entry), what a map pairs
         reference, port = _module(group.reference[0]), _module(group.port[0])
         if map_name(reference, plain) != port:
             entries[reference] = port

@@ -73,7 +73,14 @@ def _weights(t: Transfer, listed: bool = True) -> list[str]:
             + (f" and {len(renamed) - SHOWN} more" if len(renamed) > SHOWN else "")
         )
     lines += _listed([f"  fits only transposed (not paired): {pair.reference} {pair.shape} -> {pair.port}" for pair in t.transposed_only])
-    lines += _listed([f"  shape mismatch (not paired): {pair.reference} {pair.shape} -> {pair.port} {pair.port_shape}" for pair in t.mismatched])
+    lines += _listed(
+        [
+            f"  {pair.layouts} layouts fit, the shapes do not say which (not paired): {pair.reference} {pair.shape} -> {pair.port} {pair.port_shape}"
+            if pair.layouts
+            else f"  shape mismatch (not paired): {pair.reference} {pair.shape} -> {pair.port} {pair.port_shape}"
+            for pair in t.mismatched
+        ]
+    )
     lines += _listed([f"  paired with none of {b}'s: {name}" for name in t.reference_left])
     lines += _listed([f"  could pair several ways: {name} -> {' or '.join(options)}" for name, options in t.ambiguous])
     lines += _listed(

@@ -1,6 +1,6 @@
 """Small stacks of layers for the scan tests: a torch reference whose blocks sit in an nn.ModuleList,
 and its ports whose blocks' parameters are stacked on a leading layer axis, run the ways JAX code
-runs them: nnx.scan, jax.lax.scan over nnx.split's state, Linen's nn.scan, Equinox's jax.lax.scan
+runs them: nnx.scan, jax.lax.scan over nnx.split's state (in a library's own module too), Linen's nn.scan, Equinox's jax.lax.scan
 over a filter_vmap'd block; and a torch bidirectional LSTM against nnx.Bidirectional. Sizes are
 odd and distinct (B=3, T=5, D=8, L=3 layers)."""
 
@@ -60,9 +60,26 @@ class Block(nnx.Module):
         return x * self.residual[...] + self.fc(self.ln(x))
 
 
+class StackedLayers(nnx.Module):
+    """A library's own module around a stack (as SkyRL's StackedDecoderLayers): the stacked Block
+    held as `_stacked`, run by jax.lax.scan over nnx.split's state."""
+
+    def __init__(self, stacked: Block):
+        self._stacked = stacked
+
+    def __call__(self, x):
+        graphdef, state = nnx.split(self._stacked)
+
+        def step(x, state):
+            return nnx.merge(graphdef, state)(x), None
+
+        return jax.lax.scan(step, x, state)[0]
+
+
 class NNXStack(nnx.Module):
-    """The port: `h` one Block whose parameters are stacked (L, ...), run by nnx.scan ("scan") or by
-    jax.lax.scan over nnx.split's state ("split"); `broken_layer`: that layer's residual doubled (a bug)."""
+    """The port: `h` one Block whose parameters are stacked (L, ...), run by nnx.scan ("scan"), by
+    jax.lax.scan over nnx.split's state ("split") or inside a module of its own ("wrapped", h._stacked);
+    `broken_layer`: that layer's residual doubled (a bug)."""
 
     def __init__(self, style: str = "scan", broken_layer: int | None = None):
         rngs = nnx.Rngs(0)
@@ -75,11 +92,15 @@ class NNXStack(nnx.Module):
         self.h = make(rngs)
         if broken_layer is not None:
             self.h.residual[...] = jnp.where(jnp.arange(L) == broken_layer, 2.0, 1.0)
+        if style == "wrapped":
+            self.h = StackedLayers(self.h)
         self.out = nnx.Linear(D, D, rngs=rngs)
         self.style = style
 
     def __call__(self, x):
-        if self.style == "scan":
+        if self.style == "wrapped":
+            x = self.h(x)
+        elif self.style == "scan":
 
             @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
             def body(x, block):

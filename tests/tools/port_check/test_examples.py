@@ -224,7 +224,7 @@ def test_a_hand_rolled_layer_whose_weight_fits_only_transposed_is_copied_transpo
     ]
     np.testing.assert_array_equal(np.asarray(target.proj.weight[...]), source.proj.weight.detach().numpy().T)
     source.proj = torch.nn.Linear(D, 7)  # a bias the port has no room for: nothing is copied, and it is said why
-    with pytest.raises(PortCheckError, match=r"^1 parameter of the reference \(torch\) pair with none of the port's \(jax\): proj.bias$"):
+    with pytest.raises(PortCheckError, match=r"^1 parameter of the reference \(torch\) pairs with none of the port's \(jax\): proj.bias$"):
         transfer_weights(source, RawMatmul())
 
 

@@ -33,7 +33,7 @@ def test_a_port_twin_that_sets_no_tolerance_says_so_rather_than_counting_zero():
 
 def test_one_parameter_is_one_parameter():
     transfer = Transfer(reference_left=["fc.bias"])
-    assert stopped_reason(transfer) == "1 parameter of the reference (torch) pair with none of the port's (jax): fc.bias"
+    assert stopped_reason(transfer) == "1 parameter of the reference (torch) pairs with none of the port's (jax): fc.bias"
     transfer.reference_left.append("fc.weight")
     assert stopped_reason(transfer).startswith("2 parameters of the reference (torch)")
 

@@ -62,6 +62,17 @@ def test_a_list_of_layers_pairs_with_slices_of_a_stack_and_blocks_of_two_layers_
     assert report.renamed == {f"h.{i}": f"h[{i // 2}].layers_{i % 2}" for i in range(4)}
 
 
+def test_a_layers_parameters_the_stack_names_otherwise_stay_for_the_map_and_the_rest_pair():
+    reference = {f"h.{i}.{name}": RNG.standard_normal(shape) for i in range(3) for name, shape in (("norm.weight", (4,)), ("q.weight", (6, 4)))}
+    port = {"h.norm.weight": np.stack([reference[f"h.{i}.norm.weight"] for i in range(3)]), "h.q_einsum.w": RNG.standard_normal((3, 2, 4, 3))}
+    report = pair_parameters(sides(reference, port))
+    assert pairs(report) == {f"h.{i}.norm.weight": f"h.norm.weight[{i}]" for i in range(3)} and report.reference_left == [
+        f"h.{i}.q.weight" for i in range(3)
+    ]
+    mapped = pair_parameters(sides(reference, port), {"h.{i}.q.weight": "h.q_einsum.w[{i}]"})
+    assert not mapped.reference_left and not mapped.port_left and len(mapped.groups) == 6
+
+
 def test_the_maps_syntax_says_what_structure_cannot():
     reference = arrays(a__weight=(6, 4), b__weight=(2, 4), c__weight=(2, 4), d__bias=(3,), e__bias=(3,), f__weight=(5, 5), g__weight=(4, 3))
     port = arrays(x__w=(6, 4), y__w=(4, 4), z__b=(3,), t__w=(5, 5), u__a=(2, 3), u__b=(2, 3))
@@ -80,6 +91,34 @@ def test_the_maps_syntax_says_what_structure_cannot():
         pair_parameters(sides(reference, port), {"g.weight": ["x.nope", "u.b"]})
     with pytest.raises(ValueError, match=r"g\.weight \(4, 3\) cannot be laid out as x\.w \(6, 4\), u\.b \(2, 3\)"):
         pair_parameters(sides(reference, port), {"g.weight": ["x.w", "u.b"]})
+
+
+def test_a_renaming_entry_that_pairs_nothing_is_refused_naming_it():
+    reference = {f"h.{i}.norm.weight": RNG.standard_normal(4) for i in range(2)} | {"h.0.fc.weight": RNG.standard_normal((4, 4))}
+    port = {"h.norm.weight": np.stack([reference[f"h.{i}.norm.weight"] for i in range(2)]), "h.fc.weight": RNG.standard_normal((1, 4, 4))}
+    assert pairs(pair_parameters(sides(reference, port), {"h.{i}.norm.weight": "h.norm.weight[{i}]"}))["h.1.norm.weight"] == "h.norm.weight[1]"
+    with pytest.raises(
+        ValueError, match=r"the port has no parameter 'h\.norm\.scale\[0\]' \(scale is read under torch's name here: 'h\.norm\.weight\[0\]'\)"
+    ):
+        pair_parameters(sides(reference, port), {"h.{i}.norm.weight": "h.norm.scale[{i}]"})  # Linen's own name for it
+    with pytest.raises(
+        ValueError, match=r"the map's entry 'blocks\.\{i\}' -> 'h\[\{i\}\]': the reference has no parameter or module 'blocks\.\{i\}'"
+    ):
+        pair_parameters(sides(reference, port), {"blocks.{i}": "h[{i}]"})
+    types = {"h.0.norm": "LayerNorm", "h.1.norm": "LayerNorm", "h.0.fc": "Linear", "h.0.act": "GELU", "": "Model"}
+    named = pair_parameters(sides(reference, port, reference_types=types), {"h.{i}.act": "h[{i}].gelu", "h.{i}": "h[{i}]"})
+    assert len(named.groups) == 3  # a module's entry names no parameter: its value is no port parameter either
+
+
+def test_a_weight_whose_shapes_leave_two_interleavings_open_pairs_by_its_values_or_by_a_map_entry_naming_it():
+    weight = RNG.standard_normal((24, 24))  # (N*d_head, D) as an Einsum's (N, D, d_head), or as (N*d_head)'s transpose cut the same way
+    held = weight.reshape(3, 8, 24).transpose(0, 2, 1)
+    converted = pair_parameters(sides({"q.weight": weight}, {"q.weight": held}))
+    assert converted.groups[0].found == "values" and np.array_equal(converted.groups[0].push([weight])[0], held)
+    fresh = pair_parameters(sides({"q.weight": weight}, {"q.weight": RNG.standard_normal((3, 24, 8))}))
+    assert not fresh.groups and [(pair.reference, pair.layouts) for pair in fresh.mismatched] == [("q.weight", 2)]
+    named = pair_parameters(sides({"q.weight": weight}, {"q.weight": RNG.standard_normal((3, 24, 8))}), {"q.weight": "q.weight"})
+    assert named.groups[0].found == "map" and np.array_equal(named.groups[0].push([weight])[0], held)  # untransposed: .T would say otherwise
 
 
 @pytest.mark.parametrize(

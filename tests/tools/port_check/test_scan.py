@@ -2,7 +2,8 @@
 layer: its stacked parameters with the reference's list (h.1.fc.weight is slice 1 of h.fc.weight),
 copied into when fresh, every layer's calls a row of its own named as the reference names them
 (h.1.fc), a gradient row per layer's parameter, and a bug in one layer named at that layer; for
-nnx.scan, jax.lax.scan over an nnx.split state, Linen's nn.scan and Equinox's jax.lax.scan. A scan
+nnx.scan, jax.lax.scan over an nnx.split state (in a library's own module around the stack too),
+Linen's nn.scan and Equinox's jax.lax.scan; the name map a check writes, given back, pairs as before. A scan
 over anything but the parameters (an RNN's over time) runs whole; a torch bidirectional LSTM pairs
 with nnx.Bidirectional's two cells."""
 
@@ -15,7 +16,13 @@ from tests.tiers import first_fast
 from tests.tools.port_check import scan_models as sm
 
 LAYERS = [f"h.{i}.{name}" for i in range(sm.L) for name in ("ln", "fc")] + [f"h.{i}" for i in range(sm.L)]
-PORTS = {"nnx.scan": lambda: sm.NNXStack("scan"), "jax.lax.scan": lambda: sm.NNXStack("split"), "nn.scan": sm.linen, "equinox": sm.EqxStack}
+PORTS = {
+    "nnx.scan": lambda: sm.NNXStack("scan"),
+    "jax.lax.scan": lambda: sm.NNXStack("split"),
+    "nn.scan": sm.linen,
+    "equinox": sm.EqxStack,
+    "wrapped": lambda: sm.NNXStack("wrapped"),
+}
 
 
 @pytest.mark.parametrize("style", first_fast(list(PORTS)))
@@ -26,9 +33,20 @@ def test_every_layer_of_a_scanned_port_is_a_row_and_every_layers_parameter_a_gra
     rows = {row.name for row in report.rows if row.section == "output"}
     assert set(LAYERS) <= {name.partition("[")[0] for name in rows}, text
     assert {row.name for row in report.rows if row.section == "gradient"} == set(sm.reference().state_dict()), text
+    root = "h._stacked" if style == "wrapped" else "h"  # a library's module around its stack: one level more
     assert (
-        report.transfer.renamed == {"h.{i}": "h[{i}]"} and "  transform: h.{i}.fc.weight (8, 8) -> h.fc.weight[{i}] for each of the 3 layers" in text
-    )
+        report.transfer.renamed == {"h.{i}": f"{root}[{{i}}]"}
+        and f"  transform: h.{{i}}.fc.weight (8, 8) -> {root}.fc.weight[{{i}}] for each of the 3 layers" in text
+    ), text
+
+
+@pytest.mark.parametrize("style", ["wrapped", "nnx.scan"])
+def test_the_name_map_a_check_wrote_given_back_pairs_every_layers_calls_as_before(style):
+    # the map --write-map writes for a stack pairs each layer's parameters with a slice: no module renamed whole
+    found = check_port(sm.reference(), PORTS[style](), sm.inputs(), probes=False).name_map
+    report = check_port(sm.reference(), sm.NNXStack(style.removeprefix("nnx."), broken_layer=1), sm.inputs(), probes=False, name_map=dict(found))
+    assert report.transfer.renamed == {} and report.first_failure.name == "h.1", format_report(report)
+    assert set(LAYERS) <= {row.name for row in report.rows}, format_report(report)
 
 
 @pytest.mark.parametrize("style", first_fast(["nnx.scan", "jax.lax.scan"]))

@@ -1,8 +1,9 @@
 """The table of transforms (core/transforms.py), every row both ways: push lays the reference's
 arrays out as the port holds them, pull reads the port's back. Where a group only moves values,
 pull(push(x)) is x exactly; for every group, pull is push's adjoint (<push(x), y> = <x, pull(y)>),
-which is what makes a gradient pull back through a sum. And `views` finds only the layouts that
-keep a weight's rows apart from its columns, the names' convention first."""
+which is what makes a gradient pull back through a sum. And `views` finds the layouts that keep a
+weight's rows apart from its columns, the names' convention first, and only where none fits those
+that interleave them (a head-shaped Einsum kernel with the input between its head axes)."""
 
 import numpy as np
 import pytest
@@ -23,6 +24,10 @@ CASES = {
     "transposed": group(["w"], ["kernel"], [transforms.transpose((5, 3))], [(5, 3)]),
     "head axes split (a kernel)": group(["w"], ["kernel"], [View((D, 7), (7, H, DH), transposed=True)], [(D, 7)]),
     "head axes merged in (an output kernel)": group(["w"], ["kernel"], [View((7, D), (H, DH, 7), transposed=True)], [(7, D)]),
+    "rows and columns interleaved (an Einsum kernel (H, in, d_head))": group(["w"], ["kernel"], transforms.views((D, 7), (H, 7, DH), None), [(D, 7)]),
+    "concatenated and interleaved (k, v into (2, H, in, d_head))": group(
+        ["k", "v"], ["kv"], transforms.views((2 * D, 7), (2, H, 7, DH), None), [(D, 7)] * 2
+    ),
     "a bias's head axes": group(["b"], ["bias"], [View((D,), (H, DH))], [(D,)]),
     "split (a fused qkv)": group(["qkv"], ["q", "k", "v"], [View((D, 7), (7, H, DH), transposed=True)] * 3, [(3 * D, 7)]),
     "split unequally (grouped-query heads)": group(
@@ -98,6 +103,19 @@ def test_views_keep_rows_and_columns_apart_and_put_the_names_convention_first():
     assert [view.transposed for view in square] == [True, False]  # a kernel's inputs come first
     assert [view.transposed for view in transforms.views((D, D), (D, H, DH), kernel=False)] == [False, True]
     assert transforms.views((D, 7), (5, 7), kernel=None) == []  # another size: no view
+
+
+def test_a_kernel_with_the_input_between_its_head_axes_is_read_by_heads_only_where_no_plain_layout_fits():
+    w = np.arange(D * 7.0).reshape(D, 7)  # (H*d_head, in): head n owns rows n*d_head ...
+    (view,) = transforms.views((D, 7), (H, 7, DH), kernel=None)
+    np.testing.assert_array_equal(view.push(w)[2, :, 5], w[2 * DH + 5])
+    assert view.words() == "its rows split into (4, 6), its columns into (7,), laid out as (4, 7, 6)"
+    (kv,) = CASES["concatenated and interleaved (k, v into (2, H, in, d_head))"].push([w, -w])
+    np.testing.assert_array_equal(kv[1, 3, :, 0], -w[3 * DH])  # v's head 3
+    assert transforms.views((7, D), (H, DH, 7), kernel=None)[0].order == ()  # a plain layout fits: no interleaving
+    assert (
+        transforms.views((6, 6), (2, 6, 3), kernel=None) != [] and len(transforms.views((6, 6), (6, 1, 6), kernel=None)) == 2
+    )  # size-1 axes move nothing
 
 
 def test_a_group_says_how_it_is_read():

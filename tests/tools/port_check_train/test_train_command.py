@@ -46,7 +46,7 @@ def test_a_renamed_module_pairs_by_structure_or_through_the_map_and_an_unpaired_
     assert port_check([f"{MODELS}:torch_adamw", f"{MODELS}:flax_adamw_no_bias", "--train", "2", "--no-probes"]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err == (
-        "mhsa port-check: error: 1 parameter of the reference (torch) pair with none of the port's (jax): fc1.bias\n"
+        "mhsa port-check: error: 1 parameter of the reference (torch) pairs with none of the port's (jax): fc1.bias\n"
     )
 
 
