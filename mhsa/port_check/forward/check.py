@@ -259,13 +259,14 @@ def pair_models(source, target, inputs, *, target_inputs=None, name_map=None, dt
 
     types = (_types(source_desc), _types(target_desc))
     pairing = _pairing(source_params, target_params, types, orders, name_map, sides)
+    tied = source_reader.tied(source)
+    aliases = _aliases(pairing, tied)
     if pairing.unpaired and source_traced.read is None and source_traced.complete is not None:
-        # a parameter left over: is it one the forward pass reads? (eager torch knows once it has run)
+        # a parameter left over (not a tied weight's second name): is it one the forward pass reads? (eager torch knows once it has run)
         source_traced = _running(running_source, source_traced.complete)
         source_params = _read(source_reader.parameters(source), source_traced, "reference", notes)
         pairing = _pairing(source_params, target_params, types, orders, name_map, sides)
-    tied = source_reader.tied(source)
-    aliases = _aliases(pairing, tied)
+        aliases = _aliases(pairing, tied)
     if aliases:
         notes.append(Note("tied", tuple((name, tied[name]) for name in aliases)))
     title = f"mhsa port-check · {_type_name(source)} ({source_name}) vs {_type_name(target)} ({target_name}) · {asked}"

@@ -119,7 +119,7 @@ def pair_parameters(sides: Sides, name_map=None, names=("torch", "jax")) -> Tran
     module docstring; what stays unpaired is listed (Transfer.reference_left and _target)."""
     report = Transfer(sides=names)
     left = Left(list(sides.reference), list(sides.port))
-    plain, entries = split_map(name_map)
+    plain, entries = _aliased(*split_map(name_map), sides)
     _check_plain(plain, sides)
     for rule in RULES:
         rule.run(report, sides, left, plain, entries)
@@ -236,7 +236,7 @@ def _check_plain(plain: dict[str, str], sides: Sides) -> None:
             raise ValueError(f"the map's entry {key!r} -> {value!r}: the reference has no parameter or module {key!r}")
         landed = [map_name(name, {key: value}) for name in parameters]
         if parameters and not any(canonical(re.sub(r"\[\d+\]", "", name)) in held for name in landed):
-            raise ValueError(f"the map's entry {key!r} -> {value!r}: the port has no parameter {landed[0]!r}{_own_name(landed[0], held)}")
+            raise ValueError(f"the map's entry {key!r} -> {value!r}: the port has no parameter {landed[0]!r}")
 
 
 def _names(key: str, name: str) -> bool:
@@ -244,15 +244,30 @@ def _names(key: str, name: str) -> bool:
     return map_name(name, {key: "*"}) == "*"  # no name is "*": the key matched all of it
 
 
-def _own_name(name: str, held: set[str]) -> str:
-    """', named ... here' where the port holds the parameter under the neutral name its reader gives
-    it (a kernel or a scale read as torch's weight), else ''."""
-    module, _, leaf = name.rpartition(".")
-    leaf, index = re.fullmatch(r"(.*?)(\[\d+\])?", leaf).groups()
-    neutral = f"{module}.weight{index or ''}" if module else f"weight{index or ''}"
-    if leaf != "weight" and canonical(re.sub(r"\[\d+\]", "", neutral)) in held:
-        return f" ({leaf} is read under torch's name here: '{neutral}')"
-    return ""
+OWN_NAMES = ("kernel", "scale", "embedding")  # a JAX library's leaf names that the readers give as torch's `weight`
+
+
+def _aliased(plain: dict, entries: list, sides: Sides) -> tuple[dict, list]:
+    """The map with each port name that ends in a JAX library's own leaf name (`h.attn.c_attn.kernel[{i}]`,
+    `ln_f.scale`) given as the readers name that array (`...weight`), where the port has no array
+    of the name as written and one of the neutral name: the same array, its layout read as the reader reads it."""
+    held = [canonical(re.sub(r"\[\d+\]", "", name)) for name in sides.port]
+
+    def known(name: str) -> bool:
+        pattern = re.escape(canonical(re.sub(r"\[[^\]]*\]", "", name))).replace(r"\{", "{").replace(r"\}", "}")
+        pattern = re.sub(r"\{\w+\}", r"\\d+", pattern)
+        return any(re.fullmatch(pattern, other) for other in held)
+
+    def alias(name: str) -> str:
+        found = re.fullmatch(rf"(.*)\.({'|'.join(OWN_NAMES)})((?:\[[^\]]*\])?(?:\.T)?)", name)
+        if found is None or known(name.removesuffix(".T")):
+            return name
+        neutral = f"{found.group(1)}.weight{found.group(3)}"
+        return neutral if known(neutral.removesuffix(".T")) else name
+
+    plain = {key: alias(value) for key, value in plain.items()}
+    entries = [(references, tuple(alias(port) for port in ports), combine) for references, ports, combine in entries]
+    return plain, entries
 
 
 def _indexed(name: str) -> tuple[str, int | None]:

@@ -93,14 +93,13 @@ def test_the_maps_syntax_says_what_structure_cannot():
         pair_parameters(sides(reference, port), {"g.weight": ["x.w", "u.b"]})
 
 
-def test_a_renaming_entry_that_pairs_nothing_is_refused_naming_it():
+def test_a_renaming_entry_that_pairs_nothing_is_refused_naming_it_and_a_jax_librarys_own_leaf_name_is_its_array():
     reference = {f"h.{i}.norm.weight": RNG.standard_normal(4) for i in range(2)} | {"h.0.fc.weight": RNG.standard_normal((4, 4))}
     port = {"h.norm.weight": np.stack([reference[f"h.{i}.norm.weight"] for i in range(2)]), "h.fc.weight": RNG.standard_normal((1, 4, 4))}
-    assert pairs(pair_parameters(sides(reference, port), {"h.{i}.norm.weight": "h.norm.weight[{i}]"}))["h.1.norm.weight"] == "h.norm.weight[1]"
-    with pytest.raises(
-        ValueError, match=r"the port has no parameter 'h\.norm\.scale\[0\]' \(scale is read under torch's name here: 'h\.norm\.weight\[0\]'\)"
-    ):
-        pair_parameters(sides(reference, port), {"h.{i}.norm.weight": "h.norm.scale[{i}]"})  # Linen's own name for it
+    for spelled in ("h.norm.weight[{i}]", "h.norm.scale[{i}]"):  # the reader's name for it, or Flax's own
+        assert pairs(pair_parameters(sides(reference, port), {"h.{i}.norm.weight": spelled}))["h.1.norm.weight"] == "h.norm.weight[1]"
+    with pytest.raises(ValueError, match=r"the map's entry 'h\.\{i\}\.norm\.weight' -> 'h\.nrm\.weight\[\{i\}\]': the port has no parameter 'h\.nrm\.weight\[0\]'$"):
+        pair_parameters(sides(reference, port), {"h.{i}.norm.weight": "h.nrm.weight[{i}]"})
     with pytest.raises(
         ValueError, match=r"the map's entry 'blocks\.\{i\}' -> 'h\[\{i\}\]': the reference has no parameter or module 'blocks\.\{i\}'"
     ):
