@@ -98,7 +98,8 @@ def test_a_renaming_entry_that_pairs_nothing_is_refused_naming_it_and_a_jax_libr
     port = {"h.norm.weight": np.stack([reference[f"h.{i}.norm.weight"] for i in range(2)]), "h.fc.weight": RNG.standard_normal((1, 4, 4))}
     for spelled in ("h.norm.weight[{i}]", "h.norm.scale[{i}]"):  # the reader's name for it, or Flax's own
         assert pairs(pair_parameters(sides(reference, port), {"h.{i}.norm.weight": spelled}))["h.1.norm.weight"] == "h.norm.weight[1]"
-    with pytest.raises(ValueError, match=r"the map's entry 'h\.\{i\}\.norm\.weight' -> 'h\.nrm\.weight\[\{i\}\]': the port has no parameter 'h\.nrm\.weight\[0\]'$"):
+    typo = r"the map's entry 'h\.\{i\}\.norm\.weight' -> 'h\.nrm\.weight\[\{i\}\]': the port has no parameter 'h\.nrm\.weight\[0\]'$"
+    with pytest.raises(ValueError, match=typo):
         pair_parameters(sides(reference, port), {"h.{i}.norm.weight": "h.nrm.weight[{i}]"})
     with pytest.raises(
         ValueError, match=r"the map's entry 'blocks\.\{i\}' -> 'h\[\{i\}\]': the reference has no parameter or module 'blocks\.\{i\}'"
