@@ -518,7 +518,7 @@ def _fitting(reference: str, port: str, source, shape, values=None) -> View | No
         return transforms.same(source)
     options = transforms.views(source, shape, convention)
     if options and _interleavings(options):
-        return _held(*values, options) if values is not None else None
+        return _held(values[0], values[1], options) if values is not None else None
     return options[0] if options and (len(options) == 1 or convention is not None) else None
 
 
@@ -623,7 +623,7 @@ def _layers(names, k, port_prefix: str, size: int, by_module, stacked, sides: Si
             parts = module[len(start) :].split(".") if module.startswith(start) else []
             if len(parts) >= 2 and parts[1].isdigit() and int(parts[1]) < size:
                 sub[int(parts[1])] = f"{start}{parts[0]}.{parts[1]}"
-    candidates, dropped = [], set()
+    found, dropped = [], set()
     for name in names:
         parts = name.split(".")
         layer, rest = int(parts[k]), parts[k + 1 :]
@@ -636,10 +636,10 @@ def _layers(names, k, port_prefix: str, size: int, by_module, stacked, sides: Si
         options = [other for other in options if index < stacked[other]]
         if len(options) != 1:
             dropped.add(".".join(rest))
-        candidates.append((name, options[0] if len(options) == 1 else "", index, ".".join(rest)))
-    candidates = [(name, other, index) for name, other, index, rest in candidates if rest not in dropped]
+        found.append((name, options[0] if len(options) == 1 else "", index, ".".join(rest)))
+    candidates = [(name, other, index) for name, other, index, rest in found if rest not in dropped]
     transposed_types = _transposed_types(candidates, sides, report)
-    views = {}
+    views: dict[str, View | None] = {}
     for name, other, index in candidates:
         source, shape = tuple(sides.reference[name].shape), tuple(sides.port[other].shape[1:])
         kinds = (sides.reference_types.get(_module(name), ""), sides.port_types.get(_module(other), ""))
@@ -649,11 +649,8 @@ def _layers(names, k, port_prefix: str, size: int, by_module, stacked, sides: Si
             views[name] = _fitting(name, other, source, shape, (sides.reference[name], sides.port[other][index]))
         if views[name] is None:
             dropped.add(".".join(name.split(".")[k + 1 :]))
-    return [
-        transforms.one(name, other, views[name], "stacked", index)
-        for name, other, index in candidates
-        if ".".join(name.split(".")[k + 1 :]) not in dropped
-    ]
+    kept = [(name, other, index, views[name]) for name, other, index in candidates if ".".join(name.split(".")[k + 1 :]) not in dropped]
+    return [transforms.one(name, other, view, "stacked", index) for name, other, index, view in kept if view is not None]
 
 
 def _stack_entries(prefix: str, port_prefix: str, size: int, count: int, by_module, actual: dict[str, str]) -> dict[str, str]:
