@@ -46,6 +46,10 @@ FRAMEWORK_USERS = {
     "mhsa/port_check/readers/optax_steps.py": (("jax", "optax"), "runs optax the same way for every JAX library's trainer of --train"),
     "mhsa/port_check/readers/jax_program.py": (("jax",), "runs a JAX model as one program of its arrays, for every reader of a JAX library"),
     "mhsa/port_check/readers/marks.py": (("jax",), "records a JAX model's calls inside its own transformations, for every reader of a JAX library"),
+    "mhsa/port_check/readers/jax_widened.py": (
+        ("jax",),
+        "widens a traced JAX program's float32 to float64 for the float64 twin, for every reader of a JAX library",
+    ),
     "mhsa/compile_cache.py": (("jax",), "turns on JAX's own persistent compilation cache for the commands that run JAX"),
 }
 
@@ -63,8 +67,8 @@ LONGEST_FUNCTION = 100  # lines, decorators and docstring included
 
 # the port check's own layers, lowest first: a file imports only its own layer and those below it,
 # and a reader (a folder: readers/torch/, readers/flax/) no other reader, though a JAX library's
-# reader may use the files beside the folders (readers/jaxpr.py, jax_program.py, marks.py, optax_steps.py); command.py, factories.py and
-# files.py sit at the top, above the report
+# reader may use the files beside the folders (readers/jaxpr.py, jax_program.py, marks.py,
+# jax_widened.py, optax_steps.py); command.py, factories.py and files.py sit at the top, above the report
 PORT_CHECK = "mhsa.port_check"
 PORT_CHECK_LAYERS = ("core", "readers", "forward", "training", "report")
 

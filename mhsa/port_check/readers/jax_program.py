@@ -19,7 +19,7 @@ import numpy as np
 
 from mhsa.port_check.core.cotangents import Direction
 from mhsa.port_check.core.structure import Inputs, Output, Traced, as_inputs, dtype_name, flatten, is_float_dtype, split_arrays
-from mhsa.port_check.readers import jaxpr
+from mhsa.port_check.readers import jax_widened, jaxpr
 
 
 @dataclasses.dataclass
@@ -192,11 +192,12 @@ def with_gradients(program: Program, arrays, rebuild, labels: list, top: list[Ou
 
 def float64_twin(cast: Callable[[Any, str], tuple[Any, list[str]]]) -> Callable[[Any], contextlib.AbstractContextManager]:
     """A reader's float64_twin (readers/protocol.py) from its `cast`: a float64 copy, JAX's float64 on
-    for the block only (a float32 check leaves the process's switch as it was)."""
+    for the block only (a float32 check leaves the process's switch as it was), and float32 the
+    model's code asks for by hand as float64 (readers/jax_widened.py)."""
 
     @contextlib.contextmanager
     def twin(model) -> Iterator[Any]:
-        with jax.enable_x64(True):
+        with jax.enable_x64(True), jax_widened.widening():
             yield cast(model, "float64")[0]
 
     return twin

@@ -31,6 +31,8 @@ import jax.numpy as jnp
 from jax.extend import core
 from jax.interpreters import ad, batching, mlir
 
+from mhsa.port_check.readers import jax_widened
+
 PREFIX = "mhsa_port_check_call_"  # a mark's name: the call it records
 
 mark = core.Primitive("mhsa_port_check_mark")
@@ -142,6 +144,8 @@ def run(function: Callable, args: tuple, names: dict[int, str], calls: Calls) ->
         return arrays
 
     closed = jax.make_jaxpr(arrays_out)(*flat_args)
+    if jax_widened.active():  # the float64 twin: float32 the code asks for by hand as float64
+        closed = jax_widened.widened(closed, flat_args) or closed
     recorded: list[tuple[str, list, tuple]] = []
     origins = [names.get(id(arg)) for arg in flat_args]
     output = kept["rebuild"](interpret(closed.jaxpr, closed.consts, flat_args, recorded, origins))

@@ -36,6 +36,7 @@ from mhsa.port_check.core.structure import (
 )
 from mhsa.port_check.readers.protocol import ModuleInfo
 from mhsa.port_check.readers.torch.dataflow import Dataflow, Reads
+from mhsa.port_check.readers.torch.widened import widened
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -392,10 +393,12 @@ def float64_twin(model: nn.Module) -> Iterator[nn.Module]:
     converting back is exact. The Parameter objects stay the same (an optimizer's references to them
     hold), and so does each one's .grad; a tied weight is converted once and stays shared. A model
     whose tensors share storage otherwise (views of one flat buffer) gets a float64 copy instead:
-    converted one by one, they would come back apart."""
+    converted one by one, they would come back apart. Inside the block, float32 the model's code asks
+    for by hand is float64 (readers/torch/widened.py), so its upcasts keep the twin float64."""
     if not _owns_storage(model):
         twin, _ = cast(model, "float64")
-        yield twin
+        with widened():
+            yield twin
         return
     params = {id(p): p for p in model.parameters() if p.is_floating_point() and p.dtype != torch.float64}
     was = {key: (p.dtype, p.grad) for key, p in params.items()}
@@ -415,7 +418,8 @@ def float64_twin(model: nn.Module) -> Iterator[nn.Module]:
                 if id(buffer) not in converted:
                     converted[id(buffer)] = buffer.to(torch.float64)
                 module._buffers[name] = converted[id(buffer)]
-        yield model
+        with widened():
+            yield model
     finally:
         with torch.no_grad():
             for key, p in params.items():
