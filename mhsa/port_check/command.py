@@ -17,6 +17,7 @@ import numpy as np
 
 from mhsa.exit_status import DIFFERENT, OK, TROUBLE
 from mhsa.flags import int_flag
+from mhsa.port_check.core import progress
 from mhsa.port_check.core.records import PortCheckError
 from mhsa.port_check.core.structure import Inputs, as_inputs
 from mhsa.port_check.factories import call_factory
@@ -148,6 +149,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
+    with progress.shown():  # on stderr while the check runs (core/progress.py), ended before the report or an error line
+        return _check(args)
+
+
+def _check(args) -> int:
     if args.int_range and not args.input_shape:
         args.parser.error("--int-range goes with --input-shape")
     try:  # the files first, before the factories import and build anything
@@ -157,6 +163,7 @@ def run(args) -> int:
         if args.train is not None:
             return _run_train(args, name_map)
         from_file = read_input_file(args.inputs) if args.inputs else None
+        progress.stage("calling the factories")
         factories = _factories(args)
     except (ValueError, TypeError, OSError) as error:  # a file or factory it cannot use: one line, no usage
         return _error(str(error))
@@ -179,6 +186,7 @@ def run(args) -> int:
         advice = "; --int-range gives integer ids: does the reference take ids?" if args.int_range and "failed" in str(error) else ""
         return _error(f"{error}{advice}")
     found = report.proposed_map if report.stopped else report.name_map  # the map the check paired by (or so far)
+    progress.end()
     try:
         print(format_report(report))
     finally:  # a reader gone from stdout (`| head`) does not cancel the map asked for
@@ -196,16 +204,19 @@ def run(args) -> int:
 def _run_train(args, name_map: dict[str, str] | None) -> int:
     """The command with --train N (name_map: the --map file, already read): the report on stdout and
     the exit status. A factory it cannot load or use is a ValueError, which run says in one line."""
+    progress.stage("calling the factories")
     # here, not at the top: `mhsa port-check --help` and the forward check do not start torch and JAX for it
     from mhsa.port_check.report.training import format_train_report
     from mhsa.port_check.training.check import check_setup, check_training
 
     refused = [given for attribute, flag in REFUSED.items() if (given := _given(flag, getattr(args, attribute, None)))]
     if refused:
+        progress.end()  # argparse's usage and error follow on stderr
         args.parser.error(f"{', '.join(refused)}: not with --train (its batches and weights come from the factories)")
     reference = check_setup(call_factory(args.torch_factory, "TORCH_FACTORY"), "reference")
     port = check_setup(call_factory(args.flax_factory, "FLAX_FACTORY"), "port")
     report = check_training(reference, port, args.train, dtype=args.dtype, name_map=name_map, probes=not args.no_probes)
+    progress.end()
     print(format_train_report(report))
     return OK if report.passed else DIFFERENT
 
@@ -234,5 +245,6 @@ def _factories(args):
 
 
 def _error(message: str) -> int:
+    progress.end()
     print(f"mhsa port-check: error: {message}", file=sys.stderr)
     return TROUBLE

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from mhsa.port_check.core import cotangents
+from mhsa.port_check.core import cotangents, progress
 from mhsa.port_check.core.findings import Hint, LintDifference, Note, Untied
 from mhsa.port_check.core.records import NORMS, PortCheckError, PortReport, Transfer, map_name
 from mhsa.port_check.core.structure import (
@@ -236,13 +236,16 @@ def pair_models(source, target, inputs, *, target_inputs=None, name_map=None, dt
     running_source = f"running the reference ({source_name}) on the inputs ({describe_inputs(inputs)})"
     running_target = f"running the port ({target_name}) on the inputs ({describe_inputs(target_inputs)})"
     with kept_for_reuse():  # a trace runs the model too (shared/malloc.py)
+        progress.stage("tracing the reference")
         source_traced = _running(running_source, source_reader.trace, source, inputs)
+        progress.stage("tracing the port")
         try:
             target_traced = target_reader.trace(target, target_inputs)
         except Exception as error:  # the user's model failing on the inputs: said in one line
             raise _port_fails(
                 error, (running_source, running_target), Side(source, source_reader, inputs, {}), target, target_reader, name_map
             ) from error
+    progress.stage("pairing the weights")
     source_params = _read(source_reader.parameters(source), source_traced, "reference", notes)
     target_params = _read(target_reader.parameters(target), target_traced, "port", notes)
     asked = dtype or _dtype_of(source_params)
@@ -298,12 +301,14 @@ def check_port(source, target, inputs, *, target_inputs=None, name_map=None, tra
         return paired
     report, source, target, asked = paired.report, paired.source, paired.target, paired.asked
     (source_params, target_params), pairing = paired.params, report.transfer
+    progress.stage("checking the port's weights")
     copy = _decide(pairing, source_params, target_params, transfer, source.reader.frozen(source.model))
     report.lint = [*lint(source.desc, target.desc, report.name_map), *_untied(paired.tied, pairing), *pairing.lost]
     arrays = weights.arrays_to_copy(pairing, source_params, target_params)  # the reference's weights in the port's layout (views where they can be)
     target.differing = _fixes(pairing, arrays, target_params)
     del paired, target_params  # views of the port's weights: a fresh port's initial values go once overwritten (if no one else holds them)
     if copy:
+        progress.stage("copying the reference's weights into the port")
         target.model = target.reader.load_parameters(target.model, arrays)
     del source_params, arrays
     _compare(report, source, target, asked, report.name_map, grads, probes)
@@ -386,18 +391,22 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
     sides, pairing = report.sides, report.transfer
     doing = "running and differentiating" if grads else "running"  # one forward (and backward) pass per side
     reference_direction = cotangents.reference if grads else None
+    progress.stage(f"{doing} the reference", _calls(source.traced))
     source_outputs, source_grads = _run(f"{doing} the reference ({sides[0]})", source, reference_direction)
     last = max((output.call for output in source_outputs if output.path == ""), default=None)  # the model's own output: its last call
     direction = cotangents.PortDirection([output for output in source_outputs if output.call == last]) if grads else None
     if asked == "float32":  # before the port runs: its outputs and the float64 copy are never held together
         source.derived = _derive(report, source, source_outputs, source_grads, reference_direction)
+    progress.stage(f"{doing} the port", _calls(target.traced))
     target_outputs, target_grads = _run(f"{doing} the port ({sides[1]})", target, direction, None, target.traced, also=_shape_advice(pairing))
     if target_grads is not None:  # in the reference's names and layouts, through each group (core/transforms.py)
         target_grads = pull(pairing.groups, target_grads)
     if direction is not None and direction.left_out:
         report.notes.append(Note("left out", tuple(direction.left_out)))
     if asked == "float64" and _falls_to_float32(source_outputs, target_outputs, source.desc, target.desc):  # the reference's float32 error there
+        progress.stage("the reference in float32, for its own error", _calls(source_outputs))
         source.derived = _measured(report, source, "float32", source_outputs, source_grads, reference_direction, Note("no float32"))
+    progress.stage("comparing the outputs")
     tolerances = source.derived or derived.Derived()
     report.rows, report.unmatched_source, report.unmatched_target, skipped = output_rows(
         source_outputs, target_outputs, source.desc, target.desc, asked, sides, name_map, tolerances.outputs
@@ -417,6 +426,7 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
         report.precision += rounding
         floors.append(lowest)
     if grads:
+        progress.stage("comparing the gradients")
         frozen = source.reader.frozen(source.model)
         if frozen & set(source_grads):  # a parameter the reference does not train has no gradient to compare
             report.notes.append(Note("frozen", tuple(sorted(frozen & set(source_grads)))))
@@ -433,6 +443,7 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
     report.hints = hints(report.rows, paths, source.desc, asked, pairing.differing, feeds)
     first = report.first_failure
     if probes and first is not None and first.section == "output":
+        progress.stage("probes: re-running with likely causes switched")
         report.probes, probed = run_probes(report.rows, paths, source, target, sides, asked, name_map)
         if probed is not None:  # the gap is explained: read the hints again off what remains
             report.hints = hints(probed, paths, source.desc, asked, pairing.differing, feeds)
@@ -446,9 +457,16 @@ def _run(doing: str, side: Side, *args, also: str = "") -> tuple[list[Output], A
         return _running(f"{doing} on the inputs ({describe_inputs(side.inputs)})", side.reader.run, side.model, side.inputs, *args, also=also)
 
 
+def _calls(known: Traced | list[Output] | None) -> int | None:
+    """How many module calls a run makes, from its outputs or a trace that knows them (None: unknown before it runs)."""
+    outputs = known.outputs if isinstance(known, Traced) else known
+    return None if outputs is None else len({output.call for output in outputs})
+
+
 def _derive(report: PortReport, source: Side, outputs, grads, direction) -> derived.Derived | None:
     """The float32 rows' tolerances from the reference's float64 run (forward/derived.py); None, with a
     note, when the reference cannot run in float64: its rows then hold the fixed tolerances."""
+    progress.stage("the reference in float64, for the tolerances", _calls(outputs))
     found = _measured(report, source, "float64", outputs, grads, direction, Note("no float64"))
     if found is None:
         return None
@@ -498,6 +516,7 @@ def _port_errors(report: PortReport, target: Side, outputs, grads, direction, as
     """The port's own float32 errors, from its run in the other dtype, joined to the rows'
     tolerances (rows.rejudge); a note says so, or why they cannot be had."""
     other = "float64" if asked == "float32" else "float32"
+    progress.stage(f"the port in {other}, for its own error", _calls(outputs))
     groups = report.transfer.groups
     found = _measured(report, target, other, outputs, grads, direction, Note("port alone", dtype=other), lambda found: pull(groups, found))
     if found is not None:

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mhsa.port_check.core import progress
 from mhsa.port_check.core.cotangents import Direction
 from mhsa.port_check.core.structure import Inputs, Output, Traced, as_inputs, dtype_name, flatten, is_float_dtype, split_arrays
 from mhsa.port_check.readers import jax_widened, jaxpr
@@ -160,6 +161,8 @@ def run(
                 arrays_of[slot] = value
         output = Output(call, path, label, value, kind, shape, *flows.get(slot, (None, -1, None)))
         found.append(output if each is None else each(output))
+        if index + 1 == len(labels) or labels[index + 1][0] != call:  # the call's last leaf
+            progress.called(path)
     if gradients is None:
         return found, None
     named = zip(program.names, program.layouts, gradients, program.differentiated)

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from mhsa.comparison import held
+from mhsa.port_check.core import progress
 from mhsa.port_check.core.findings import OneSided, Summed
 from mhsa.port_check.core.records import PortCheckError, PortReport
 from mhsa.port_check.core.structure import as_inputs
@@ -109,6 +110,7 @@ def check_training(reference, port, steps: int, *, dtype: str = "float32", name_
     (ref_name, ref_reader), (port_name, port_reader) = reader_of(reference["model"]), reader_of(port["model"])
     ref32 = train_torch.Trainer(reference, dtype)
     ref64 = train_torch.Trainer(reference, "float64") if dtype != "float64" else None
+    progress.stage("pairing the weights")
     try:  # every reference parameter paired, or no training is compared (forward/check.py: refuse_unpaired)
         port_model, transfer = transfer_weights(ref32.model, port_reader.cast(port["model"], dtype)[0], name_map, inputs=_model_inputs(reference, 0))
     except PortCheckError as error:
@@ -133,9 +135,11 @@ def check_training(reference, port, steps: int, *, dtype: str = "float32", name_
             *(Summed(group.reference, group.port_names()) for group in transfer.groups if not group.exact),  # they train apart
         ],
     )
+    progress.stage("the optimizers' settings")
     report.lint, report.lint_notes, report.settings = train_lint.optimizer_lint(reference, port, port_model, steps, name_map, probes)
     before, failed_before = train_torch.snapshot(ref32.model), None
     for step in range(1, steps + 1):
+        progress.stage(f"training step {step} of {steps}")
         index = (step - 1) % len(reference["inputs"])
         ref, other = ref32.step(reference["inputs"][index]), port32.step(port["inputs"][index])
         own = (ref64.step(reference["inputs"][index]), port64.step(port["inputs"][index])) if ref64 and port64 else None

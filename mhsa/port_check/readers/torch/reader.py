@@ -20,6 +20,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from mhsa import registry
+from mhsa.port_check.core import progress
 from mhsa.port_check.core.cotangents import Direction
 from mhsa.port_check.core.structure import (
     Inputs,
@@ -302,6 +303,7 @@ def run(
             for _, value in flatten(output, _is_tensor):
                 flow.mark(value, count[0])
             count[0] += 1
+            progress.called(path)  # "call k of N" on the check's progress line, where one is shown
 
         return record
 
