@@ -203,7 +203,7 @@ def _check(args) -> int:
 
 def _run_train(args, name_map: dict[str, str] | None) -> int:
     """The command with --train N (name_map: the --map file, already read): the report on stdout and
-    the exit status. A factory it cannot load or use is a ValueError, which run says in one line."""
+    the exit status. A factory it cannot load or use is a ValueError, which _check says in one line."""
     progress.stage("calling the factories")
     # here, not at the top: `mhsa port-check --help` and the forward check do not start torch and JAX for it
     from mhsa.port_check.report.training import format_train_report
