@@ -94,7 +94,7 @@ def from_twin_run(dtype: str, reader, model, inputs, outputs: list[Output], grad
         return output._replace(value=None)
 
     # in float64 exactly the float32 run's inputs and weights, cast up
-    in_dtype = reader.float64_twin(model) if up else contextlib.nullcontext(reader.cast(model, "float32")[0])
+    in_dtype = reader.float64_twin(model, grads is not None) if up else contextlib.nullcontext(reader.cast(model, "float32")[0])
     with kept_for_reuse(), in_dtype as twin_model:  # its many large blocks reused, not faulted in anew
         _, twin_grads = reader.run(twin_model, cast_floats(inputs, dtype), direction if grads is not None else None, reduce)
         if pull is not None and twin_grads is not None:

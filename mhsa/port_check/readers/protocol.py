@@ -94,9 +94,9 @@ class Reader(Protocol):
         ("transpose", "eps", "approximate", "padding", "load"); None where it does not apply."""
         ...
 
-    def float64_twin(self, model: Model) -> AbstractContextManager[Model]:
+    def float64_twin(self, model: Model, grads: bool = False) -> AbstractContextManager[Model]:
         """A context manager giving `model` in float64 for the block (the tolerances' reference
-        run), the model as it was after it, even on error."""
+        run; `grads`: its gradients are taken too), the model as it was after it, even on error."""
         ...
 
     def highest_precision(self) -> AbstractContextManager[None]:

@@ -69,8 +69,8 @@ NOTES = {
     "none": lambda n, s: f"not compared, as one side returns None there: {_listed(n.names)}",
     "no float64": lambda n, s: f"the reference cannot run in float64 ({n.error}): its float32 rows hold the fixed tolerances of docs/DESIGN.md",
     "fixed": lambda n, s: (
-        f"the reference computes {some(n.names)} in float32 even in float64, from float32 the twin cannot widen (an array it "
-        "holds outside its parameters and buffers, a cast outside the framework, a JAX model run untraced): those rows hold the fixed tolerance"
+        f"the reference computes {some(n.names)} in float32 even in float64, from float32 the twin cannot widen (computed outside "
+        "the framework, through NumPy say, or by a JAX model run untraced): those rows hold the fixed tolerance"
     ),
     "apart": lambda n, s: (
         f"the reference's float64 run differs from its float32 run by more than rounding (over {NOT_A_TWIN:g} of the largest "

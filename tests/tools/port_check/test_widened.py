@@ -1,7 +1,8 @@
 """The float64 twin's widening, rule by rule, on each side: inside it every float32 a model's code
-asks for by hand is float64 (torch: `.float()`, `.to(...)`, `.type(...)`, a `dtype=` argument, the
-default dtype; JAX: a cast, an iota, a matmul's preferred type, a literal, inside a jit, a remat, a
-scan, a while loop and a cond), a cast below float32 stays what it is, a reinterpreting view and a
+asks for by hand or gives is float64 (torch: `.float()`, `.to(...)`, `.type(...)`, a `dtype=`
+argument, the default dtype, a float32 tensor given to a function, a lookup's rows; JAX: a cast,
+an iota, a matmul's preferred type, a literal, inside a jit, a remat, a scan, a while loop and a
+cond), a cast below float32 stays what it is, a reinterpreting view, a tensor written into and a
 rounding to float32's precision are left alone, and everything is as it was after the block."""
 
 import jax
@@ -42,6 +43,21 @@ def test_torch_casts_below_float32_and_a_reinterpreting_view_stay_what_the_code_
         assert X.to(torch.bfloat16).dtype == torch.bfloat16 and X.half().dtype == torch.float16
         assert X.float().view(torch.int64).dtype == torch.int64  # a float64 twin read as int64: the same bytes
         assert X.to(torch.float32).view(torch.int32).shape == (3, 10)
+
+
+def test_torch_float32_tensors_given_are_read_as_float64_and_what_is_written_into_stays_itself():
+    weight, table = torch.nn.Parameter(torch.linspace(-1, 1, 15).reshape(5, 3)), torch.linspace(0, 1, 5)
+    cache, weight.grad = torch.zeros(2, 3), torch.ones(5, 3)
+    with widened():
+        assert torch.nn.functional.linear(X[:, :3], weight).dtype == torch.float64  # a weight left float32
+        picked = torch.nn.functional.embedding(torch.tensor([4, 0]), weight)  # a lookup: the rows it takes, widened
+        assert picked.dtype == torch.float64 and torch.equal(picked, weight.detach()[[4, 0]].double())
+        assert (X[0, :5] * table).dtype == torch.float64 and table.shape == (5,) and table.dtype == torch.float32
+        cache[0] = X[0, :3]  # written into: the tensor itself, its values rounded as the code asks
+        cache.add_(1)
+        weight.grad = None  # a property set on the parameter itself, not on a copy
+    assert cache.dtype == torch.float32 and torch.equal(cache[0], X[0, :3].float() + 1) and torch.equal(cache[1], torch.ones(3))
+    assert weight.grad is None
 
 
 def test_torch_default_dtype_comes_back_when_the_block_raises():

@@ -46,9 +46,10 @@ class Dataflow(TorchFunctionMode):
     rules); `flow(tensor)` reads it, `mark(tensor, call)` records that call `call` returned it,
     `data(tensors)` says which tensors are the model's own (inputs, parameters, buffers)."""
 
-    def __init__(self) -> None:
+    def __init__(self, wide: bool = False) -> None:
         super().__init__()
         self._known: dict[int, tuple[weakref.ref, Flow]] = {}
+        self.wide = wide  # the model's float32 data is computed with as float64 (readers/torch/widened.py)
 
     def flow(self, tensor) -> Flow:
         known = self._known.get(id(tensor))
@@ -62,7 +63,8 @@ class Dataflow(TorchFunctionMode):
         """The model's inputs, parameters and buffers: what its outputs are computed from."""
         for tensor in tensors:
             if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():
-                self._set(tensor, self.flow(tensor)._replace(floor=RANKS.get(dtype_name(tensor.dtype), 3)))
+                rank = RANKS.get(dtype_name(tensor.dtype), 3)
+                self._set(tensor, self.flow(tensor)._replace(floor=RANKS["float64"] if self.wide and rank == RANKS["float32"] else rank))
 
     def _set(self, tensor, flow: Flow) -> None:
         if isinstance(tensor, torch.Tensor):

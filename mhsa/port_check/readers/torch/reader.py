@@ -37,6 +37,7 @@ from mhsa.port_check.core.structure import (
 )
 from mhsa.port_check.readers.protocol import ModuleInfo
 from mhsa.port_check.readers.torch.dataflow import Dataflow, Reads
+from mhsa.port_check.readers.torch.widened import active as widened_active
 from mhsa.port_check.readers.torch.widened import widened
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -280,7 +281,7 @@ def run(
     calls: list[Output] = []
     count = [0]
     copied: dict[int, tuple] = {}  # id(tensor) -> (weak references to it and to its copy, its version)
-    flow = Dataflow()
+    flow = Dataflow(wide=widened_active())  # in the float64 twin float32 data counts as float64: it is computed with as such
 
     def copy_once(tensor: torch.Tensor) -> np.ndarray:
         """A tensor that several calls return (the model's logits are its head's) is copied once:
@@ -388,21 +389,23 @@ def switched(model: nn.Module, switch: str, path: str, value: float | str | None
 
 
 @contextlib.contextmanager
-def float64_twin(model: nn.Module) -> Iterator[nn.Module]:
-    """Reader.float64_twin (readers/protocol.py) as `model` itself, every floating-point parameter and
-    buffer converted in place, tensor by tensor, so that a large model's float32 weights are let go
-    while its float64 ones live (GPT-2 small: 1 GB of float64 instead of a copy's 1.5 GB of both);
-    converting back is exact. The Parameter objects stay the same (an optimizer's references to them
-    hold), and so does each one's .grad; a tied weight is converted once and stays shared. A model
-    whose tensors share storage otherwise (views of one flat buffer) gets a float64 copy instead:
-    converted one by one, they would come back apart. Inside the block, float32 the model's code asks
-    for by hand is float64 (readers/torch/widened.py), so its upcasts keep the twin float64."""
+def float64_twin(model: nn.Module, grads: bool = False) -> Iterator[nn.Module]:
+    """Reader.float64_twin (readers/protocol.py) as `model` itself, float64 inside the block
+    (readers/torch/widened.py): every float32 the model computes with is float64, its parameters as
+    each operation reads them (a copy of one weight at a time, let go once the operation returns),
+    so that a large model's float64 weights never exist all at once. Its buffers (running
+    statistics, a cache its forward writes into) are converted in place, tensor by tensor, and so
+    are its parameters with `grads`, whose float64 gradients need float64 leaves; converting back
+    is exact. The Parameter objects stay the same (an optimizer's references to them hold), and so
+    does each one's .grad; a tied weight is converted once and stays shared. A model whose tensors
+    share storage otherwise (views of one flat buffer) gets a float64 copy instead: converted one by
+    one, they would come back apart."""
     if not _owns_storage(model):
         twin, _ = cast(model, "float64")
         with widened():
             yield twin
         return
-    params = {id(p): p for p in model.parameters() if p.is_floating_point() and p.dtype != torch.float64}
+    params = {id(p): p for p in model.parameters() if grads and p.is_floating_point() and p.dtype != torch.float64}
     was = {key: (p.dtype, p.grad) for key, p in params.items()}
     buffers = [
         (module, name, buffer)
