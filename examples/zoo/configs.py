@@ -1,6 +1,7 @@
 """The zoo's configurations, shared by both frameworks' models: frozen dataclasses checked on
 creation. The tiny defaults use odd, distinct sizes, so that a swapped axis cannot pass;
-`gpt2_small()` is GPT-2 small's shape (124M parameters), built by the same code, for benchmarks."""
+`gpt2_small()` is GPT-2 small's shape (124M parameters) and `llama_3_2_1b()` Llama-3.2-1B's (1.24B),
+built by the same code, for benchmarks."""
 
 from __future__ import annotations
 
@@ -67,6 +68,11 @@ class GPT2Config(_Heads):
     def __post_init__(self):
         _positive(self)
         self._check_heads()
+
+
+def llama_3_2_1b() -> LlamaConfig:
+    """Llama-3.2-1B's shape: 1.24B parameters (the tied output layer counted once)."""
+    return LlamaConfig(vocab_size=128256, d_model=2048, n_heads=32, n_kv_heads=8, d_ff=8192, n_layers=16, rope_base=500000.0)
 
 
 def gpt2_small() -> GPT2Config:

@@ -15,7 +15,7 @@ import numpy as np
 from flax import nnx
 
 from examples.zoo import inputs, llama_flax, llama_torch
-from examples.zoo.configs import LlamaConfig
+from examples.zoo.configs import LlamaConfig, llama_3_2_1b
 from examples.zoo.convert import StateDict, abstract, load_nnx
 from examples.zoo.torch_weights import numpy_state
 
@@ -50,3 +50,11 @@ def ported(dtype: str = "float32"):
 def ported_keywords(dtype: str = "float32"):
     """`ported` with {"input_ids", "attention_mask"} as keyword inputs."""
     return port(abstract(lambda: llama_flax.Llama(TINY, dtype=dtype, rngs=nnx.Rngs(0)))), inputs.llama_keywords(TINY)
+
+
+def large(batch: int = 1, length: int = 32):
+    """llama_torch.large's model converted to a port built abstractly, and its inputs: for benchmarks."""
+    reference, batch_inputs = llama_torch.large(batch, length)
+    config = llama_3_2_1b()
+    arrays = to_flax(numpy_state(reference), config)
+    return load_nnx(abstract(lambda: llama_flax.Llama(config, dtype="float32", rngs=nnx.Rngs(0))), arrays), batch_inputs

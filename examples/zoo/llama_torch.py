@@ -21,6 +21,7 @@ What a port has to reproduce, each a classic porting bug (examples/zoo/catalog.p
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -29,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from examples.zoo import inputs
-from examples.zoo.configs import LlamaConfig
+from examples.zoo.configs import LlamaConfig, llama_3_2_1b
 from examples.zoo.torch_weights import trained_look
 
 TINY = LlamaConfig()
@@ -153,6 +154,18 @@ def build(config: LlamaConfig = TINY, seed: int = 0) -> Llama:
 def example_inputs(config: LlamaConfig = TINY) -> tuple[np.ndarray, np.ndarray]:
     """(input_ids (3, 7), attention_mask (3, 7)) with padded rows."""
     return inputs.llama(config)
+
+
+def large(batch: int = 1, length: int = 32):
+    """Llama-3.2-1B's shape (1.24B parameters) with random weights, and (input_ids (batch, length),):
+    for benchmarks, not tests. Built once per process: llama_convert.large converts this very model."""
+    return _large(batch, length)
+
+
+@functools.cache  # keyed by position: large() and large(1, 32) are one model
+def _large(batch: int, length: int):
+    config = llama_3_2_1b()
+    return build(config), (inputs.token_ids(config.vocab_size, shape=(batch, length)),)
 
 
 def reference():

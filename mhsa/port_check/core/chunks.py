@@ -48,6 +48,19 @@ def within(reduce: Callable[..., float], tol: float, *arrays: np.ndarray, size: 
     return all(reduce(*(view[index] for view in views)) <= tol for index in blocks(views[0].shape, size))
 
 
+def equal(a: np.ndarray, b: np.ndarray, size: int = BLOCK) -> bool:
+    """Whether two arrays of one shape hold the same values, stopping at the first block that
+    differs: a converted port's weights usually do, and this pass is several times cheaper than
+    measuring a gap of 0 in float64 (a NaN is never equal: the gap's rules settle it)."""
+    return a.shape == b.shape and all(np.array_equal(a[index], b[index]) for index in blocks(a.shape, size))
+
+
+def varies(array: np.ndarray, size: int = BLOCK) -> bool:
+    """Whether an array holds more than one value within one of its blocks (as np.ptp(array) > 0,
+    but a block holding a NaN shows nothing), stopping at the first block that shows two: the first, as a rule."""
+    return array.size > 1 and any(np.ptp(array[index]) > 0 for index in blocks(array.shape, size))
+
+
 def dot(a: np.ndarray, b: np.ndarray, size: int = BLOCK) -> float:
     """sum(a * b) over every element, accumulated in float64 block by block (arrays of one shape)."""
     return float(sum(np.vdot(a[index].astype(np.float64), b[index].astype(np.float64)) for index in blocks(a.shape, size)))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from mhsa.port_check.core import transforms
-from mhsa.port_check.core.chunks import BLOCK, blocks, dot, largest, largest_abs, within
+from mhsa.port_check.core.chunks import BLOCK, blocks, dot, equal, largest, largest_abs, varies, within
 from mhsa.port_check.core.records import Differing, Transfer
 from mhsa.port_check.core.transforms import Group
 from mhsa.port_check.forward import pairing
@@ -57,11 +57,11 @@ def compare_values(report: Transfer, source_params, target_params, tol: float, k
     evidence, differing = 0, []
     for group in report.groups:
         references = [source_params[name] for name in group.reference]
-        informative = any(name not in no_evidence and value.size > 1 and np.ptp(value) > 0 for name, value in zip(group.reference, references))
+        informative = any(name not in no_evidence and varies(value) for name, value in zip(group.reference, references))
         expected, actual = group.push(references), held(group, target_params)
-        varies = all(value.size > 1 and np.ptp(value) > 0 for value in actual)
-        if all(within(max_abs_diff, tol, a, b) for a, b in zip(expected, actual)):
-            evidence += len(group.reference) if informative and varies else 0
+        varied = all(varies(value) for value in actual)
+        if all(equal(a, b) or within(max_abs_diff, tol, a, b) for a, b in zip(expected, actual)):
+            evidence += len(group.reference) if informative and varied else 0
         else:
             differing.append((group, references, expected, actual, informative))
     found = []
@@ -248,7 +248,7 @@ def decide(report: Transfer, evidence: int, informative: int, transfer: bool | N
 
 def informative_count(report: Transfer, source_params, no_evidence=frozenset()) -> int:
     """How many paired parameters have reference values that are not constant (and are no table)."""
-    return sum(name not in no_evidence and source_params[name].size > 1 and np.ptp(source_params[name]) > 0 for name in report.paired)
+    return sum(name not in no_evidence and varies(source_params[name]) for name in report.paired)
 
 
 def arrays_to_copy(report: Transfer, source_params, target_params) -> dict[str, np.ndarray]:

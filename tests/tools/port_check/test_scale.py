@@ -9,7 +9,7 @@ import torch
 
 from examples import flax_block, torch_block
 from mhsa.port_check import check_port, format_report
-from mhsa.port_check.core.chunks import blocks, dot, largest, within
+from mhsa.port_check.core.chunks import blocks, dot, equal, largest, varies, within
 from mhsa.port_check.forward.weights import how_it_differs
 from mhsa.port_check.readers.flax import reader as flax_reader
 from mhsa.port_check.readers.torch import reader as torch_reader
@@ -37,6 +37,23 @@ def test_a_broadcast_comparison_in_blocks_is_the_whole_ones_and_dot_accumulates_
     assert largest(max_abs_diff, a, b, size=4) == max_abs_diff(np.broadcast_to(a, b.shape), b)
     x = rng.standard_normal((9, 13)).astype(np.float32)
     assert dot(x, x, size=5) == pytest.approx(float(np.vdot(x.astype(np.float64), x.astype(np.float64))), rel=1e-15)
+
+
+def test_equal_and_varies_in_blocks_agree_with_the_whole_arrays_a_transposed_view_and_a_nan_included():
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((9, 13)).astype(np.float32)
+    b = np.ascontiguousarray(a.T).T  # a port's kernel read in the reference's layout: a transposed view
+    assert equal(a, b, size=5) and not equal(a, b[:, ::-1], size=5) and not equal(a, a[:, :12], size=5)
+    changed = a.copy()
+    changed[8, 12] = np.nextafter(changed[8, 12], np.inf)  # one value one rounding away, in the last block
+    assert not equal(a, changed, size=5)
+    with_nan = a.copy()
+    with_nan[0, 0] = np.nan
+    assert not equal(with_nan, with_nan.copy(), size=5)  # never equal: max_abs_diff's rules settle a NaN
+    assert varies(a, size=5) and not varies(np.full((9, 13), 0.5), size=5) and not varies(np.ones(1), size=5)
+    constant_first = np.ones((9, 13))
+    constant_first[8, 12] = 2.0
+    assert varies(constant_first, size=5)  # found in the last block
 
 
 def recording(sizes: list[int], reduce=max_abs_diff):
