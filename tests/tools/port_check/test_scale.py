@@ -282,3 +282,23 @@ def test_the_scale_benchmark_measures_a_childs_own_peak_and_runs_its_floor_and_c
     bench.floor("tiny", 3, 7, grads=True, kept=True)  # the same, each run keeping the memory it frees
     assert main(bench.check_argv("tiny", 3, 7, grads=True)) == 0, capsys.readouterr().out
     assert capsys.readouterr().out.rstrip().splitlines()[-1].startswith("PASS: 28 of 28 parameters paired, all 59 comparisons")
+
+
+@pytest.mark.slow  # two child processes, each building a 0.2-0.6 GB model pair
+def test_the_checks_memory_beyond_the_two_models_grows_with_one_layer_not_with_the_number_of_layers():
+    # 8 layers more are 8 x 63 MB of float32 a side: a float64 copy of the reference made whole
+    # (converted in place, as with --grads) grew the check's peak by 510 MB; read one operation
+    # at a time it grows by a few MB
+    import subprocess
+    import sys
+
+    from tests.paths import ROOT
+
+    def extra(layers: int) -> int:
+        command = [sys.executable, "-m", "tests.tools.port_check.check_memory", str(layers)]
+        child = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True)
+        return int(child.stdout.split()[-1])
+
+    layer = 4 * (2 * 1024 * 1024 + 2 * 1024 * 512 + 3 * 1024 * 4096)  # bytes of float32 weights in one layer of one side
+    small, large = extra(2), extra(10)
+    assert large - small < layer, f"the check's peak above the two models: {small / 2**20:.0f} MiB at 2 layers, {large / 2**20:.0f} MiB at 10"
