@@ -105,7 +105,7 @@ def trace(program: Program, arrays: list, rebuild) -> Traced:
     for call, *_, slot in labels:
         if slot is not None:
             marks[slot] |= 1 << call
-    flows = jaxpr.flow(traced.jaxpr, marks, wide=jax_widened.active())
+    flows = jaxpr.flow(traced.jaxpr, marks)
     outputs = [
         Output(call, path, label, None, kind, shape, *(flows[slot] if slot is not None else (None, -1, None)))
         for call, path, label, kind, shape, slot in labels
@@ -193,18 +193,15 @@ def with_gradients(program: Program, arrays, rebuild, labels: list, top: list[Ou
     return values, [next(it) if d else None for d in mask]
 
 
-def float64_twin(cast: Callable[..., tuple[Any, list[str]]]) -> Callable[..., contextlib.AbstractContextManager]:
-    """A reader's float64_twin (readers/protocol.py) from its `cast`: JAX's float64 on for the block
-    only (a float32 check leaves the process's switch as it was), the compute dtype float64, and
-    float32 the model's code asks for by hand as float64 (readers/jax_widened.py). Its arrays stay
-    as they are for a forward pass, each read as float64 in the program (no float64 copy of the
-    model is held beside it; XLA on CPU still converts them all at the start of the run); with
-    `grads` (float64 gradients need float64 leaves) it is a float64 copy."""
+def float64_twin(cast: Callable[[Any, str], tuple[Any, list[str]]]) -> Callable[[Any], contextlib.AbstractContextManager]:
+    """A reader's float64_twin (readers/protocol.py) from its `cast`: a float64 copy, JAX's float64 on
+    for the block only (a float32 check leaves the process's switch as it was), and float32 the
+    model's code asks for by hand as float64 (readers/jax_widened.py)."""
 
     @contextlib.contextmanager
     def twin(model, grads: bool = False) -> Iterator[Any]:
         with jax.enable_x64(True), jax_widened.widening():
-            yield cast(model, "float64", arrays=grads)[0]
+            yield cast(model, "float64")[0]
 
     return twin
 

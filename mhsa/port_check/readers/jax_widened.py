@@ -3,8 +3,7 @@ library: inside `widening()`, the program a model traces to is evaluated once mo
 operation, with every float32 it asks for as float64, and traced anew. So a careful model's upcasts
 (`x.astype(jnp.float32)` in a norm, `jnp.asarray(x, jnp.float32)`, `jax.lax.convert_element_type`,
 `jnp.arange(n, dtype=jnp.float32)` for a rotary table, a matmul's `preferred_element_type`) stay
-float64 in the twin instead of rounding it to float32 there; and a float32 array the program is
-given (a weight the twin leaves as it is) is read as float64 at each operation that uses it. The twin is the tolerances' reference
+float64 in the twin instead of rounding it to float32 there. The twin is the tolerances' reference
 run: a float32 step in it would make its rows no better than the float32 run they measure. A cast
 below float32 (bfloat16, float16) is kept: it is the model's precision, not an upcast; a rounding to
 float32's precision (`reduce_precision`) is passed over.
@@ -76,19 +75,11 @@ def evaluate(jaxpr: core.Jaxpr, consts: list, args: list) -> list:
     env.update(zip(jaxpr.constvars, [_wide(const) for const in consts]))
     env.update(zip(jaxpr.invars, args))
     for eqn in jaxpr.eqns:
-        values = _widened_where_used([read(atom) for atom in eqn.invars])
+        values = [read(atom) for atom in eqn.invars]
         rule = RULES.get(eqn.primitive.name)
         outs = rule(eqn.params, values) if rule is not None else _bind(eqn, values)
         env.update(zip(eqn.outvars, outs))
     return [read(atom) for atom in jaxpr.outvars]
-
-
-def _widened_where_used(values: list) -> list:
-    """An operation's operands with each float32 array (a weight the twin leaves as it is) read as
-    float64. XLA on CPU converts them all at the program's start (an optimization barrier does not
-    hold it back), so the twin's float64 weights live in its run at once, as a copy's would; what
-    this saves is the copy held beside the model while the run is traced, compiled and run."""
-    return [_wide(value) if isinstance(value, jax.Array) and value.dtype == NARROW else value for value in values]
 
 
 def _bind(eqn, values: list) -> list:

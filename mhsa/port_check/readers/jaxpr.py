@@ -37,18 +37,16 @@ def _is_var(atom) -> bool:
     return isinstance(atom, core.Var)
 
 
-def flow(closed: core.ClosedJaxpr, marks: list[int], wide: bool = False) -> list[tuple[layouts.Axes | None, int, int | None]]:
+def flow(closed: core.ClosedJaxpr, marks: list[int]) -> list[tuple[layouts.Axes | None, int, int | None]]:
     """(layout, upstream, floor) of each output of the program: upstream the union of the `marks`
     (bits, one per output: the calls that return it) of the outputs it is computed from, floor the
-    lowest precision (structure.RANKS) on its way from the program's inputs (None: a constant).
-    wide: a float32 input counts as float64 (the float64 twin reads it so: readers/jax_widened.py)."""
+    lowest precision (structure.RANKS) on its way from the program's inputs (None: a constant)."""
     jaxpr = closed.jaxpr if isinstance(closed, core.ClosedJaxpr) else closed
     own: dict = {}
     for atom, mark in zip(jaxpr.outvars, marks):
         if _is_var(atom):
             own[atom] = own.get(atom, 0) | mark
-    ranks = [_rank(var) for var in jaxpr.invars]
-    inputs = [(None, 0, RANKS["float64"] if wide and rank == RANKS["float32"] else rank) for rank in ranks]
+    inputs = [(None, 0, _rank(var)) for var in jaxpr.invars]
     known = _walk(jaxpr, inputs, own)
     results = []
     for atom in jaxpr.outvars:

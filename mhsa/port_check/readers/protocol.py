@@ -64,10 +64,9 @@ class Reader(Protocol):
         already paired and shape-checked)."""
         ...
 
-    def cast(self, model: Model, dtype: str, arrays: bool = True) -> tuple[Model, list[str]]:
+    def cast(self, model: Model, dtype: str) -> tuple[Model, list[str]]:
         """`model` with every floating-point variable (and compute dtype) in `dtype`, and one line
-        per compute-dtype attribute changed; arrays=False: the compute dtype only, the variables
-        as they are (a float64 twin that reads them widened as it goes)."""
+        per compute-dtype attribute changed."""
         ...
 
     def trace(self, model: Model, inputs: Inputs) -> Traced:

@@ -302,16 +302,13 @@ def tied(model: Model) -> dict[str, str]:
     return found
 
 
-def cast(model: Model, dtype: str, arrays: bool = True) -> tuple[Model, list[str]]:
+def cast(model: Model, dtype: str) -> tuple[Model, list[str]]:
     """A copy of `model` with every floating-point array in `dtype` (an array reached twice stays one),
     and no line: Equinox's layers compute in their arrays' dtype (a dtype field of a model's own is
     reported by describe, not changed: it is static code). float64 turns on jax_enable_x64, without
-    which JAX silently keeps float32. arrays=False: `model` itself (the float64 twin of a forward
-    pass reads its arrays widened as it goes)."""
+    which JAX silently keeps float32."""
     if dtype == "float64" and not jax.config.read("jax_enable_x64"):
         jax.config.update("jax_enable_x64", True)
-    if not arrays:
-        return model, []
     target = DTYPES[dtype]
     tree = _leaves(model)
 

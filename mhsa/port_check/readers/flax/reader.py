@@ -322,19 +322,18 @@ def tied(model: Model) -> dict[str, str]:
     return {}
 
 
-def cast(model: Model, dtype: str, arrays: bool = True) -> tuple[Model, list[str]]:
+def cast(model: Model, dtype: str) -> tuple[Model, list[str]]:
     """Reader.cast (readers/protocol.py) as a copy (the arrays already in `dtype` shared: JAX arrays
     are immutable). The compute dtype changes too, else a layer built with dtype=float32 still
     computes in float32: NNX's in every submodule's `dtype` and `param_dtype`, Linen's (frozen
     dataclasses) in the top module's `dtype` field, which library models hand down. float64 turns on
-    jax_enable_x64, without which JAX silently keeps float32. arrays=False: the compute dtype only,
-    every array shared as it is (the float64 twin of a forward pass reads them widened as it goes)."""
+    jax_enable_x64, without which JAX silently keeps float32."""
     if dtype == "float64" and not jax.config.read("jax_enable_x64"):
         jax.config.update("jax_enable_x64", True)
     target = DTYPES[dtype]
 
     def convert(leaf):  # in NumPy: an XLA convert would compile once per shape
-        if not arrays or not jnp.issubdtype(jnp.result_type(leaf), jnp.floating) or jnp.result_type(leaf) == target:
+        if not jnp.issubdtype(jnp.result_type(leaf), jnp.floating) or jnp.result_type(leaf) == target:
             return leaf  # integers, booleans, PRNG keys; and what is in the dtype already, shared with the model
         return jax_program.on_device(jax_program.numpy(leaf), target)
 

@@ -220,14 +220,14 @@ def load_parameters(model: nn.Module, arrays: dict[str, np.ndarray]) -> nn.Modul
     return model
 
 
-def cast(model: nn.Module, dtype: str, arrays: bool = True) -> tuple[nn.Module, list[str]]:
+def cast(model: nn.Module, dtype: str) -> tuple[nn.Module, list[str]]:
     """Reader.cast (readers/protocol.py): `model` itself when every floating-point parameter and
     buffer is in `dtype` already (the check changes nothing of it: run() leaves its .grad as it
-    was) or `arrays` is False (a torch module holds no compute dtype of its own), else a copy, each
-    converted straight into it (no second copy in the old dtype); no line."""
+    was), else a copy, each converted straight into it (no second copy in the old dtype); no line (a
+    torch module holds no compute dtype of its own)."""
     target = DTYPES[dtype]
     tensors = [*model.parameters(), *model.buffers()]
-    if not arrays or all(t.dtype == target for t in tensors if t.is_floating_point()):
+    if all(t.dtype == target for t in tensors if t.is_floating_point()):
         return model, []
     memo: dict[int, typing.Any] = {}
     for t in tensors:  # a tied weight is one tensor: one entry, so the copy stays tied
