@@ -199,7 +199,7 @@ def float64_twin(cast: Callable[[Any, str], tuple[Any, list[str]]]) -> Callable[
     model's code asks for by hand as float64 (readers/jax_widened.py)."""
 
     @contextlib.contextmanager
-    def twin(model, grads: bool = False) -> Iterator[Any]:
+    def twin(model, grads: bool = False) -> Iterator[Any]:  # grads: a float64 copy serves both
         with jax.enable_x64(True), jax_widened.widening():
             yield cast(model, "float64")[0]
 

@@ -70,7 +70,8 @@ NOTES = {
     "no float64": lambda n, s: f"the reference cannot run in float64 ({n.error}): its float32 rows hold the fixed tolerances of docs/DESIGN.md",
     "fixed": lambda n, s: (
         f"the reference computes {some(n.names)} in float32 even in float64, from float32 the twin cannot widen (computed outside "
-        "the framework, through NumPy say, or by a JAX model run untraced): those rows hold the fixed tolerance"
+        "the framework, through NumPy say, by a JAX model run untraced, or in a JAX operation the twin cannot rebuild): "
+        "those rows hold the fixed tolerance"
     ),
     "apart": lambda n, s: (
         f"the reference's float64 run differs from its float32 run by more than rounding (over {NOT_A_TWIN:g} of the largest "

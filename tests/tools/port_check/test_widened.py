@@ -56,8 +56,12 @@ def test_torch_float32_tensors_given_are_read_as_float64_and_what_is_written_int
         cache[0] = X[0, :3]  # written into: the tensor itself, its values rounded as the code asks
         cache.add_(1)
         weight.grad = None  # a property set on the parameter itself, not on a copy
+        called = []
+        weight.register_hook(lambda grad: called.append(grad.dtype))  # a hook on the parameter itself
     assert cache.dtype == torch.float32 and torch.equal(cache[0], X[0, :3].float() + 1) and torch.equal(cache[1], torch.ones(3))
     assert weight.grad is None
+    (weight * 2).sum().backward()
+    assert called == [torch.float32]
 
 
 def test_torch_default_dtype_comes_back_when_the_block_raises():

@@ -73,6 +73,9 @@ METADATA = {
     "__len__",
     "__hash__",
     "__format__",
+    "register_hook",  # and what acts on the tensor itself: a hook on a copy would never be called
+    "register_post_accumulate_grad_hook",
+    "retain_grad",
 }
 VALUE_PROPERTIES = {"T", "mT", "H", "mH", "real", "imag"}  # the properties whose value is the tensor's values
 
