@@ -1,8 +1,8 @@
 """A child process for test_scale.py's memory test: the zoo's Llama pair at LAYERS layers of a
 width where the weights dwarf everything else (1024 wide, FFN 4096: 63 MB of float32 a layer a
-side), built, then checked in float32 with the port holding the converter's weights; prints the
-resident memory before the check and how far the check's peak rose above it (bytes; the peak
-reset by /proc/self/clear_refs once the models are built and a tiny check has warmed up).
+side), built, then checked in float32 with the port holding the converter's weights; prints how
+far the check's peak rose above the resident memory before it (bytes: bench_common.peak_extra_bytes,
+once the models are built, a tiny check has warmed up and glibc has handed its free heap back).
 
     python -m tests.tools.port_check.check_memory LAYERS [grads]
 """
@@ -19,12 +19,10 @@ from examples.zoo.convert import abstract, load_nnx
 from examples.zoo.torch_weights import numpy_state
 from mhsa.port_check import check_port
 from shared.malloc import _glibc
+from tests.paths import ROOT
 
-
-def resident(field: str) -> int:
-    """/proc/self/status's `field` (VmRSS, VmHWM) in bytes."""
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) * 1024 for line in status if line.startswith(field))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # the benchmarks' own peak measurement, not a second one
+import bench_common  # noqa: E402
 
 
 def main(layers: int, grads: bool) -> None:
@@ -39,12 +37,12 @@ def main(layers: int, grads: bool) -> None:
     libc = _glibc()
     if libc is not None:
         libc.malloc_trim(0)
-    before = resident("VmRSS")
-    with open("/proc/self/clear_refs", "w") as clear:
-        clear.write("5")  # VmHWM starts anew from here
-    report = check_port(reference, port, (ids,), probes=False, grads=grads)
-    assert report.passed, report.rows
-    print(before, resident("VmHWM") - before)
+
+    def checked():
+        report = check_port(reference, port, (ids,), probes=False, grads=grads)
+        assert report.passed, report.rows
+
+    print(bench_common.peak_extra_bytes(checked))
 
 
 if __name__ == "__main__":
