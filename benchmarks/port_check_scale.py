@@ -102,14 +102,12 @@ def floor(size: str, batch: int, length: int, grads: bool, kept: bool = False) -
         reference, port, config, ids = pair(size, batch, length)
         convert.load_nnx(port, gpt2_convert.to_flax(numpy_state(reference), config))
     with block(), torch.set_grad_enabled(grads):
-        logits = reference(torch.as_tensor(ids))
-        logits = logits if size == "1b" else logits.logits
+        logits = _logits(reference(torch.as_tensor(ids)))
         if grads:
             logits.sum().backward()
 
     def logits_of(model, ids):
-        output = model(ids)
-        return output if size == "1b" else output.logits
+        return _logits(model(ids))
 
     def total(model, ids):
         return logits_of(model, ids).sum()
@@ -117,6 +115,11 @@ def floor(size: str, batch: int, length: int, grads: bool, kept: bool = False) -
     run = nnx.jit(nnx.grad(total) if grads else logits_of)
     with block():
         jax.block_until_ready(run(port, jax.numpy.asarray(ids)))
+
+
+def _logits(output):
+    """A model's logits: the GPT-2 pair returns them in an output record, the Llama pair as they are."""
+    return getattr(output, "logits", output)
 
 
 def check_argv(size: str, batch: int, length: int, grads: bool) -> list[str]:
