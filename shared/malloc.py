@@ -124,3 +124,14 @@ def kept_for_reuse() -> Iterator[None]:
                 for option, value in POLICIES["settled"][0]:
                     libc.mallopt(option, value)
                 libc.malloc_trim(0)
+
+
+def hand_back() -> bool:
+    """Return the free memory of every arena to the kernel now (glibc's malloc_trim): memory that
+    another thread freed (a framework's own workers), which this thread's allocations cannot
+    reuse, would otherwise stay resident beside them. False where there is no glibc."""
+    libc = _glibc()
+    if libc is None:
+        return False
+    libc.malloc_trim(0)
+    return True

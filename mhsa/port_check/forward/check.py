@@ -32,14 +32,17 @@ from mhsa.port_check.core.structure import (
 from mhsa.port_check.forward import derived, precision, weights
 from mhsa.port_check.forward.boundaries import boundaries, upstream
 from mhsa.port_check.forward.hints import Side, hints, run_probes
-from mhsa.port_check.forward.pairing import Sides, pair_parameters, pull
-from mhsa.port_check.forward.rows import call_paths, gradient_rows, output_rows, rejudge
+from mhsa.port_check.forward.pairing import Pulling, Sides, pair_parameters
+from mhsa.port_check.forward.rows import call_paths, compare_arrays, gradient_rows, output_rows, rejudge
 from mhsa.port_check.readers import reader_of
 from mhsa.port_check.readers.protocol import ModuleInfo
 from shared.config import DTYPES
-from shared.malloc import kept_for_reuse
+from shared.malloc import hand_back, kept_for_reuse
 from shared.tolerances import tolerance
 
+# bytes of the port's gradients let go between two hand_backs (shared/malloc.py) while the
+# reference's are taken: a 1B model's layer is 240 MB a side
+HAND_BACK = 64 * 1024 * 1024
 # the module types every reader names alike: two paired modules of two of them differ in type (a lint finding)
 NEUTRAL = ("Linear", "Embedding", "Conv", "Dropout", "GELU") + NORMS
 
@@ -310,8 +313,9 @@ def check_port(source, target, inputs, *, target_inputs=None, name_map=None, tra
     if copy:
         progress.stage("copying the reference's weights into the port")
         target.model = target.reader.load_parameters(target.model, arrays)
+    order = list(source_params)
     del source_params, arrays
-    _compare(report, source, target, asked, report.name_map, grads, probes)
+    _compare(report, source, target, asked, report.name_map, grads, probes, order)
     return report
 
 
@@ -386,26 +390,44 @@ def _read(params: dict, traced, side: str, notes: list[Note]) -> dict:
     return {name: value for name, value in params.items() if name in traced.read}
 
 
-def _compare(report: PortReport, source: Side, target: Side, asked: str, name_map, grads: bool, probes: bool) -> None:
-    """Run both models (in the other dtype too where forward/derived.py needs it); fill the rows, findings, hints, probes."""
+def _compare(report: PortReport, source: Side, target: Side, asked: str, name_map, grads: bool, probes: bool, order=()) -> None:
+    """Run both models (in the other dtype too where forward/derived.py needs it); fill the rows,
+    findings, hints, probes. order: the reference's parameter names, the gradient rows' order.
+
+    With gradients, one whole set of them is held at a time beside the two models: the port's,
+    pulled back into the reference's names as its run hands them over; then the reference's, each
+    compared with the port's as backward gives it and kept in its place (the reference ran forward
+    first, alone, for the direction the port's gradients take); then the twin's, each reduced
+    against the reference's as it comes."""
     sides, pairing = report.sides, report.transfer
-    doing = "running and differentiating" if grads else "running"  # one forward (and backward) pass per side
-    reference_direction = cotangents.reference if grads else None
-    progress.stage(f"{doing} the reference", _calls(source.traced))
-    source_outputs, source_grads = _run(f"{doing} the reference ({sides[0]})", source, reference_direction)
+    progress.stage("running the reference", _calls(source.traced))
+    source_outputs, _ = _run(f"running the reference ({sides[0]})", source)
     last = max((output.call for output in source_outputs if output.path == ""), default=None)  # the model's own output: its last call
-    direction = cotangents.PortDirection([output for output in source_outputs if output.call == last]) if grads else None
-    if asked == "float32":  # before the port runs: its outputs and the float64 copy are never held together
-        source.derived = _derive(report, source, source_outputs, source_grads, reference_direction)
+    top = [output for output in source_outputs if output.call == last]
+    direction = cotangents.PortDirection(top) if grads else None
+    if grads and not cotangents.floats(top):  # nothing to differentiate: the reference's own run says so, before the port's would
+        _run(f"running and differentiating the reference ({sides[0]})", source, cotangents.reference)
+    if asked == "float32" and not grads:  # before the port runs: its outputs and the float64 twin are never held together
+        source.derived = _derive(report, source, source_outputs, None, None)
+    doing = "running and differentiating" if grads else "running"
     progress.stage(f"{doing} the port", _calls(target.traced))
-    target_outputs, target_grads = _run(f"{doing} the port ({sides[1]})", target, direction, None, target.traced, also=_shape_advice(pairing))
-    if target_grads is not None:  # in the reference's names and layouts, through each group (core/transforms.py)
-        target_grads = pull(pairing.groups, target_grads)
+    pulled: dict[str, np.ndarray] = {}  # the port's gradients in the reference's names and layouts, through each group (core/transforms.py)
+    taker = Pulling(pairing.groups, pulled.__setitem__) if grads else None
+    target_outputs, _ = _run(f"{doing} the port ({sides[1]})", target, direction, None, target.traced, taker, also=_shape_advice(pairing))
+    del taker
     if direction is not None and direction.left_out:
         report.notes.append(Note("left out", tuple(direction.left_out)))
+    source_grads: dict[str, np.ndarray] = {}
+    compared: dict[str, tuple] = {}
+    if grads:
+        progress.stage("differentiating the reference", _calls(source_outputs))
+        compared, source_grads = _gradients_against(source, pulled, sides, order)
+        if asked == "float32":
+            source.derived = _derive(report, source, source_outputs, source_grads, cotangents.reference)
+    reference_direction = cotangents.reference if grads else None
     if asked == "float64" and _falls_to_float32(source_outputs, target_outputs, source.desc, target.desc):  # the reference's float32 error there
         progress.stage("the reference in float32, for its own error", _calls(source_outputs))
-        source.derived = _measured(report, source, "float32", source_outputs, source_grads, reference_direction, Note("no float32"))
+        source.derived = _measured(report, source, "float32", source_outputs, source_grads or None, reference_direction, Note("no float32"))
     progress.stage("comparing the outputs")
     tolerances = source.derived or derived.Derived()
     report.rows, report.unmatched_source, report.unmatched_target, skipped = output_rows(
@@ -430,14 +452,15 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
         frozen = source.reader.frozen(source.model)
         if frozen & set(source_grads):  # a parameter the reference does not train has no gradient to compare
             report.notes.append(Note("frozen", tuple(sorted(frozen & set(source_grads)))))
-            source_grads = {name: grad for name, grad in source_grads.items() if name not in frozen}
+            compared = {name: found for name, found in compared.items() if name not in frozen}
         zero = tolerances.zero if source.derived is not None else derived.zero_gradients(source_grads)
+        del source_grads
         port_of = {name: group.port_names() for group in pairing.groups for name in group.reference}
-        report.rows += gradient_rows(source_grads, target_grads, min(floors), sides, port_of, tolerances.grads, zero)
+        report.rows += gradient_rows(compared, min(floors), port_of, tolerances.grads, zero)
     if any(row.failed and row.status == "" and (asked == "float32" or row.reference_error is not None) for row in report.rows):
-        _port_errors(report, target, target_outputs, target_grads, direction, asked)
+        _port_errors(report, target, target_outputs, direction, asked)
     boundaries(report.rows, source_outputs, target_outputs)
-    del target_outputs, target_grads, source_grads  # compared: a large model's outputs are not held any longer
+    del target_outputs  # compared: a large model's outputs are not held any longer
     paths, feeds = call_paths(source_outputs), upstream(source_outputs)
     del source_outputs
     report.hints = hints(report.rows, paths, source.desc, asked, pairing.differing, feeds)
@@ -449,6 +472,31 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
             report.hints = hints(probed, paths, source.desc, asked, pairing.differing, feeds)
             if report.hints:
                 report.hints.insert(0, Hint("probed"))
+
+
+def _gradients_against(side: Side, port: dict[str, np.ndarray], sides: tuple[str, str], order) -> tuple[dict[str, tuple], dict[str, np.ndarray]]:
+    """The reference's gradients along cotangents.reference, each compared (rows.compare_arrays)
+    with the port's of that name as backward hands it over, the port's then let go: ({name: the
+    comparison} in `order`, then in the order they came, {name: gradient}); its outputs unkept."""
+    compared: dict[str, tuple] = {}
+    kept: dict[str, np.ndarray] = {}
+    freed = [0]  # bytes of the port's let go since memory was last handed back
+
+    def compare(name: str, grad: np.ndarray) -> None:
+        other = port.pop(name, None)
+        if other is not None:
+            compared[name] = compare_arrays(grad, other, sides)
+            freed[0] += other.nbytes
+            del other
+        kept[name] = grad
+        if freed[0] >= HAND_BACK:  # the port's framework allocated them on its own threads: this one cannot reuse that memory
+            hand_back()
+            freed[0] = 0
+
+    unkept = lambda output: output._replace(value=None)  # noqa: E731  (the forward's outputs are the first run's)
+    _run(f"differentiating the reference ({sides[0]})", side, cotangents.reference, unkept, None, compare)
+    ranked = {name: index for index, name in enumerate(order)}
+    return {name: compared[name] for name in sorted(compared, key=lambda name: ranked.get(name, len(ranked)))}, kept
 
 
 def _run(doing: str, side: Side, *args, also: str = "") -> tuple[list[Output], Any]:
@@ -502,23 +550,32 @@ def _falls_to_float32(source_outputs, target_outputs, source_desc, target_desc) 
     return lowest == 2 or any(precision.leaf_floor(output) == 2 for output in source_outputs + target_outputs)
 
 
-def _measured(report: PortReport, side: Side, dtype: str, outputs, grads, direction, note: Note, pulled=None) -> derived.Derived | None:
+def _measured(report: PortReport, side: Side, dtype: str, outputs, grads, direction, note: Note, pulling=None) -> derived.Derived | None:
     """A side's own float32 errors from its run in `dtype`, the other one (derived.from_twin_run);
     None, with `note` and the error, where it cannot run so (its rows keep their tolerances)."""
     try:
-        return derived.from_twin_run(dtype, side.reader, side.model, side.inputs, outputs, grads, direction, pulled)
+        return derived.from_twin_run(dtype, side.reader, side.model, side.inputs, outputs, grads, direction, pulling)
     except Exception as error:  # a model that cannot compute in the other dtype: said, and checked all the same
         report.notes.append(replace(note, error=one_line(error)))
         return None
 
 
-def _port_errors(report: PortReport, target: Side, outputs, grads, direction, asked: str) -> None:
+def _port_errors(report: PortReport, target: Side, outputs, direction, asked: str) -> None:
     """The port's own float32 errors, from its run in the other dtype, joined to the rows'
-    tolerances (rows.rejudge); a note says so, or why they cannot be had."""
+    tolerances (rows.rejudge); a note says so, or why they cannot be had. With gradients, the
+    port's own are taken again first (let go once compared with the reference's), for its twin's to
+    be reduced against as they come."""
     other = "float64" if asked == "float32" else "float32"
-    progress.stage(f"the port in {other}, for its own error", _calls(outputs))
     groups = report.transfer.groups
-    found = _measured(report, target, other, outputs, grads, direction, Note("port alone", dtype=other), lambda found: pull(groups, found))
+    held: dict[str, np.ndarray] | None = None
+    if direction is not None:
+        progress.stage("differentiating the port again, for its own error", _calls(outputs))
+        held = {}
+        unkept = lambda output: output._replace(value=None)  # noqa: E731  (its outputs are the first run's)
+        _run(f"differentiating the port ({report.sides[1]})", target, direction, unkept, target.traced, Pulling(groups, held.__setitem__))
+    progress.stage(f"the port in {other}, for its own error", _calls(outputs))
+    found = _measured(report, target, other, outputs, held, direction, Note("port alone", dtype=other), lambda each: Pulling(groups, each))
+    del held
     if found is not None:
         target.derived = found
         report.port_twin = other

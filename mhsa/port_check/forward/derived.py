@@ -62,18 +62,24 @@ def is_twin(error: float, largest_value: float) -> bool:
 def zero_gradients(grads: dict[str, np.ndarray]) -> set[str]:
     """The parameters whose gradient is 0 in exact arithmetic, from float64 gradients: each of their
     values within ZERO of the largest gradient of the model (all of them when it is 0 everywhere)."""
-    largest = {name: largest_abs(grad) for name, grad in grads.items()}
+    return _zero({name: largest_abs(grad) for name, grad in grads.items()})
+
+
+def _zero(largest: dict[str, float]) -> set[str]:
+    """The names whose largest |float64 gradient| is within ZERO of the largest of all."""
     top = max(largest.values(), default=0.0)
     return {name for name, value in largest.items() if value <= ZERO * top}
 
 
-def from_twin_run(dtype: str, reader, model, inputs, outputs: list[Output], grads: dict | None, direction=None, pull=None) -> Derived:
+def from_twin_run(dtype: str, reader, model, inputs, outputs: list[Output], grads: dict | None, direction=None, pulling=None) -> Derived:
     """Run `model` through `reader` once more in `dtype`, the other precision, reducing each output
     leaf and gradient against its twin in `outputs` and `grads` (the check's run, its gradients
-    along `direction`). "float64" in a float32 check: every row's own error. "float32" in a float64
-    check: that of the rows that fall to float32, held to K times it as a float32 check holds every
-    row, not to a fixed number blind to their size. pull: the run's gradients -> the names `grads`
-    has (the port's pulled back into the reference's). Errors of the run are the caller's to report."""
+    along `direction`) as the run hands it over: no set of the twin's gradients is ever held whole.
+    "float64" in a float32 check: every row's own error. "float32" in a float64 check: that of the
+    rows that fall to float32, held to K times it as a float32 check holds every row, not to a fixed
+    number blind to their size. pulling: (each) -> a taker of the run's gradients in its own names
+    that hands them to `each` in the names `grads` has (the port's pulled back into the
+    reference's: pairing.Pulling). Errors of the run are the caller's to report."""
     found = Derived()
     by_key = {(output.call, output.label): output for output in outputs if output.value is not None}
     up = dtype == "float64"
@@ -93,27 +99,45 @@ def from_twin_run(dtype: str, reader, model, inputs, outputs: list[Output], grad
             found.apart.append(name)
         return output._replace(value=None)
 
+    errors = GradientErrors(grads or {}, up)
+    taker = errors if pulling is None else pulling(errors)
     # in float64 exactly the float32 run's inputs and weights, cast up
     in_dtype = reader.float64_twin(model, grads is not None) if up else contextlib.nullcontext(reader.cast(model, "float32")[0])
-    with kept_for_reuse(), in_dtype as twin_model:  # its many large blocks reused, not faulted in anew
-        _, twin_grads = reader.run(twin_model, cast_floats(inputs, dtype), direction if grads is not None else None, reduce)
-        if pull is not None and twin_grads is not None:
-            twin_grads = pull(twin_grads)
-        _gradient_errors(found, *((grads, twin_grads) if up else (twin_grads, grads)))
-        del twin_grads
+    # its many large blocks reused, not faulted in anew; not with gradients, whose blocks of many sizes
+    # (each weight's float64 copy, again in backward, its gradient) would add up, kept, and gain nothing
+    reuse = kept_for_reuse() if grads is None else contextlib.nullcontext()
+    with reuse, in_dtype as twin_model:
+        reader.run(twin_model, cast_floats(inputs, dtype), direction if grads is not None else None, reduce, None, taker)
+    errors.into(found)
     return found
 
 
-def _gradient_errors(found: Derived, grads32: dict | None, grads64: dict | None) -> None:
-    """Each gradient's own error into found.grads where the two runs are rounding twins or its exact
-    value is 0 (found.zero, from the float64 gradients); the others into found.apart."""
-    found.zero = zero_gradients(grads64 or {})
-    for name, grad64 in (grads64 or {}).items():
-        grad32 = (grads32 or {}).get(name)
-        if grad32 is None or grad32.shape != grad64.shape:
-            continue
-        error, largest_value = _twin(grad32, grad64)
-        if name in found.zero or is_twin(error, largest_value):
-            found.grads[name] = error, largest_value
-        else:
-            found.apart.append(f"grad {name}")
+class GradientErrors:
+    """Each gradient of a twin run, as the run hands it over (`self(name, array)`), reduced at once
+    against the check run's gradient of that name (`held`) to (its own error, the largest float64
+    value); `into` then sorts them: twins, zero in exact arithmetic (ZERO), apart."""
+
+    def __init__(self, held: dict[str, np.ndarray], up: bool):
+        self.held, self.up = held, up  # up: the twin is the float64 side
+        self.errors: dict[str, tuple[float, float]] = {}
+        self.largest: dict[str, float] = {}  # every float64 gradient's largest |value|, for ZERO
+
+    def __call__(self, name: str, twin: np.ndarray) -> None:
+        value = self.held.get(name)
+        if value is None or value.shape != twin.shape:
+            if self.up:
+                self.largest[name] = largest_abs(twin)
+            return
+        grad32, grad64 = (value, twin) if self.up else (twin, value)
+        self.errors[name] = _twin(grad32, grad64)
+        self.largest[name] = self.errors[name][1]
+
+    def into(self, found: Derived) -> None:
+        """Each gradient's own error into found.grads where the two runs are rounding twins or its
+        exact value is 0 (found.zero), the others into found.apart."""
+        found.zero = _zero(self.largest) if self.up else zero_gradients(self.held)  # not up: the check run's are the float64 ones
+        for name, (error, largest_value) in self.errors.items():
+            if name in found.zero or is_twin(error, largest_value):
+                found.grads[name] = error, largest_value
+            else:
+                found.apart.append(f"grad {name}")

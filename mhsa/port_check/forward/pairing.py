@@ -1116,13 +1116,46 @@ def pull(groups: Sequence[Group], arrays: dict[str, np.ndarray], exact_only: boo
     """The port's arrays ({port name: array}) in the reference's names and layouts, every group whose
     port arrays are all given; exact_only: leave out the groups whose values do not pull back (a sum:
     only gradients do)."""
-    found = {}
-    for group in groups:
-        if (exact_only and not group.exact) or any(name not in arrays for name in group.port):
-            continue
-        for name, value in zip(group.reference, group.pull([arrays[name] for name in group.port])):
-            found[name] = value
-    return found
+    found: dict[str, np.ndarray] = {}
+    taker = Pulling(groups, found.__setitem__, exact_only, copy_slices=False)  # all of `arrays` held already: slices stay views
+    for name, value in arrays.items():
+        taker(name, value)
+    return {name: found[name] for group in groups for name in group.reference if name in found}
+
+
+class Pulling:
+    """pull for arrays handed over one at a time (`self(port name, array)`, as a reader's
+    each_gradient hands them): each group pulled back into the reference's names once all its port
+    arrays have come, every result handed to `each(reference name, array)`, and each port array let
+    go once no group waits for it. A stacked layer's slice is copied out (copy_slices), so that the
+    stacked array goes with its last layer, not with the last of its slices to be let go."""
+
+    def __init__(self, groups: Sequence[Group], each: Callable[[str, np.ndarray], None], exact_only: bool = False, copy_slices: bool = True):
+        self.each, self.copy_slices = each, copy_slices
+        self.waiting: dict[str, list[Group]] = {}  # port name -> the groups that read it
+        for group in groups:
+            if not exact_only or group.exact:
+                for name in group.port:
+                    self.waiting.setdefault(name, []).append(group)
+        self.left = {name: len(waiting) for name, waiting in self.waiting.items()}  # groups not yet pulled, per port array
+        self.held: dict[str, np.ndarray] = {}
+
+    def __call__(self, name: str, array: np.ndarray) -> None:
+        if not self.left.get(name) or name in self.held:  # no group reads it, or all have (handed over twice)
+            return
+        self.held[name] = array
+        del array
+        for group in self.waiting[name]:
+            if any(port not in self.held for port in group.port):
+                continue
+            values = group.pull([self.held[port] for port in group.port])
+            for reference, value in zip(group.reference, values):
+                self.each(reference, np.array(value) if self.copy_slices and group.index is not None else value)
+            del values
+            for port in group.port:
+                self.left[port] -= 1
+                if self.left[port] == 0:
+                    del self.held[port]  # its groups are all pulled: let go
 
 
 def push(groups: Sequence[Group], arrays: dict[str, np.ndarray], shapes: dict[str, tuple]) -> dict[str, np.ndarray]:

@@ -179,20 +179,18 @@ def call_paths(outputs: list[Output]) -> list[str]:
     return [path for path, _, _ in _calls(outputs)]
 
 
-def gradient_rows(source_grads, pulled, rank, sides, port_of: dict[str, str], derived=None, zero=()) -> list[Row]:
-    """One row per paired reference parameter with a gradient on both sides. pulled: the port's
-    gradients in the reference's names and layouts (pairing.pull: a gradient pulls back through every
-    transform, a sum's included); port_of: each reference parameter's port names, for the row;
-    rank: the lowest precision any output reached (a gradient runs through every one); derived: as
-    output_rows', by parameter; zero: the parameters whose exact gradient is 0: their rows say so,
-    and pass while the port's is rounding too."""
+def gradient_rows(compared: dict[str, tuple], rank, port_of: dict[str, str], derived=None, zero=()) -> list[Row]:
+    """One row per paired reference parameter with a gradient on both sides. compared: {name:
+    compare_arrays(the reference's gradient, the port's pulled back into the reference's name and
+    layout (pairing.Pulling: a gradient pulls back through every transform, a sum's included))};
+    port_of: each reference parameter's port names, for the row; rank: the lowest precision any
+    output reached (a gradient runs through every one); derived: as output_rows', by parameter;
+    zero: the parameters whose exact gradient is 0: their rows say so, and pass while the port's is
+    rounding too."""
     dtype = precision.dtype_of(rank)
     rows = []
-    for name, value in source_grads.items():
-        if name not in pulled:
-            continue
+    for name, (abs_diff, rel_diff, status, note) in compared.items():
         mapped = port_of[name]
-        abs_diff, rel_diff, status, note = compare_arrays(value, pulled[name], sides)
         status = "unjudged" if dtype is None and status == "" else status
         row = Row("gradient", name, mapped, "", abs_diff, rel_diff, module=name, target_module=mapped, status=status, note=note)
         row.key, row.target_key = name, name  # the port's gradient pulled back: its own error too, by the reference's name

@@ -117,12 +117,13 @@ def trace(program: Program, arrays: list, rebuild) -> Traced:
 
 
 def run(
-    current: Program, arrays: list, rebuild, traced: Traced, grads: Direction | None, each, to_torch
+    current: Program, arrays: list, rebuild, traced: Traced, grads: Direction | None, each, to_torch, each_gradient=None
 ) -> tuple[list[Output], dict[str, np.ndarray] | None]:
     """A JAX reader's run (readers/protocol.py): `traced`'s program compiled and run on `current`'s
     leaves (the model's values now: changed since the trace, maybe, not their shapes), with `grads`
-    the gradients in the same program (under their neutral names, in torch's layouts: `to_torch`);
-    eagerly where the model could not be traced (no program)."""
+    the gradients in the same program (under their neutral names, in torch's layouts: `to_torch`),
+    each through `each_gradient` where given, its buffer let go after; eagerly where the model could
+    not be traced (no program)."""
     if traced.program is None:  # eager: nothing is known before the model runs
         program, compiled, labels = current, None, []
     else:
@@ -165,8 +166,15 @@ def run(
             progress.called(path)
     if gradients is None:
         return found, None
-    named = zip(program.names, program.layouts, gradients, program.differentiated)
-    return found, {name: to_torch(numpy(grad), layout) for name, layout, grad, d in named if d and name is not None}
+    if each_gradient is None:
+        named = zip(program.names, program.layouts, gradients, program.differentiated)
+        return found, {name: to_torch(numpy(grad), layout) for name, layout, grad, d in named if d and name is not None}
+    for index, (name, layout, d) in enumerate(zip(program.names, program.layouts, program.differentiated)):
+        grad, gradients[index] = gradients[index], None  # this list holds no buffer handed over: each goes once its taker lets it go
+        if d and name is not None:
+            each_gradient(name, to_torch(numpy(grad), layout))
+        del grad
+    return found, {}
 
 
 def with_gradients(program: Program, arrays, rebuild, labels: list, top: list[Output], direction: Direction, eager: bool = False):

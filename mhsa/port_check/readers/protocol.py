@@ -81,12 +81,16 @@ class Reader(Protocol):
         grads: Direction | None = None,
         each: Callable[[Output], Output] | None = None,
         traced: Traced | None = None,
+        each_gradient: Callable[[str, np.ndarray], None] | None = None,
     ) -> tuple[list[Output], dict[str, np.ndarray] | None]:
         """Every leaf of every submodule call's output, in the order the calls return (a child
         before its parent; the model itself last, path ""), each through `each` as it is recorded
         (to reduce it), and with `grads` d <r, output> / d every parameter, r the direction `grads`
         gives the output's leaves (core/cotangents.py), in neutral names and layouts; from one
-        forward (and backward) pass. `traced`: trace()'s record of this model on these inputs, to reuse."""
+        forward (and backward) pass. `traced`: trace()'s record of this model on these inputs, to reuse.
+        `each_gradient(name, array)`: each parameter's gradient handed over as soon as it is complete
+        and let go by the reader after (the returned dict is then empty), so that a large model's
+        gradients need not all exist at once."""
         ...
 
     def switched(self, model: Model, switch: str, path: str, value: Any = None) -> Model | None:

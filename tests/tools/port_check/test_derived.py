@@ -13,7 +13,9 @@ import torch
 from flax import nnx
 
 from mhsa.port_check import check_port, format_report
+from mhsa.port_check.core import cotangents
 from mhsa.port_check.core.findings import Note
+from mhsa.port_check.core.structure import as_inputs
 from mhsa.port_check.readers.torch import reader as torch_reader
 from mhsa.port_check.report.findings import line
 from shared.tolerances import K, derived, reference_error, scale, tolerance
@@ -305,20 +307,22 @@ class Tied(torch.nn.Module):
 
 @pytest.mark.parametrize("grads", [False, True], ids=["forward", "with gradients"])
 def test_the_references_float64_run_is_the_model_itself_and_gives_it_back_as_it_was(grads):
-    """A forward pass reads each float32 weight as float64 one operation at a time (the largest
-    model's float64 weights never all at once); with gradients the weights are converted in place
-    (GPT-2 small's float32 weights let go while its float64 ones run: a copy would hold both). The
-    buffers are converted in place either way. Afterwards every tensor, its dtype, its .grad and
-    the tying are as they were, even when the float64 run fails."""
+    """Each float32 weight is read as float64 one operation at a time (the largest model's float64
+    weights never all at once), with gradients too: they flow back into the float32 parameters.
+    The buffers are converted in place. Afterwards every tensor, its dtype, its .grad and the tying
+    are as they were, even when the float64 run fails."""
     model = Tied().eval()
     model.emb.weight.grad = torch.ones(11, D)
     before = {name: (p, p.detach().clone(), p.grad) for name, p in model.named_parameters()}
     buffers = {name: b.clone() for name, b in model.named_buffers()}
     with torch_reader.float64_twin(model, grads) as twin:
         weight, buffer = model.emb.weight.dtype, model.gate.dtype
-        assert twin is model and weight == (torch.float64 if grads else torch.float32) and buffer == torch.float64
-        assert model.head.weight is model.emb.weight and (model.emb.weight.grad is None) is grads
+        assert twin is model and weight == torch.float32 and buffer == torch.float64
+        assert model.head.weight is model.emb.weight
         assert model(torch.tensor([[1, 2, 3, 4, 5]])).dtype == torch.float64
+        if grads:  # float64, the tied weight's summed over its two uses
+            _, found = torch_reader.run(model, as_inputs(np.array([[1, 2, 3, 4, 5]])), cotangents.reference)
+            assert {name: grad.dtype for name, grad in found.items()} == dict.fromkeys(found, np.float64) and "emb.weight" in found
     with pytest.raises(RuntimeError, match="planted"), torch_reader.float64_twin(model, grads):
         raise RuntimeError("planted")
     for name, p in model.named_parameters():
@@ -338,8 +342,9 @@ def test_a_reference_whose_weights_share_one_storage_gets_a_float64_copy_and_kee
     assert model.weight.untyped_storage().data_ptr() == model.bias.untyped_storage().data_ptr()
 
 
-@pytest.mark.parametrize("grads", [False, True], ids=["weights read as float64 one operation at a time", "weights converted in place"])
-def test_the_float64_run_in_place_gives_the_same_tolerances_as_a_copy(monkeypatch, grads):
+@pytest.mark.parametrize("grads", [False, True], ids=["forward", "with gradients"])
+def test_the_float64_run_of_the_model_itself_gives_the_same_tolerances_as_a_float64_copy(monkeypatch, grads):
+    """Its weights read as float64 one operation at a time, its gradients summed in float64 (widened.py)."""
     report = check_port(TorchNorm(), FlaxNorm(1e-5), inputs(), grads=grads)
     monkeypatch.setattr(torch_reader, "_owns_storage", lambda model: False)  # the copy
     copied = check_port(TorchNorm(), FlaxNorm(1e-5), inputs(), grads=grads)

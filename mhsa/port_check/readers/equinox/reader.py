@@ -350,13 +350,13 @@ def trace(model: Model, inputs: Inputs) -> Traced:
 
 
 def run(
-    model: Model, inputs: Inputs, grads: Direction | None = None, each=None, traced: Traced | None = None
+    model: Model, inputs: Inputs, grads: Direction | None = None, each=None, traced: Traced | None = None, each_gradient=None
 ) -> tuple[list[Output], dict[str, np.ndarray] | None]:
     """Reader.run (readers/protocol.py), each leaf with its layout (readers/jaxpr.py): record.py
     records the outputs inside the program trace() compiled (traced, or traced now), run once on
     the arrays as they are now, the gradients with them."""
     traced = trace(model, inputs) if traced is None else traced
-    return jax_program.run(_program(model), *_arrays(model, inputs), traced, grads, each, _to_torch)
+    return jax_program.run(_program(model), *_arrays(model, inputs), traced, grads, each, _to_torch, each_gradient)
 
 
 def _arrays(model, inputs: Inputs) -> tuple[list, Any]:

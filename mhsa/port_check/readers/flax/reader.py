@@ -437,7 +437,7 @@ def trace(model: Model, inputs: Inputs) -> Traced:
 
 
 def run(
-    model: Model, inputs: Inputs, grads: Direction | None = None, each=None, traced: Traced | None = None
+    model: Model, inputs: Inputs, grads: Direction | None = None, each=None, traced: Traced | None = None, each_gradient=None
 ) -> tuple[list[Output], dict[str, np.ndarray] | None]:
     """Reader.run (readers/protocol.py) as one compiled program (the forward pass once, its outputs
     and the gradients), each leaf with its layout (readers/jaxpr.py), through `each` once it has run;
@@ -448,7 +448,7 @@ def run(
     compiled, not the model traced again (its variables' values may have changed, not their shapes)."""
     traced = trace(model, inputs) if traced is None else traced
     arrays, rebuild = _arrays(model, inputs)
-    return jax_program.run(_program(model), arrays, rebuild, traced, grads, each, _to_torch)
+    return jax_program.run(_program(model), arrays, rebuild, traced, grads, each, _to_torch, each_gradient)
 
 
 @contextlib.contextmanager

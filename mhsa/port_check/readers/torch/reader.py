@@ -38,7 +38,8 @@ from mhsa.port_check.core.structure import (
 from mhsa.port_check.readers.protocol import ModuleInfo
 from mhsa.port_check.readers.torch.dataflow import Dataflow, Reads
 from mhsa.port_check.readers.torch.widened import active as widened_active
-from mhsa.port_check.readers.torch.widened import widened
+from mhsa.port_check.readers.torch.widened import gradient_of, widened
+from mhsa.port_check.readers.torch.widened import hand_over as widened_hand_over
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -270,14 +271,16 @@ def _traced(model: nn.Module, inputs: Inputs) -> Traced:
 
 
 def run(
-    model: nn.Module, inputs: Inputs, grads: Direction | None = None, each=None, traced: Traced | None = None
+    model: nn.Module, inputs: Inputs, grads: Direction | None = None, each=None, traced: Traced | None = None, each_gradient=None
 ) -> tuple[list[Output], dict[str, np.ndarray] | None]:
     """Reader.run (readers/protocol.py): `model(*args, **kwargs)` called once, every output leaf
     recorded by forward hooks (removed even on error) with its layout and upstream calls
     (readers/torch/dataflow.py); with `grads` the gradients from one backward pass (zeros where the output does
     not reach a parameter). Each leaf goes through `each` as soon as its call returns (a float64 run
-    compared as it goes): its value is then a view of the tensor, valid during that call only. The
-    model's .grad are left as they were; `traced` unused (eager torch has nothing to reuse)."""
+    compared as it goes): its value is then a view of the tensor, valid during that call only. Each
+    gradient goes through `each_gradient` as soon as backward has accumulated it (a post-accumulate
+    hook), its .grad let go after: a view that the taker may keep. The model's .grad are left as
+    they were; `traced` unused (eager torch has nothing to reuse)."""
     calls: list[Output] = []
     count = [0]
     copied: dict[int, tuple] = {}  # id(tensor) -> (weak references to it and to its copy, its version)
@@ -328,16 +331,59 @@ def run(
                 return calls, None
             objective = _objective(output, grads, flow)
             del output
-            objective.backward()
-            del objective
             names = _neutral_names(model)
             weights = {names[name]: p for name, p in model.named_parameters() if name in names} | computed
-            return calls, {name: _view(weight.grad if weight.grad is not None else torch.zeros_like(weight)) for name, weight in weights.items()}
+            given: set[str] = set()
+            if each_gradient is not None:
+                handles += _handed_over(weights, each_gradient, given)
+            objective.backward()
+            del objective
+            left = {name: weight for name, weight in weights.items() if name not in given}
+            found = {name: _view(_gradient(weight)) for name, weight in left.items()}
+            if each_gradient is None:
+                return calls, found
+            for name in list(found):  # a computed weight's, and a parameter's the output does not reach (zeros)
+                each_gradient(name, found.pop(name))
+            return calls, {}
     finally:
         for handle in handles:
             handle.remove()
         for p, grad in saved.items():
             p.grad = grad
+
+
+def _gradient(weight: torch.Tensor) -> torch.Tensor:
+    """`weight`'s gradient: in the float64 twin the float64 one its copies summed (widened.py), else
+    its .grad, zeros where the output does not reach it."""
+    wide = gradient_of(weight) if widened_active() else None
+    if wide is not None:
+        return wide
+    return weight.grad if weight.grad is not None else torch.zeros_like(weight)
+
+
+def _handed_over(weights: dict[str, torch.Tensor], each_gradient, given: set[str]) -> list:
+    """A post-accumulate hook on every trained parameter among `weights`, handing its gradient to
+    `each_gradient` once backward has summed it, then letting its .grad go (a tied parameter, one
+    tensor, once, under its first name); each name handed over joins `given`. The hooks' handles."""
+
+    def hook(name: str):
+        def hand_over(parameter: torch.Tensor) -> None:
+            each_gradient(name, _view(_gradient(parameter)))
+            parameter.grad = None  # freed once the taker lets go of its view
+            given.add(name)
+
+        return hand_over
+
+    if widened_active():  # the float64 twin: its gradients are summed in float64, not in .grad
+        names = {weight: name for name, weight in reversed(weights.items())}  # a tied parameter: its first name
+
+        def take(parameter: torch.Tensor, grad: torch.Tensor) -> None:
+            if parameter in names:
+                each_gradient(names[parameter], _view(grad))
+                given.add(names[parameter])
+
+        return [widened_hand_over(take)]
+    return [weight.register_post_accumulate_grad_hook(hook(name)) for name, weight in weights.items() if weight.is_leaf and weight.requires_grad]
 
 
 def _objective(output, direction: Direction, flow: Dataflow) -> torch.Tensor:
@@ -393,20 +439,18 @@ def float64_twin(model: nn.Module, grads: bool = False) -> Iterator[nn.Module]:
     """Reader.float64_twin (readers/protocol.py) as `model` itself, float64 inside the block
     (readers/torch/widened.py): every float32 the model computes with is float64, its parameters as
     each operation reads them (a copy of one weight at a time, let go once the operation returns),
-    so that a large model's float64 weights never exist all at once. Its buffers (running
-    statistics, a cache its forward writes into) are converted in place, tensor by tensor, and so
-    are its parameters with `grads`, whose float64 gradients need float64 leaves; converting back
-    is exact. The Parameter objects stay the same (an optimizer's references to them hold), and so
-    does each one's .grad; a tied weight is converted once and stays shared. A model whose tensors
-    share storage otherwise (views of one flat buffer) gets a float64 copy instead: converted one by
-    one, they would come back apart."""
+    so that a large model's float64 weights never exist all at once. A gradient flows back through
+    that copy into the float32 parameter: its float64 value rounded once to float32 (where a
+    parameter is read several times, each use's part rounded, then summed), far below the float32
+    run's own error, which it measures; `grads` changes nothing. Its buffers (running statistics, a
+    cache its forward writes into) are converted in place, tensor by tensor, and back after. A model
+    whose tensors share storage (views of one flat buffer) gets a float64 copy instead: converted
+    one by one, they would come back apart."""
     if not _owns_storage(model):
         twin, _ = cast(model, "float64")
         with widened():
             yield twin
         return
-    params = {id(p): p for p in model.parameters() if grads and p.is_floating_point() and p.dtype != torch.float64}
-    was = {key: (p.dtype, p.grad) for key, p in params.items()}
     buffers = [
         (module, name, buffer)
         for module in model.modules()
@@ -416,9 +460,6 @@ def float64_twin(model: nn.Module, grads: bool = False) -> Iterator[nn.Module]:
     converted: dict[int, torch.Tensor] = {}  # id(buffer) -> its float64 version: a buffer registered twice stays one
     try:
         with torch.no_grad():
-            for p in params.values():
-                p.grad = None  # a float32 .grad beside float64 data would not be accepted
-                p.data = p.data.to(torch.float64)
             for module, name, buffer in buffers:
                 if id(buffer) not in converted:
                     converted[id(buffer)] = buffer.to(torch.float64)
@@ -426,14 +467,8 @@ def float64_twin(model: nn.Module, grads: bool = False) -> Iterator[nn.Module]:
         with widened():
             yield model
     finally:
-        with torch.no_grad():
-            for key, p in params.items():
-                dtype, grad = was[key]
-                p.grad = None
-                p.data = p.data.to(dtype)
-                p.grad = grad
-            for module, name, buffer in buffers:
-                module._buffers[name] = buffer
+        for module, name, buffer in buffers:
+            module._buffers[name] = buffer
 
 
 def _owns_storage(model: nn.Module) -> bool:

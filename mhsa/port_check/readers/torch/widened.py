@@ -14,6 +14,13 @@ so a float32 step left in it would make its rows no better than the float32 run 
   left as it is: a copy would drop the write.
 - A cast below float32 (bfloat16, float16) is kept: that is the model's precision, not an upcast.
   A reinterpreting `view(dtype)` is left alone: it reads bits, not values.
+- Gradients are float64 too: each float64 copy of a float32 parameter that takes a gradient sums
+  what backward gives it into one float64 gradient per parameter, handed over once every copy has
+  given its part (`hand_over`, `gradient_of`); the parameter's own .grad is left alone. A lookup
+  in such a parameter (an embedding) reads a float64 copy of the table, so that its backward sums
+  in float64. What
+  backward needs of a copy is not kept: the float32 tensor it copies is, and backward copies it
+  again (torch's saved-tensor hooks), so that a large model's float64 weights never all exist.
 
 Through torch's public hook for every function call (`torch.overrides.TorchFunctionMode`); nothing
 is patched.
@@ -22,7 +29,9 @@ is patched.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -38,13 +47,70 @@ def active() -> bool:
     return _active[0] > 0
 
 
+_sums: dict[torch.Tensor, torch.Tensor] = {}  # a float32 parameter -> its float64 gradient so far
+_uses: dict[torch.Tensor, list[int]] = {}  # a float32 parameter -> [its copies that take a gradient, their parts summed so far]
+_copies: dict[int, tuple[weakref.ref, torch.Tensor]] = {}  # id(float64 copy) -> (a reference to it, the float32 tensor it copies)
+_taker: list = [None]  # (parameter, float64 gradient) -> None, handed each gradient once complete
+
+
+def gradient_of(parameter: torch.Tensor) -> torch.Tensor | None:
+    """The float64 gradient backward has summed for `parameter` through its float64 copies so far
+    (None where none took one), handed over once: it is let go here."""
+    _uses.pop(parameter, None)
+    return _sums.pop(parameter, None)
+
+
+def hand_over(taker):
+    """Hand `taker(parameter, float64 gradient)` each parameter's gradient as soon as every copy
+    that takes a part of it has given it (a copy the output does not reach gives none: gradient_of
+    has what was summed), until the returned handle's remove()."""
+    _taker[0] = taker
+
+    class Handle:
+        def remove(self) -> None:
+            _taker[0] = None
+
+    return Handle()
+
+
+class _Widen(torch.autograd.Function):
+    """A float32 parameter as float64, its gradient summed in float64 (gradient_of, hand_over) and
+    not passed back: the parameter's own .grad stays as it was, and no float32 copy of a large
+    gradient is made."""
+
+    @staticmethod
+    def forward(ctx, narrow: torch.Tensor) -> torch.Tensor:
+        ctx.narrow = narrow
+        _uses.setdefault(narrow, [0, 0])[0] += 1
+        return narrow.to(WIDE)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        parameter = ctx.narrow
+        known = _sums.get(parameter)
+        # the part itself, not a copy (a large embedding's float64 gradient is 2 GB): nothing reads it after
+        _sums[parameter] = grad if known is None else known.add_(grad)
+        uses = _uses.get(parameter)
+        if uses is not None:
+            uses[1] += 1
+            if uses[1] == uses[0] and _taker[0] is not None:
+                _taker[0](parameter, gradient_of(parameter))
+        return None
+
+
 def _wide(value):
-    """float32 as float64: a dtype, a legacy type name, a float32 tensor (a float64 copy), inside
-    lists and tuples; anything else as it is."""
+    """float32 as float64: a dtype, a legacy type name, a float32 tensor (a float64 copy; a
+    parameter's through _Widen), inside lists and tuples; anything else as it is."""
     if value is NARROW:
         return WIDE
     if isinstance(value, torch.Tensor):
-        return value.to(WIDE) if value.dtype == NARROW else value
+        if value.dtype != NARROW:
+            return value
+        if not (value.is_leaf and torch.is_grad_enabled()):
+            return value.to(WIDE)
+        copy = _Widen.apply(value) if value.requires_grad else value.to(WIDE)
+        _copies[id(copy)] = (weakref.ref(copy), value)
+        return copy
     if isinstance(value, str):
         return TYPE_NAMES.get(value, value)
     if value is torch.FloatTensor:
@@ -77,6 +143,9 @@ METADATA = {
     "register_post_accumulate_grad_hook",
     "retain_grad",
 }
+# what hands its tensor's values on unchanged (a reader taking a gradient's view): an operation that
+# computes with the result widens it then
+HANDED_ON = {"detach", "cpu", "numpy"}
 VALUE_PROPERTIES = {"T", "mT", "H", "mH", "real", "imag"}  # the properties whose value is the tensor's values
 
 
@@ -85,7 +154,8 @@ def _reads_values(func) -> bool:
     name = getattr(func, "__name__", "")
     if name == "__get__":  # a property: x.shape, x.dtype, ... read metadata, x.T its values
         return getattr(getattr(func, "__self__", None), "__name__", "") in VALUE_PROPERTIES
-    return name not in METADATA and name not in ("__set__", "__delete__")  # a property set (p.grad = None) is the tensor's own
+    # a property set (p.grad = None) is the tensor's own
+    return name not in METADATA and name not in HANDED_ON and name not in ("__set__", "__delete__")
 
 
 # what only picks values out (a lookup, a slice): computed as the code asks, its result widened, the
@@ -100,6 +170,37 @@ def _in_place(func) -> bool:
     return (name.endswith("_") and not name.startswith("__")) or name in ("__setitem__",) or (name.startswith("__i") and name.endswith("__"))
 
 
+class _Copied(NamedTuple):
+    """What backward keeps of a float64 copy of a float32 tensor, or of a view of one (a weight
+    transposed for a matmul): that tensor, and where the view lies in the copy."""
+
+    narrow: torch.Tensor
+    size: tuple
+    stride: tuple
+    offset: int
+
+
+def _pack(tensor: torch.Tensor):
+    base = tensor if tensor._base is None else tensor._base
+    known = _copies.get(id(base))
+    if known is None or known[0]() is not base or base.stride() != known[1].stride():  # a copy laid out otherwise is kept
+        return tensor
+    return _Copied(known[1], tuple(tensor.shape), tensor.stride(), tensor.storage_offset())
+
+
+def _unpack(packed):
+    """The saved tensor again: the float32 tensor copied anew (laid out as the first copy was), viewed as it was."""
+    if not isinstance(packed, _Copied):
+        return packed
+    return packed.narrow.detach().to(WIDE).as_strided(packed.size, packed.stride, packed.offset)
+
+
+def _differentiated(args) -> bool:
+    """Whether a float32 parameter among `args` takes a gradient here (its lookup then reads a float64 copy)."""
+    tensors = [arg for arg in args if isinstance(arg, torch.Tensor) and arg.dtype == NARROW]
+    return torch.is_grad_enabled() and any(tensor.is_leaf and tensor.requires_grad for tensor in tensors)
+
+
 class Widened(TorchFunctionMode):
     """While active, float32 asked for or given is float64 (the module docstring's rules)."""
 
@@ -111,7 +212,7 @@ class Widened(TorchFunctionMode):
             func = torch.Tensor.double
         if not _reads_values(func):
             return func(*args, **kwargs)
-        if getattr(func, "__name__", "") in PICKING:
+        if getattr(func, "__name__", "") in PICKING and not _differentiated(args):
             return _wide(func(*args, **kwargs))
         kept = args[:1] if args and _in_place(func) else ()  # the tensor written into stays itself
         args = (*kept, *(_wide(arg) for arg in args[len(kept) :]))
@@ -126,8 +227,12 @@ def widened() -> Iterator[None]:
     torch.set_default_dtype(WIDE)
     _active[0] += 1
     try:
-        with Widened():
+        with Widened(), torch.autograd.graph.saved_tensors_hooks(_pack, _unpack):
             yield
     finally:
         _active[0] -= 1
         torch.set_default_dtype(default)
+        if not _active[0]:
+            _sums.clear()  # a run that failed halfway: its partial gradients go
+            _uses.clear()
+            _copies.clear()
