@@ -233,9 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also the check without its float64 twin (what the twin costs), and the floor keeping freed memory as the check's runs do",
     )
-    parser.add_argument(
-        "--forward-only", action="store_true", help="the check and its floor without --grads"
-    )
+    parser.add_argument("--forward-only", action="store_true", help="the check and its floor without --grads")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one floor measurement, in its own process
     parser.add_argument("--grads", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--kept", action="store_true", help=argparse.SUPPRESS)

@@ -266,12 +266,12 @@ def test_the_data_parallel_rows_run_the_data_parallel_trainer(bench_common):
 
 
 def test_results_md_holds_current_tables_only_each_headed_by_its_command_and_machine():
-    """benchmarks/RESULTS.md: at most 250 lines; a short preamble, then only sections
+    """benchmarks/RESULTS.md: at most 280 lines (a table or two per command); a short preamble, then only sections
     that a script wrote, each headed by the command that regenerates it, the machine line it
     printed (CPU, sgemm, versions) and closed by the load at its end."""
     text = (ROOT / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8")
     lines = text.splitlines()
-    assert len(lines) <= 250, f"RESULTS.md has {len(lines)} lines; at most 250"
+    assert len(lines) <= 280, f"RESULTS.md has {len(lines)} lines; at most 280"
     sections = re.findall(r"^<!-- table: (python benchmarks/\S+\.py[^\n]*?) -->\n(.*?)\n<!-- /table -->$", text, re.M | re.S)
     assert sections and text.count("<!-- table: ") == len(sections) == text.count("<!-- /table -->")
     for command, body in sections:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from mhsa.port_check.core import cotangents, progress
+from mhsa.port_check.core import cotangents, memory, progress
 from mhsa.port_check.core.findings import Hint, LintDifference, Note, Untied
 from mhsa.port_check.core.records import NORMS, PortCheckError, PortReport, Transfer, map_name
 from mhsa.port_check.core.structure import (
@@ -43,6 +43,9 @@ from shared.tolerances import tolerance
 # bytes of the port's gradients let go between two hand_backs (shared/malloc.py) while the
 # reference's are taken: a 1B model's layer is 240 MB a side
 HAND_BACK = 64 * 1024 * 1024
+# the part of the memory left that a float64 run may be expected to take: the rest for what the
+# estimate leaves out (the run's activations, the framework's own buffers)
+FITS = 0.9
 # the module types every reader names alike: two paired modules of two of them differ in type (a lint finding)
 NEUTRAL = ("Linear", "Embedding", "Conv", "Dropout", "GELU") + NORMS
 
@@ -396,20 +399,18 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
 
     With gradients, one whole set of them is held at a time beside the two models: the port's,
     pulled back into the reference's names as its run hands them over; then the reference's, each
-    compared with the port's as backward gives it and kept in its place (the reference ran forward
-    first, alone, for the direction the port's gradients take); then the twin's, each reduced
-    against the reference's as it comes."""
+    compared with the port's as backward gives it and kept in its place (its forward ran first,
+    its backward kept for then: the port's gradients take their direction from its outputs); then
+    the twin's, each reduced against the reference's as it comes."""
     sides, pairing = report.sides, report.transfer
-    progress.stage("running the reference", _calls(source.traced))
-    source_outputs, _ = _run(f"running the reference ({sides[0]})", source)
+    doing = "running and differentiating" if grads else "running"
+    progress.stage(f"{doing} the reference", _calls(source.traced))
+    later = (cotangents.reference, None, None, None, True) if grads else ()  # its backward kept for after the port's run
+    source_outputs, differentiate = _run(f"{doing} the reference ({sides[0]})", source, *later)
     last = max((output.call for output in source_outputs if output.path == ""), default=None)  # the model's own output: its last call
-    top = [output for output in source_outputs if output.call == last]
-    direction = cotangents.PortDirection(top) if grads else None
-    if grads and not cotangents.floats(top):  # nothing to differentiate: the reference's own run says so, before the port's would
-        _run(f"running and differentiating the reference ({sides[0]})", source, cotangents.reference)
+    direction = cotangents.PortDirection([output for output in source_outputs if output.call == last]) if grads else None
     if asked == "float32" and not grads:  # before the port runs: its outputs and the float64 twin are never held together
         source.derived = _derive(report, source, source_outputs, None, None)
-    doing = "running and differentiating" if grads else "running"
     progress.stage(f"{doing} the port", _calls(target.traced))
     pulled: dict[str, np.ndarray] = {}  # the port's gradients in the reference's names and layouts, through each group (core/transforms.py)
     taker = Pulling(pairing.groups, pulled.__setitem__) if grads else None
@@ -421,7 +422,7 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
     compared: dict[str, tuple] = {}
     if grads:
         progress.stage("differentiating the reference", _calls(source_outputs))
-        compared, source_grads = _gradients_against(source, pulled, sides, order)
+        compared, source_grads = _gradients_against(source, differentiate, pulled, sides, order)
         if asked == "float32":
             source.derived = _derive(report, source, source_outputs, source_grads, cotangents.reference)
     reference_direction = cotangents.reference if grads else None
@@ -474,10 +475,10 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
                 report.hints.insert(0, Hint("probed"))
 
 
-def _gradients_against(side: Side, port: dict[str, np.ndarray], sides: tuple[str, str], order) -> tuple[dict[str, tuple], dict[str, np.ndarray]]:
-    """The reference's gradients along cotangents.reference, each compared (rows.compare_arrays)
-    with the port's of that name as backward hands it over, the port's then let go: ({name: the
-    comparison} in `order`, then in the order they came, {name: gradient}); its outputs unkept."""
+def _gradients_against(side: Side, differentiate, port: dict[str, np.ndarray], sides: tuple[str, str], order) -> tuple[dict, dict]:
+    """The reference's gradients from `differentiate` (its run's backward, kept), each compared
+    (rows.compare_arrays) with the port's of that name as backward hands it over, the port's then
+    let go: ({name: the comparison} in `order`, then in the order they came, {name: gradient})."""
     compared: dict[str, tuple] = {}
     kept: dict[str, np.ndarray] = {}
     freed = [0]  # bytes of the port's let go since memory was last handed back
@@ -493,8 +494,8 @@ def _gradients_against(side: Side, port: dict[str, np.ndarray], sides: tuple[str
             hand_back()
             freed[0] = 0
 
-    unkept = lambda output: output._replace(value=None)  # noqa: E731  (the forward's outputs are the first run's)
-    _run(f"differentiating the reference ({sides[0]})", side, cotangents.reference, unkept, None, compare)
+    with kept_for_reuse():
+        _running(f"differentiating the reference ({sides[0]}) on the inputs ({describe_inputs(side.inputs)})", differentiate, compare)
     ranked = {name: index for index, name in enumerate(order)}
     return {name: compared[name] for name in sorted(compared, key=lambda name: ranked.get(name, len(ranked)))}, kept
 
@@ -552,7 +553,14 @@ def _falls_to_float32(source_outputs, target_outputs, source_desc, target_desc) 
 
 def _measured(report: PortReport, side: Side, dtype: str, outputs, grads, direction, note: Note, pulling=None) -> derived.Derived | None:
     """A side's own float32 errors from its run in `dtype`, the other one (derived.from_twin_run);
-    None, with `note` and the error, where it cannot run so (its rows keep their tolerances)."""
+    None, with `note` and the error, where it cannot run so (its rows keep their tolerances), or
+    where a float64 run would need more memory than the machine has left (killed, it would end the
+    check with no report)."""
+    if dtype == "float64":
+        need, free = side.reader.float64_twin_bytes(side.model, grads is not None), memory.available()
+        if free is not None and need > FITS * free:
+            report.notes.append(replace(note, error=f"its float64 run needs about {memory.size(need)} of memory, {memory.size(free)} are free"))
+            return None
     try:
         return derived.from_twin_run(dtype, side.reader, side.model, side.inputs, outputs, grads, direction, pulling)
     except Exception as error:  # a model that cannot compute in the other dtype: said, and checked all the same

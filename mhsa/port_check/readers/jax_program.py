@@ -117,13 +117,22 @@ def trace(program: Program, arrays: list, rebuild) -> Traced:
 
 
 def run(
-    current: Program, arrays: list, rebuild, traced: Traced, grads: Direction | None, each, to_torch, each_gradient=None
-) -> tuple[list[Output], dict[str, np.ndarray] | None]:
+    current: Program, arrays: list, rebuild, traced: Traced, grads: Direction | None, each, to_torch, each_gradient=None, later=False
+) -> tuple[list[Output], Any]:
     """A JAX reader's run (readers/protocol.py): `traced`'s program compiled and run on `current`'s
     leaves (the model's values now: changed since the trace, maybe, not their shapes), with `grads`
     the gradients in the same program (under their neutral names, in torch's layouts: `to_torch`),
     each through `each_gradient` where given, its buffer let go after; eagerly where the model could
-    not be traced (no program)."""
+    not be traced (no program). `later`: the forward pass now, and a function that runs forward and
+    backward again for the gradients (a compiled program keeps nothing of a run for the next)."""
+    if later and grads is not None:
+        found, _ = run(current, arrays, rebuild, traced, None, each, to_torch)
+
+        def differentiate(each_gradient) -> dict[str, np.ndarray] | None:
+            unkept = lambda output: output._replace(value=None)  # noqa: E731  (the outputs are the first run's)
+            return run(current, arrays, rebuild, traced, grads, unkept, to_torch, each_gradient)[1]
+
+        return found, differentiate
     if traced.program is None:  # eager: nothing is known before the model runs
         program, compiled, labels = current, None, []
     else:
@@ -212,6 +221,17 @@ def float64_twin(cast: Callable[[Any, str], tuple[Any, list[str]]]) -> Callable[
             yield cast(model, "float64")[0]
 
     return twin
+
+
+def float64_twin_bytes(parameters: Callable[[Any], dict]) -> Callable[[Any, bool], int]:
+    """A reader's float64_twin_bytes from its `parameters`: the twin is a float64 copy of every
+    floating variable (8 bytes a value) and, with gradients, its float64 gradients (8 more)."""
+
+    def twin_bytes(model, grads: bool = False) -> int:
+        values = sum(array.size for array in parameters(model).values() if is_float_dtype(array.dtype))
+        return 8 * values * (2 if grads else 1)
+
+    return twin_bytes
 
 
 @contextlib.contextmanager

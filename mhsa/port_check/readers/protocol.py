@@ -82,7 +82,8 @@ class Reader(Protocol):
         each: Callable[[Output], Output] | None = None,
         traced: Traced | None = None,
         each_gradient: Callable[[str, np.ndarray], None] | None = None,
-    ) -> tuple[list[Output], dict[str, np.ndarray] | None]:
+        later: bool = False,
+    ) -> tuple[list[Output], Any]:
         """Every leaf of every submodule call's output, in the order the calls return (a child
         before its parent; the model itself last, path ""), each through `each` as it is recorded
         (to reduce it), and with `grads` d <r, output> / d every parameter, r the direction `grads`
@@ -90,7 +91,9 @@ class Reader(Protocol):
         forward (and backward) pass. `traced`: trace()'s record of this model on these inputs, to reuse.
         `each_gradient(name, array)`: each parameter's gradient handed over as soon as it is complete
         and let go by the reader after (the returned dict is then empty), so that a large model's
-        gradients need not all exist at once."""
+        gradients need not all exist at once. `later` (with `grads`): the backward pass is not run
+        now; the second value returned is a function of an each_gradient that runs it, called
+        once (a reader that cannot keep its forward pass for it runs both again then)."""
         ...
 
     def switched(self, model: Model, switch: str, path: str, value: Any = None) -> Model | None:
@@ -101,6 +104,11 @@ class Reader(Protocol):
     def float64_twin(self, model: Model, grads: bool = False) -> AbstractContextManager[Model]:
         """A context manager giving `model` in float64 for the block (the tolerances' reference
         run; `grads`: its gradients are taken too), the model as it was after it, even on error."""
+        ...
+
+    def float64_twin_bytes(self, model: Model, grads: bool = False) -> int:
+        """About the most memory float64_twin's run holds beyond the model at once (its float64
+        weights and, with `grads`, gradients), for the check to refuse a run that cannot fit."""
         ...
 
     def highest_precision(self) -> AbstractContextManager[None]:

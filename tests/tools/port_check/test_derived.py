@@ -362,3 +362,26 @@ def test_a_fixed_row_the_ports_own_float32_rounding_exceeds_takes_the_ports_erro
     assert fixed.passed and fixed.port_twin == "float64" and widened, format_report(fixed)
     assert all(row.reference_error is None and row.tol > tolerance("grad", "float32") for row in widened)
     assert any(row.abs_diff > tolerance("grad", "float32") for row in widened), format_report(fixed)  # rows the fixed 1e-5 failed
+
+
+def test_a_float64_run_that_would_not_fit_in_the_memory_left_is_not_started_and_says_why(monkeypatch):
+    """Killed by the kernel, it would end the check with no report: the reference's rows then hold
+    the fixed tolerances, the port's error is not measured, and a note says how much was needed."""
+    from mhsa.port_check.core import memory
+    from mhsa.port_check.readers.flax import reader as flax_reader
+
+    monkeypatch.setattr(memory, "available", lambda: 3 * 2**20)
+    monkeypatch.setattr(torch_reader, "float64_twin_bytes", lambda model, grads=False: 5 * 2**20)
+    report = check_port(TorchNorm(), FlaxNorm(1e-5), inputs(), grads=True, probes=False)
+    assert all(row.reference_error is None for row in report.rows), format_report(report)
+    assert "the reference cannot run in float64 (its float64 run needs about 5 MiB of memory, 3 MiB are free)" in format_report(report)
+
+    monkeypatch.undo()
+    reference = NoFloat64()  # fixed rows the port's own error widens (the test above): not measured, they fail
+    with torch.no_grad():
+        reference.down.weight *= 1000
+    monkeypatch.setattr(memory, "available", lambda: 2**30)
+    monkeypatch.setattr(flax_reader, "float64_twin_bytes", lambda model, grads=False: 2**31)
+    refused = check_port(reference, FlaxNorm(1e-5), inputs(), grads=True, probes=False)
+    assert not refused.passed and not refused.port_twin, format_report(refused)
+    assert "the port cannot run in float64 (its float64 run needs about 2.0 GiB of memory, 1.0 GiB are free)" in format_report(refused)

@@ -350,13 +350,13 @@ def trace(model: Model, inputs: Inputs) -> Traced:
 
 
 def run(
-    model: Model, inputs: Inputs, grads: Direction | None = None, each=None, traced: Traced | None = None, each_gradient=None
-) -> tuple[list[Output], dict[str, np.ndarray] | None]:
+    model: Model, inputs: Inputs, grads: Direction | None = None, each=None, traced: Traced | None = None, each_gradient=None, later=False
+) -> tuple[list[Output], Any]:
     """Reader.run (readers/protocol.py), each leaf with its layout (readers/jaxpr.py): record.py
     records the outputs inside the program trace() compiled (traced, or traced now), run once on
     the arrays as they are now, the gradients with them."""
     traced = trace(model, inputs) if traced is None else traced
-    return jax_program.run(_program(model), *_arrays(model, inputs), traced, grads, each, _to_torch, each_gradient)
+    return jax_program.run(_program(model), *_arrays(model, inputs), traced, grads, each, _to_torch, each_gradient, later)
 
 
 def _arrays(model, inputs: Inputs) -> tuple[list, Any]:
@@ -414,6 +414,7 @@ def _replaced(model, path: str, field: str, value) -> Model:
 
 
 float64_twin = jax_program.float64_twin(cast)  # a float64 copy for the block, JAX's float64 on for the block only
+float64_twin_bytes = jax_program.float64_twin_bytes(parameters)
 
 
 highest_precision = jax_program.highest_precision  # full float32 matmuls for the duration (no TF32)

@@ -437,8 +437,8 @@ def trace(model: Model, inputs: Inputs) -> Traced:
 
 
 def run(
-    model: Model, inputs: Inputs, grads: Direction | None = None, each=None, traced: Traced | None = None, each_gradient=None
-) -> tuple[list[Output], dict[str, np.ndarray] | None]:
+    model: Model, inputs: Inputs, grads: Direction | None = None, each=None, traced: Traced | None = None, each_gradient=None, later=False
+) -> tuple[list[Output], Any]:
     """Reader.run (readers/protocol.py) as one compiled program (the forward pass once, its outputs
     and the gradients), each leaf with its layout (readers/jaxpr.py), through `each` once it has run;
     calls recorded by _wrapped (NNX) or _linen_run (Linen), a module called through a method other
@@ -448,7 +448,7 @@ def run(
     compiled, not the model traced again (its variables' values may have changed, not their shapes)."""
     traced = trace(model, inputs) if traced is None else traced
     arrays, rebuild = _arrays(model, inputs)
-    return jax_program.run(_program(model), arrays, rebuild, traced, grads, each, _to_torch, each_gradient)
+    return jax_program.run(_program(model), arrays, rebuild, traced, grads, each, _to_torch, each_gradient, later)
 
 
 @contextlib.contextmanager
@@ -611,4 +611,5 @@ def switched(model: Model, switch: str, path: str, value: Any = None) -> Model |
 
 
 float64_twin = jax_program.float64_twin(cast)  # a float64 copy for the block, JAX's float64 on for the block only
+float64_twin_bytes = jax_program.float64_twin_bytes(parameters)
 highest_precision = jax_program.highest_precision  # full float32 matmuls for the duration (no TF32)

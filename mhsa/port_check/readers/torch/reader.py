@@ -271,15 +271,22 @@ def _traced(model: nn.Module, inputs: Inputs) -> Traced:
 
 
 def run(
-    model: nn.Module, inputs: Inputs, grads: Direction | None = None, each=None, traced: Traced | None = None, each_gradient=None
-) -> tuple[list[Output], dict[str, np.ndarray] | None]:
+    model: nn.Module,
+    inputs: Inputs,
+    grads: Direction | None = None,
+    each=None,
+    traced: Traced | None = None,
+    each_gradient=None,
+    later: bool = False,
+) -> tuple[list[Output], typing.Any]:
     """Reader.run (readers/protocol.py): `model(*args, **kwargs)` called once, every output leaf
     recorded by forward hooks (removed even on error) with its layout and upstream calls
     (readers/torch/dataflow.py); with `grads` the gradients from one backward pass (zeros where the output does
     not reach a parameter). Each leaf goes through `each` as soon as its call returns (a float64 run
     compared as it goes): its value is then a view of the tensor, valid during that call only. Each
     gradient goes through `each_gradient` as soon as backward has accumulated it (a post-accumulate
-    hook), its .grad let go after: a view that the taker may keep. The model's .grad are left as
+    hook), its .grad let go after: a view that the taker may keep. `later`: the backward pass kept
+    for the caller (its graph held; the forward is not run again). The model's .grad are left as
     they were; `traced` unused (eager torch has nothing to reuse)."""
     calls: list[Output] = []
     count = [0]
@@ -313,6 +320,14 @@ def run(
 
     handles = [module.register_forward_hook(hook(path)) for path, module in _modules(model)]
     saved = {p: p.grad for p in model.parameters()}
+
+    def restore() -> None:
+        for handle in handles:
+            handle.remove()
+        for p, grad in saved.items():
+            p.grad = grad
+
+    deferred = False
     try:
         with torch.set_grad_enabled(grads is not None):
             for p in saved:
@@ -333,23 +348,47 @@ def run(
             del output
             names = _neutral_names(model)
             weights = {names[name]: p for name, p in model.named_parameters() if name in names} | computed
-            given: set[str] = set()
-            if each_gradient is not None:
-                handles += _handed_over(weights, each_gradient, given)
-            objective.backward()
-            del objective
-            left = {name: weight for name, weight in weights.items() if name not in given}
-            found = {name: _view(_gradient(weight)) for name, weight in left.items()}
-            if each_gradient is None:
-                return calls, found
-            for name in list(found):  # a computed weight's, and a parameter's the output does not reach (zeros)
-                each_gradient(name, found.pop(name))
-            return calls, {}
+            if later:  # the graph kept until the caller differentiates (or lets the function go: .grad restored then)
+                deferred = True
+                return calls, _later(objective, weights, handles, restore)
+            return calls, _backward(objective, weights, handles, each_gradient)
     finally:
-        for handle in handles:
-            handle.remove()
-        for p, grad in saved.items():
-            p.grad = grad
+        if not deferred:
+            restore()
+
+
+def _backward(objective: torch.Tensor, weights: dict[str, torch.Tensor], handles: list, each_gradient) -> dict[str, np.ndarray]:
+    """run's backward pass: each gradient to `each_gradient` as it is complete ({} returned), or all of them returned."""
+    given: set[str] = set()
+    if each_gradient is not None:
+        handles += _handed_over(weights, each_gradient, given)
+    objective.backward()
+    del objective
+    left = {name: weight for name, weight in weights.items() if name not in given}
+    found = {name: _view(_gradient(weight)) for name, weight in left.items()}
+    if each_gradient is None:
+        return found
+    for name in list(found):  # a computed weight's, and a parameter's the output does not reach (zeros)
+        each_gradient(name, found.pop(name))
+    return {}
+
+
+def _later(objective: torch.Tensor, weights: dict[str, torch.Tensor], handles: list, restore):
+    """run's backward pass as a function of each_gradient, to be called once (with grad mode on);
+    the model's .grad and hooks restored after it, or when the function is let go uncalled."""
+    pending = [objective]
+    finalizers: list[weakref.finalize] = []
+
+    def differentiate(each_gradient) -> dict[str, np.ndarray]:
+        try:
+            with torch.enable_grad():
+                return _backward(pending.pop(), weights, handles, each_gradient)
+        finally:
+            finalizers[0].detach()
+            restore()
+
+    finalizers.append(weakref.finalize(differentiate, restore))
+    return differentiate
 
 
 def _gradient(weight: torch.Tensor) -> torch.Tensor:
@@ -469,6 +508,17 @@ def float64_twin(model: nn.Module, grads: bool = False) -> Iterator[nn.Module]:
     finally:
         for module, name, buffer in buffers:
             module._buffers[name] = buffer
+
+
+def float64_twin_bytes(model: nn.Module, grads: bool = False) -> int:
+    """Reader.float64_twin_bytes (readers/protocol.py): the largest weight's float64 copy (with
+    `grads` also copied again in backward, and its float64 gradient), the buffers converted in
+    place; a model whose tensors share storage: a float64 copy of all of them (and float64 gradients)."""
+    weights = [p.numel() for p in model.parameters() if p.is_floating_point()]
+    buffers = sum(b.numel() for b in model.buffers() if b.is_floating_point() and b.dtype != torch.float64)
+    if not _owns_storage(model):
+        return 8 * (sum(weights) * (2 if grads else 1) + buffers)
+    return 8 * (max(weights, default=0) * (3 if grads else 1) + buffers)
 
 
 def _owns_storage(model: nn.Module) -> bool:

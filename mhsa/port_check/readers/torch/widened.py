@@ -6,9 +6,9 @@ so a float32 step left in it would make its rows no better than the float32 run 
   a `dtype=torch.float32` argument (a softmax's, `torch.arange`'s), inside `autocast(enabled=False)`
   or not, and the default dtype (a tensor built without one: an accumulator, a mask of ones). A
   careful model's upcasts, in a norm, a softmax or a rotary table, stay float64.
-- A float32 tensor a function is given is given as float64: a parameter the reader has not
-  converted (readers/torch/reader.py's float64_twin converts none for a forward pass, so that a
-  large model's float64 weights exist one operation at a time, not all at once), or an array the
+- A float32 tensor a function is given is given as float64: a parameter (readers/torch/reader.py's
+  float64_twin converts none, so that a large model's float64 weights exist one operation at a
+  time, not all at once), or an array the
   model holds outside its parameters and buffers. Every float32 value is a float64 value, so this
   is exact. The tensor an in-place operation writes into (`cache.copy_(x)`, `cache[t] = x`) is
   left as it is: a copy would drop the write.
@@ -18,9 +18,9 @@ so a float32 step left in it would make its rows no better than the float32 run 
   what backward gives it into one float64 gradient per parameter, handed over once every copy has
   given its part (`hand_over`, `gradient_of`); the parameter's own .grad is left alone. A lookup
   in such a parameter (an embedding) reads a float64 copy of the table, so that its backward sums
-  in float64. What
-  backward needs of a copy is not kept: the float32 tensor it copies is, and backward copies it
-  again (torch's saved-tensor hooks), so that a large model's float64 weights never all exist.
+  in float64. What backward needs of a copy is not kept: the float32 tensor it copies is, and
+  backward copies it again (torch's saved-tensor hooks), so that a large model's float64 weights
+  never all exist.
 
 Through torch's public hook for every function call (`torch.overrides.TorchFunctionMode`); nothing
 is patched.
