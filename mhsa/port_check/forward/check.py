@@ -556,16 +556,23 @@ def _measured(report: PortReport, side: Side, dtype: str, outputs, grads, direct
     None, with `note` and the error, where it cannot run so (its rows keep their tolerances), or
     where a float64 run would need more memory than the machine has left (killed, it would end the
     check with no report)."""
-    if dtype == "float64":
-        need, free = side.reader.float64_twin_bytes(side.model, grads is not None), memory.available()
-        if free is not None and need > FITS * free:
-            report.notes.append(replace(note, error=f"its float64 run needs about {memory.size(need)} of memory, {memory.size(free)} are free"))
-            return None
+    if dtype == "float64" and _refused(report, side, grads is not None, note):
+        return None
     try:
         return derived.from_twin_run(dtype, side.reader, side.model, side.inputs, outputs, grads, direction, pulling)
     except Exception as error:  # a model that cannot compute in the other dtype: said, and checked all the same
         report.notes.append(replace(note, error=one_line(error)))
         return None
+
+
+def _refused(report: PortReport, side: Side, grads: bool, note: Note) -> bool:
+    """Whether a side's float64 run would need more memory than the machine has left (killed, it
+    would end the check with no report); if so, `note` says how much, and it is not started."""
+    need, free = side.reader.float64_twin_bytes(side.model, grads), memory.available()
+    if free is None or need <= FITS * free:
+        return False
+    report.notes.append(replace(note, error=f"its float64 run needs about {memory.size(need)} of memory, {memory.size(free)} are free"))
+    return True
 
 
 def _port_errors(report: PortReport, target: Side, outputs, direction, asked: str) -> None:
@@ -576,13 +583,16 @@ def _port_errors(report: PortReport, target: Side, outputs, direction, asked: st
     other = "float64" if asked == "float32" else "float32"
     groups = report.transfer.groups
     held: dict[str, np.ndarray] | None = None
+    note = Note("port alone", dtype=other)
+    if other == "float64" and _refused(report, target, direction is not None, note):  # before its gradients are taken again for nothing
+        return
     if direction is not None:
         progress.stage("differentiating the port again, for its own error", _calls(outputs))
         held = {}
         unkept = lambda output: output._replace(value=None)  # noqa: E731  (its outputs are the first run's)
         _run(f"differentiating the port ({report.sides[1]})", target, direction, unkept, target.traced, Pulling(groups, held.__setitem__))
     progress.stage(f"the port in {other}, for its own error", _calls(outputs))
-    found = _measured(report, target, other, outputs, held, direction, Note("port alone", dtype=other), lambda each: Pulling(groups, each))
+    found = _measured(report, target, other, outputs, held, direction, note, lambda each: Pulling(groups, each))
     del held
     if found is not None:
         target.derived = found
