@@ -126,13 +126,13 @@ def run(
     not be traced (no program). `later`: the forward pass now, and a function that runs forward and
     backward again for the gradients (a compiled program keeps nothing of a run for the next)."""
     if later and grads is not None:
-        found, _ = run(current, arrays, rebuild, traced, None, each, to_torch)
+        outputs, _ = run(current, arrays, rebuild, traced, None, each, to_torch)
 
         def differentiate(each_gradient) -> dict[str, np.ndarray] | None:
             unkept = lambda output: output._replace(value=None)  # noqa: E731  (the outputs are the first run's)
             return run(current, arrays, rebuild, traced, grads, unkept, to_torch, each_gradient)[1]
 
-        return found, differentiate
+        return outputs, differentiate
     if traced.program is None:  # eager: nothing is known before the model runs
         program, compiled, labels = current, None, []
     else:

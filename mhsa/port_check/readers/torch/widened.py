@@ -185,7 +185,7 @@ def _pack(tensor: torch.Tensor):
     known = _copies.get(id(base))
     if known is None or known[0]() is not base or base.stride() != known[1].stride():  # a copy laid out otherwise is kept
         return tensor
-    return _Copied(known[1], tuple(tensor.shape), tensor.stride(), tensor.storage_offset())
+    return _Copied(known[1], tuple(tensor.shape), tensor.stride(), int(tensor.storage_offset()))
 
 
 def _unpack(packed):
