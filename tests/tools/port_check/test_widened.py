@@ -122,3 +122,32 @@ def test_jax_widening_is_on_only_inside_its_block_and_gradients_flow_through_the
         grad = jax.grad(lambda a: jax.core.eval_jaxpr(wide.jaxpr, wide.consts, a)[0])(x)
         assert grad.dtype == jnp.float64
         np.testing.assert_allclose(grad, 2 * np.tanh(x) * (1 - np.tanh(x) ** 2), rtol=1e-14)
+
+
+class UsedThrice(torch.nn.Module):
+    """A weight read three times: once where a sum's gradient reaches it and another branch as one
+    tensor, once in a product, once summed whole (its gradient a broadcast view)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.v, self.w = torch.nn.Parameter(torch.randn(3, 5)), torch.nn.Parameter(torch.randn(3, 5))
+
+    def forward(self, x):
+        a = self.v * x + self.w
+        return a * self.w + self.w.sum()
+
+
+def test_torch_a_weight_read_several_times_gets_the_float64_gradient_of_a_float64_copy_exactly():
+    import copy
+
+    from mhsa.port_check.core import cotangents
+    from mhsa.port_check.core.structure import as_inputs
+    from mhsa.port_check.readers.torch import reader as torch_reader
+
+    model, x = UsedThrice(), np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32)
+    with torch_reader.float64_twin(model, True) as twin:
+        _, widened_grads = torch_reader.run(twin, as_inputs(x), cotangents.reference)
+    _, exact = torch_reader.run(copy.deepcopy(model).double(), as_inputs(x.astype(np.float64)), cotangents.reference)
+    for name, grad in exact.items():
+        assert widened_grads[name].dtype == np.float64 and np.array_equal(widened_grads[name], grad), name

@@ -87,14 +87,19 @@ class _Widen(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         parameter = ctx.narrow
+        uses = _uses.setdefault(parameter, [1, 0])
+        uses[1] += 1
         known = _sums.get(parameter)
-        # the part itself, not a copy (a large embedding's float64 gradient is 2 GB): nothing reads it after
-        _sums[parameter] = grad if known is None else known.add_(grad)
-        uses = _uses.get(parameter)
-        if uses is not None:
-            uses[1] += 1
-            if uses[1] == uses[0] and _taker[0] is not None:
-                _taker[0](parameter, gradient_of(parameter))
+        if known is not None:
+            known.add_(grad)  # a sum of this module's own (below)
+        elif uses[1] < uses[0]:
+            # more parts to come: summed into a tensor of its own, not into this one, which backward
+            # may also pass to another branch (a sum's gradient), or which may be a broadcast view
+            _sums[parameter] = grad.clone()
+        else:
+            _sums[parameter] = grad  # the whole gradient: read, never written (a large embedding's is 2 GB)
+        if uses[1] == uses[0] and _taker[0] is not None:
+            _taker[0](parameter, gradient_of(parameter))
         return None
 
 
