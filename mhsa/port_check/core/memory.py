@@ -9,6 +9,7 @@ from pathlib import Path
 
 MEMINFO = Path("/proc/meminfo")
 CGROUP = Path("/sys/fs/cgroup")
+SELF = Path("/proc/self/cgroup")  # this process's cgroup ("0::/path" under v2)
 
 
 def available() -> int | None:
@@ -30,7 +31,7 @@ def _meminfo() -> int | None:
 def _cgroup() -> int | None:
     """memory.max less memory.current of this process's cgroup (v2); None without a limit."""
     try:
-        relative = next(line.partition("::")[2] for line in Path("/proc/self/cgroup").read_text().splitlines() if line.startswith("0::"))
+        relative = next(line.partition("::")[2] for line in SELF.read_text().splitlines() if line.startswith("0::"))
         group = CGROUP / relative.lstrip("/")
         limit = (group / "memory.max").read_text().strip()
         if limit == "max":

@@ -5,6 +5,7 @@ then the copy, for a user who has no converter yet."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sysconfig
@@ -405,8 +406,9 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
     sides, pairing = report.sides, report.transfer
     doing = "running and differentiating" if grads else "running"
     progress.stage(f"{doing} the reference", _calls(source.traced))
-    later = (cotangents.reference, None, None, None, True) if grads else ()  # its backward kept for after the port's run
-    source_outputs, differentiate = _run(f"{doing} the reference ({sides[0]})", source, *later)
+    direction_of_reference = cotangents.reference if grads else None
+    # with gradients its backward kept for after the port's run (the function `differentiate`)
+    source_outputs, differentiate = _run(f"{doing} the reference ({sides[0]})", source, direction_of_reference, later=grads)
     last = max((output.call for output in source_outputs if output.path == ""), default=None)  # the model's own output: its last call
     direction = cotangents.PortDirection([output for output in source_outputs if output.call == last]) if grads else None
     if asked == "float32" and not grads:  # before the port runs: its outputs and the float64 twin are never held together
@@ -424,11 +426,10 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
         progress.stage("differentiating the reference", _calls(source_outputs))
         compared, source_grads = _gradients_against(source, differentiate, pulled, sides, order)
         if asked == "float32":
-            source.derived = _derive(report, source, source_outputs, source_grads, cotangents.reference)
-    reference_direction = cotangents.reference if grads else None
+            source.derived = _derive(report, source, source_outputs, source_grads, direction_of_reference)
     if asked == "float64" and _falls_to_float32(source_outputs, target_outputs, source.desc, target.desc):  # the reference's float32 error there
         progress.stage("the reference in float32, for its own error", _calls(source_outputs))
-        source.derived = _measured(report, source, "float32", source_outputs, source_grads or None, reference_direction, Note("no float32"))
+        source.derived = _measured(report, source, "float32", source_outputs, source_grads or None, direction_of_reference, Note("no float32"))
     progress.stage("comparing the outputs")
     tolerances = source.derived or derived.Derived()
     report.rows, report.unmatched_source, report.unmatched_target, skipped = output_rows(
@@ -454,6 +455,7 @@ def _compare(report: PortReport, source: Side, target: Side, asked: str, name_ma
         if frozen & set(source_grads):  # a parameter the reference does not train has no gradient to compare
             report.notes.append(Note("frozen", tuple(sorted(frozen & set(source_grads)))))
             compared = {name: found for name, found in compared.items() if name not in frozen}
+            source_grads = {name: grad for name, grad in source_grads.items() if name not in frozen}
         zero = tolerances.zero if source.derived is not None else derived.zero_gradients(source_grads)
         del source_grads
         port_of = {name: group.port_names() for group in pairing.groups for name in group.reference}
@@ -500,10 +502,11 @@ def _gradients_against(side: Side, differentiate, port: dict[str, np.ndarray], s
     return {name: compared[name] for name in sorted(compared, key=lambda name: ranked.get(name, len(ranked)))}, kept
 
 
-def _run(doing: str, side: Side, *args, also: str = "") -> tuple[list[Output], Any]:
-    """side.reader.run(model, inputs, *args) under kept_for_reuse; its failure one PortCheckError line (`doing`, `also`)."""
+def _run(doing: str, side: Side, *args, also: str = "", **keywords) -> tuple[list[Output], Any]:
+    """side.reader.run(model, inputs, *args, **keywords) under kept_for_reuse; its failure one PortCheckError line (`doing`, `also`)."""
+    run = functools.partial(side.reader.run, **keywords)
     with kept_for_reuse():
-        return _running(f"{doing} on the inputs ({describe_inputs(side.inputs)})", side.reader.run, side.model, side.inputs, *args, also=also)
+        return _running(f"{doing} on the inputs ({describe_inputs(side.inputs)})", run, side.model, side.inputs, *args, also=also)
 
 
 def _calls(known: Traced | list[Output] | None) -> int | None:

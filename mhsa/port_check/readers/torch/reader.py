@@ -401,9 +401,19 @@ def _gradient(weight: torch.Tensor) -> torch.Tensor:
 
 
 def _handed_over(weights: dict[str, torch.Tensor], each_gradient, given: set[str]) -> list:
-    """A post-accumulate hook on every trained parameter among `weights`, handing its gradient to
-    `each_gradient` once backward has summed it, then letting its .grad go (a tied parameter, one
-    tensor, once, under its first name); each name handed over joins `given`. The hooks' handles."""
+    """Each trained parameter among `weights` handed to `each_gradient` once backward has summed
+    its gradient (a tied parameter, one tensor, once, under its first name); each name handed over
+    joins `given`. In the float64 twin its copies sum it in float64 (widened.hand_over); else a
+    post-accumulate hook takes its .grad, let go after. The handles to remove."""
+    if widened_active():
+        names = {weight: name for name, weight in reversed(weights.items())}  # a tied parameter: its first name
+
+        def take(parameter: torch.Tensor, grad: torch.Tensor) -> None:
+            if parameter in names:
+                each_gradient(names[parameter], _view(grad))
+                given.add(names[parameter])
+
+        return [widened_hand_over(take)]
 
     def hook(name: str):
         def hand_over(parameter: torch.Tensor) -> None:
@@ -413,15 +423,6 @@ def _handed_over(weights: dict[str, torch.Tensor], each_gradient, given: set[str
 
         return hand_over
 
-    if widened_active():  # the float64 twin: its gradients are summed in float64, not in .grad
-        names = {weight: name for name, weight in reversed(weights.items())}  # a tied parameter: its first name
-
-        def take(parameter: torch.Tensor, grad: torch.Tensor) -> None:
-            if parameter in names:
-                each_gradient(names[parameter], _view(grad))
-                given.add(names[parameter])
-
-        return [widened_hand_over(take)]
     return [weight.register_post_accumulate_grad_hook(hook(name)) for name, weight in weights.items() if weight.is_leaf and weight.requires_grad]
 
 
@@ -478,11 +479,10 @@ def float64_twin(model: nn.Module, grads: bool = False) -> Iterator[nn.Module]:
     """Reader.float64_twin (readers/protocol.py) as `model` itself, float64 inside the block
     (readers/torch/widened.py): every float32 the model computes with is float64, its parameters as
     each operation reads them (a copy of one weight at a time, let go once the operation returns),
-    so that a large model's float64 weights never exist all at once. A gradient flows back through
-    that copy into the float32 parameter: its float64 value rounded once to float32 (where a
-    parameter is read several times, each use's part rounded, then summed), far below the float32
-    run's own error, which it measures; `grads` changes nothing. Its buffers (running statistics, a
-    cache its forward writes into) are converted in place, tensor by tensor, and back after. A model
+    so that a large model's float64 weights never exist all at once. A gradient does not flow back
+    into the float32 parameter: its copies sum it in float64, and run() hands that over (widened.py's
+    hand_over, gradient_of); `grads` changes nothing. Its buffers (running statistics, a cache its
+    forward writes into) are converted in place, tensor by tensor, and back after. A model
     whose tensors share storage (views of one flat buffer) gets a float64 copy instead: converted
     one by one, they would come back apart."""
     if not _owns_storage(model):
